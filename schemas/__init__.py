@@ -1,0 +1,1 @@
+"""Language-neutral table definitions (JSON): the single source of truth for trajlake schemas."""

@@ -1,0 +1,250 @@
+"""The ``trajlake`` command line (Typer). Every error prints one clear line and exits non-zero."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from trajlake.cli.output import Format, emit
+from trajlake.errors import TrajlakeError, ValidationError
+
+app = typer.Typer(
+    name="trajlake",
+    help="trajlake: a trajectory data lake and evaluation toolkit for agentic, multi-turn RL.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
+AsOfOpt = Annotated[str | None, typer.Option(
+    "--as-of", help="Pin table versions: 'episodes=3,turns=5,...' (as printed by `trajlake info`) or an "
+    "ISO-8601 timestamp.")]
+
+
+class _State:
+    lake_path: Path = Path("lake")
+
+
+state = _State()
+
+
+@app.callback()
+def _main(lake: Annotated[Path | None, typer.Option(
+        "--lake", help="Lake directory (default: $TRAJLAKE_LAKE or ./lake).", show_default=False)] = None) -> None:
+    state.lake_path = lake or Path(os.environ.get("TRAJLAKE_LAKE") or "lake")
+
+
+def _lake() -> Any:
+    from trajlake.lake.store import Lake
+
+    return Lake.open(state.lake_path)
+
+
+@app.command()
+def init() -> None:
+    """Create an empty lake (idempotent)."""
+    from trajlake.lake.store import Lake
+
+    lk = Lake.init(state.lake_path)
+    typer.echo(f"initialised lake at {lk.root}")
+
+
+def _info_rows(lk: Any) -> tuple[list[str], list[list[Any]]]:
+    from trajlake.query import connect
+    from trajlake.schema import SCHEMA_VERSION, TABLES
+
+    versions = lk.versions()
+    con = connect(lk, versions)
+    rows = []
+    for name in TABLES:
+        files = lk.files(name, versions[name])
+        (count,) = con.execute(f"SELECT count(*) FROM {name}").fetchone()  # type: ignore[misc]
+        rows.append([name, count, versions[name], len(files), sum(f.size for f in files), SCHEMA_VERSION])
+    return ["table", "rows", "version", "files", "bytes", "schema_version"], rows
+
+
+@app.command()
+def info(fmt: FormatOpt = Format.table) -> None:
+    """Tables with committed row counts, Delta versions, files, size and schema version."""
+    lk = _lake()
+    cols, rows = _info_rows(lk)
+    emit(cols, rows, fmt, title=f"lake {lk.root}")
+    if fmt == Format.table:
+        pins = ",".join(f"{r[0]}={r[2]}" for r in rows)
+        typer.echo(f"pin these versions with: --as-of {pins}")
+
+
+@app.command()
+def sql(query: Annotated[str, typer.Argument(help="SQL over the views episodes, turns, tasks, runs, "
+                                               "gateway_events (DuckDB dialect).")],
+        as_of: AsOfOpt = None, fmt: FormatOpt = Format.table,
+        memory_limit: Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")] = None) -> None:
+    """Run a SQL query against the lake."""
+    import duckdb
+
+    from trajlake.errors import QueryError
+    from trajlake.query import connect
+
+    con = connect(_lake(), as_of, memory_limit=memory_limit)
+    try:
+        rel = con.execute(query)
+        cols = [d[0] for d in rel.description] if rel.description else []
+        rows = rel.fetchall() if cols else []
+    except duckdb.Error as e:
+        raise QueryError(str(e).splitlines()[0]) from e
+    emit(cols, rows, fmt)
+
+
+@app.command()
+def verify(as_of: AsOfOpt = None,
+           strict: Annotated[bool, typer.Option(help="Treat uncommitted (orphan) turns as a failure.")] = False,
+           fmt: FormatOpt = Format.table) -> None:
+    """Recompute every hash and check schema versions, keys, episode completeness and orphans.
+
+    Exits 1 and names the file or episode on any problem."""
+    from trajlake.lake.maintenance import verify as run_verify
+
+    rep = run_verify(_lake(), as_of, strict=strict)
+    rows = [["problem", p] for p in rep.problems] + [["note", n] for n in rep.notes]
+    if fmt == Format.table:
+        for kind, msg in rows:
+            typer.echo(f"{kind}: {msg}", err=kind == "problem")
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(rep.counts.items()))
+        typer.echo(("OK" if rep.ok else f"FAILED ({len(rep.problems)} problem(s))") + f": checked {counts}")
+    else:
+        emit(["kind", "message"], rows, fmt)
+    if not rep.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def compact(
+    retention_hours: Annotated[float, typer.Option(help="Vacuum keeps removed files this long, so pinned "
+                                                       "versions stay readable.")] = 168.0,
+    orphan_grace_hours: Annotated[float, typer.Option(help="Uncommitted turns younger than this are left alone "
+                                                          "(their writer may still be committing).")] = 1.0,
+    vacuum: Annotated[bool, typer.Option(help="Delete files removed longer ago than the retention.")] = True,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Merge small files, drop old orphans and identical duplicates, checkpoint, vacuum. Safe with writers."""
+    from trajlake.lake.maintenance import compact as run_compact
+
+    rep = run_compact(_lake(), retention_hours=retention_hours, orphan_grace_hours=orphan_grace_hours,
+                      vacuum=vacuum)
+    rows = [[t, rep.files_before.get(t, 0), rep.files_after.get(t, 0), rep.versions.get(t)]
+            for t in rep.files_after]
+    emit(["table", "files_before", "files_after", "version"], rows, fmt)
+    if fmt == Format.table:
+        typer.echo(f"orphan rows removed: {rep.orphan_rows_removed}; duplicate rows removed: "
+                   f"{rep.duplicate_rows_removed}; files vacuumed: {rep.vacuumed_files}")
+
+
+@app.command()
+def ingest(
+    files: Annotated[list[Path], typer.Argument(help="Input files.", exists=False)],
+    input_format: Annotated[str, typer.Option("--format", help="Input format: trajlake-jsonl.")] = "trajlake-jsonl",
+    skip_invalid: Annotated[bool, typer.Option(help="Write the valid episodes of a file that has invalid "
+                                                    "ones (still exits 1).")] = False,
+) -> None:
+    """Import episodes. The whole file is validated first; by default any invalid episode means nothing of
+    that file is written. Re-importing the same file is a no-op."""
+    from trajlake.io.jsonl import ingest_jsonl
+    from trajlake.record.writer import LakeWriter
+
+    if input_format != "trajlake-jsonl":
+        raise TrajlakeError(f"--format {input_format!r} is not supported; supported: trajlake-jsonl")
+    lk = _lake()
+    failed = False
+    with LakeWriter(lk) as w:
+        for f in files:
+            if not f.is_file():
+                raise TrajlakeError(f"{f}: no such file")
+            s = ingest_jsonl(w, f, skip_invalid=skip_invalid)
+            typer.echo(f"{f}: {s.episodes_written} episode(s) written, {s.duplicates} already present, "
+                       f"{len(s.rejected)} rejected; {s.tasks_written} task(s), {s.runs_written} run(s)")
+            for issue in s.rejected[:20]:
+                typer.echo(f"  rejected: {issue}", err=True)
+            failed = failed or bool(s.rejected)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def schema(
+    table: Annotated[str | None, typer.Option(help="Only this table.")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, csv or markdown.")] = "table",
+) -> None:
+    """Print the tables and columns of schema v1 (from schemas/*.json)."""
+    from trajlake.schema import TABLES, schema_markdown, table_def
+
+    if fmt == "markdown":
+        typer.echo(schema_markdown(), nl=False)
+        return
+    try:
+        f = Format(fmt)
+    except ValueError as e:
+        raise TrajlakeError(f"--format must be table, json, csv or markdown, not {fmt!r}") from e
+    names = [table] if table else list(TABLES)
+    rows = []
+    for n in names:
+        td = table_def(n)
+        for c in td.columns:
+            rows.append([n, c.name, c.type_str(), c.nullable, list(c.enum) if c.enum else None, c.description])
+    emit(["table", "column", "type", "nullable", "enum", "description"], rows, f)
+
+
+@app.command()
+def demo(
+    seeds: Annotated[int, typer.Option(help="Seeds per task.")] = 3,
+    tasks: Annotated[int, typer.Option(help="Number of synthetic tasks.")] = 40,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Write realistic synthetic episodes (3 runs x tasks x seeds) into the lake and print `trajlake info`."""
+    from trajlake.demo import write_demo
+    from trajlake.lake.store import Lake
+    from trajlake.record.writer import LakeWriter
+
+    lk = Lake.init(state.lake_path)
+    with LakeWriter(lk) as w:
+        n = write_demo(w, seeds=seeds, n_tasks=tasks)
+    if fmt == Format.table:
+        typer.echo(f"demo: {n} new episode(s) written to {lk.root}")
+    cols, rows = _info_rows(lk)
+    emit(cols, rows, fmt, title=f"lake {lk.root}")
+
+
+def main() -> None:
+    """Console entry point: one clear error line and a non-zero exit instead of a traceback."""
+    try:
+        app(standalone_mode=False)
+    except ValidationError as e:
+        typer.echo(f"error: {e.issues[0] if e.issues else e}", err=True)
+        for issue in e.issues[1:20]:
+            typer.echo(f"error: {issue}", err=True)
+        if len(e.issues) > 20:
+            typer.echo(f"error: ... and {len(e.issues) - 20} more", err=True)
+        sys.exit(1)
+    except TrajlakeError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except Exception as e:  # click usage errors and anything unexpected: still one line
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        typer.echo(f"error: {type(e).__name__}: {e}", err=True)
+        sys.exit(1)
+
+
+__all__ = ["app", "main"]

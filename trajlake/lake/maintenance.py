@@ -1,0 +1,282 @@
+"""verify and compact: integrity checks and table maintenance that are safe while writers run."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.transaction import AddAction, RemoveAction
+
+from trajlake.errors import TrajlakeError
+from trajlake.lake.store import DEFAULT_RETENTION_HOURS, TARGET_FILE_BYTES, DataFile, Lake
+from trajlake.record.hashing import episode_hash, hash_rows, row_bytes
+from trajlake.schema import TABLES, table_def
+
+DEFAULT_ORPHAN_GRACE_HOURS = 1.0
+_SMALL_FILE_FRACTION = 0.5
+
+
+@dataclass
+class VerifyReport:
+    """Result of ``verify``: problems make it fail; notes are informational."""
+
+    versions: dict[str, int]
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    orphan_episodes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _partitions(lake: Lake, versions: dict[str, int]) -> dict[str | None, dict[str, list[DataFile]]]:
+    """run partition -> table -> files, for the episode-keyed tables."""
+    out: dict[str | None, dict[str, list[DataFile]]] = defaultdict(lambda: defaultdict(list))
+    for name in ("episodes", "turns", "gateway_events"):
+        for f in lake.files(name, versions[name]):
+            out[f.partition_values.get("run_id")][name].append(f)
+    return out
+
+
+def _read(lake: Lake, name: str, f: DataFile, report: VerifyReport) -> pa.Table | None:
+    try:
+        return lake.read_file(name, f)
+    except FileNotFoundError:
+        report.problems.append(f"{name}/{f.path}: data file listed in the Delta log is missing")
+    except TrajlakeError as e:
+        report.problems.append(f"{name}/{f.path}: {e}")
+    except Exception as e:  # pyarrow raises OSError/ArrowInvalid on corrupt pages, checksums, footers
+        report.problems.append(f"{name}/{f.path}: unreadable or corrupt data file: {e}")
+    return None
+
+
+def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: bool = False,
+           max_listed: int = 20) -> VerifyReport:
+    """Recompute every content hash, check file schema versions, keys and episode completeness.
+
+    Orphan turns/events (written by a writer that died before committing their episode row) are invisible to
+    readers and reported as notes; with ``strict`` they are problems. Works one run partition at a time."""
+    versions = lake.resolve_as_of(as_of) or lake.versions()
+    report = VerifyReport(versions)
+    counts: dict[str, int] = defaultdict(int)
+    for _run, tables in sorted(_partitions(lake, versions).items(), key=lambda kv: str(kv[0])):
+        turn_hashes: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        event_hashes: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+        for f in tables.get("turns", []):
+            t = _read(lake, "turns", f, report)
+            if t is None:
+                continue
+            counts["turns"] += t.num_rows
+            computed = hash_rows(t, "turns")
+            for e, i, stored, h in zip(t["episode_id"].to_pylist(), t["turn_idx"].to_pylist(),
+                                       t["content_hash"].to_pylist(), computed, strict=True):
+                if stored != h:
+                    report.problems.append(f"turns/{f.path}: episode {e} turn {i}: content_hash mismatch "
+                                           f"(stored {str(stored)[:12]}, recomputed {h[:12]})")
+                turn_hashes[e].append((i, h))
+        for f in tables.get("gateway_events", []):
+            t = _read(lake, "gateway_events", f, report)
+            if t is None:
+                continue
+            counts["gateway_events"] += t.num_rows
+            for e, ti, ei, h in zip(t["episode_id"].to_pylist(), t["turn_idx"].to_pylist(),
+                                    t["event_idx"].to_pylist(), hash_rows(t, "gateway_events"), strict=True):
+                event_hashes[e].append((ti, ei, h))
+        seen: set[str] = set()
+        for f in tables.get("episodes", []):
+            t = _read(lake, "episodes", f, report)
+            if t is None:
+                continue
+            counts["episodes"] += t.num_rows
+            for e, n, stored, rb in zip(t["episode_id"].to_pylist(), t["n_turns"].to_pylist(),
+                                        t["content_hash"].to_pylist(), row_bytes(t, "episodes"), strict=True):
+                if e in seen:
+                    report.problems.append(f"episodes/{f.path}: episode {e} appears more than once "
+                                           f"(`trajlake compact` removes identical duplicates)")
+                    continue
+                seen.add(e)
+                turns = sorted(turn_hashes.get(e, []))
+                idx = [i for i, _ in turns]
+                if idx != list(range(n)):
+                    report.problems.append(f"episodes/{f.path}: episode {e} is partial: n_turns={n} but the "
+                                           f"turns table has turn_idx {idx[:10]}{'...' if len(idx) > 10 else ''}")
+                    continue
+                events = [h for _, _, h in sorted(event_hashes.get(e, []))]
+                h = episode_hash(rb, [x for _, x in turns], events)
+                if stored != h:
+                    report.problems.append(f"episodes/{f.path}: episode {e}: content_hash mismatch "
+                                           f"(stored {str(stored)[:12]}, recomputed {h[:12]})")
+        orphans = sorted((set(turn_hashes) | set(event_hashes)) - seen)
+        report.orphan_episodes += orphans
+    for name in ("tasks", "runs"):
+        pk = table_def(name).primary_key
+        keys: set[tuple[Any, ...]] = set()
+        for f in lake.files(name, versions[name]):
+            t = _read(lake, name, f, report)
+            if t is None:
+                continue
+            counts[name] += t.num_rows
+            for k in zip(*(t[c].to_pylist() for c in pk), strict=True):
+                if k in keys:
+                    report.problems.append(f"{name}/{f.path}: duplicate key {k}")
+                keys.add(k)
+    report.counts = dict(counts)
+    if report.orphan_episodes:
+        msg = (f"{len(report.orphan_episodes)} uncommitted episode(s) have turns/events but no episode row "
+               f"(a writer died mid-commit or is committing now); invisible to readers; `trajlake compact` "
+               f"removes them after the grace period: {', '.join(report.orphan_episodes[:max_listed])}")
+        (report.problems if strict else report.notes).append(msg)
+    if len(report.problems) > 200:
+        report.problems = [*report.problems[:200], f"... and {len(report.problems) - 200} more problems"]
+    return report
+
+
+@dataclass
+class CompactReport:
+    """What ``compact`` did."""
+
+    files_before: dict[str, int] = field(default_factory=dict)
+    files_after: dict[str, int] = field(default_factory=dict)
+    orphan_rows_removed: int = 0
+    duplicate_rows_removed: int = 0
+    vacuumed_files: int = 0
+    versions: dict[str, int] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _exclusive(lake: Lake, what: str) -> Iterator[None]:
+    path = lake.meta_dir / f"{what}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise TrajlakeError(f"another `trajlake {what}` is running on {lake.root}") from e
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _committed_ids(lake: Lake, run: str | None) -> set[str]:
+    ids: set[str] = set()
+    flt = [("run_id", "=", run)]
+    for _, t in lake.iter_tables("episodes", columns=["episode_id"], partition_filters=flt):
+        ids.update(t["episode_id"].to_pylist())
+    return ids
+
+
+def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
+            orphan_grace_hours: float = DEFAULT_ORPHAN_GRACE_HOURS, vacuum: bool = True,
+            target_file_bytes: int = TARGET_FILE_BYTES) -> CompactReport:
+    """Merge small files per partition, drop orphans older than the grace period and identical duplicate
+    episodes, write a checkpoint, and vacuum files removed more than ``retention_hours`` ago.
+
+    Safe while writers run: it only rewrites committed files, commits with conflict checks (a concurrent
+    append makes it retry; a concurrent compaction makes it stop), and leaves files younger than the grace
+    period that belong to no committed episode alone (a writer may be about to commit their episode)."""
+    report = CompactReport()
+    now_ms = time.time() * 1000
+    grace_ms = orphan_grace_hours * 3_600_000
+    with _exclusive(lake, "compact"):
+        # episodes first so the committed-id sets used for turns/events are as fresh as possible
+        for name in ("episodes", "turns", "gateway_events", "tasks", "runs"):
+            files = lake.files(name)
+            report.files_before[name] = len(files)
+            by_part: dict[str | None, list[DataFile]] = defaultdict(list)
+            for f in files:
+                by_part[f.partition_values.get("run_id")].append(f)
+            for part, pfiles in by_part.items():
+                _compact_partition(lake, name, part, pfiles, now_ms, grace_ms, target_file_bytes, report)
+        for name in TABLES:
+            d = lake.delta(name)
+            d.create_checkpoint()
+            d.cleanup_metadata()
+            if vacuum:
+                removed = d.vacuum(retention_hours=int(retention_hours), dry_run=False,
+                                   enforce_retention_duration=False)
+                report.vacuumed_files += len(removed)
+            report.files_after[name] = len(lake.files(name))
+        report.versions = lake.versions()
+    return report
+
+
+def _compact_partition(lake: Lake, name: str, part: str | None, files: list[DataFile], now_ms: float,
+                       grace_ms: float, target: int, report: CompactReport) -> None:
+    committed = _committed_ids(lake, part) if name in ("turns", "gateway_events") else None
+    chosen: list[DataFile] = []
+    tables: list[pa.Table] = []
+    dropped_orphans = 0
+    for f in files:
+        young = now_ms - f.modification_time < grace_ms
+        small = f.size < target * _SMALL_FILE_FRACTION
+        if committed is not None:
+            t = lake.read_file(name, f)
+            is_committed = pc.is_in(t["episode_id"], value_set=pa.array(list(committed), pa.string()))
+            n_committed = pc.sum(is_committed.cast(pa.int64())).as_py() or 0
+            if n_committed < t.num_rows:
+                if young:
+                    continue  # its episode may be committing right now
+                dropped_orphans += t.num_rows - n_committed
+                t = t.filter(is_committed)
+            elif not small:
+                continue
+            chosen.append(f)
+            tables.append(t)
+        elif small:
+            chosen.append(f)
+            tables.append(lake.read_file(name, f))
+    if not chosen:
+        return
+    merged = pa.concat_tables(tables) if tables else None
+    dups = 0
+    if merged is not None and merged.num_rows:
+        pk = list(table_def(name).primary_key)
+        merged, dups = _dedupe(merged, pk, name)
+    if len(chosen) == 1 and dropped_orphans == 0 and dups == 0:
+        return
+    now = int(time.time() * 1000)
+    adds: list[AddAction] = []
+    if merged is not None and merged.num_rows:
+        adds = lake.write_files(name, merged)
+        for a in adds:
+            a.data_change = False
+    removes = [RemoveAction(f.path, dropped_orphans > 0 or dups > 0, now, f.size, f.partition_values)
+               for f in chosen]
+    try:
+        lake.commit(name, [*removes, *adds], expect_present=[f.path for f in chosen])
+    except TrajlakeError:
+        for a in adds:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(lake.abs_path(name, a.path))
+        raise
+    report.orphan_rows_removed += dropped_orphans
+    report.duplicate_rows_removed += dups
+
+
+def _dedupe(t: pa.Table, pk: list[str], name: str) -> tuple[pa.Table, int]:
+    """Drop rows whose primary key repeats with identical content; differing content is an error."""
+    keys = list(zip(*(t[c].to_pylist() for c in pk), strict=True))
+    if len(set(keys)) == len(keys):
+        return t, 0
+    hashes = t["content_hash"].to_pylist() if "content_hash" in t.column_names else hash_rows(t, name)
+    first: dict[tuple[Any, ...], str] = {}
+    keep: list[int] = []
+    for i, (k, h) in enumerate(zip(keys, hashes, strict=True)):
+        if k in first:
+            if first[k] != h:
+                raise TrajlakeError(f"{name}: key {k} stored twice with different content; resolve by hand")
+            continue
+        first[k] = h
+        keep.append(i)
+    return t.take(keep), len(keys) - len(keep)

@@ -1,0 +1,376 @@
+"""The lake: one Delta table per schema table under ``<lake>/<table>/``.
+
+trajlake writes the Parquet data files itself (pyarrow: zstd, page checksums, no dictionary on list columns,
+the schema version in each file's key-value metadata, size-capped files) and commits them to the Delta log
+with delta-rs transactions. Readers always go through the Delta log's file list (``files``), never a glob:
+data files do not contain the partition column, and removed files stay on disk until vacuum.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake.transaction import AddAction, RemoveAction
+
+from trajlake._version import __version__
+from trajlake.errors import LakeNotFoundError, SchemaVersionError, TrajlakeError
+from trajlake.schema import (
+    PARQUET_SCHEMA_KEY,
+    PARQUET_TABLE_KEY,
+    SCHEMA_VERSION,
+    TABLES,
+    arrow_schema,
+    check_schema_version,
+    table_def,
+)
+
+META_DIR = "_trajlake"
+LAKE_FILE = "lake.json"
+DEFAULT_RETENTION_HOURS = 7 * 24
+TARGET_FILE_BYTES = 256 * 1024 * 1024  # in-memory Arrow bytes per data file (zstd makes files several x smaller)
+ROW_GROUP_ROWS = 32_768
+# Columns never given min/max statistics in the Delta log (large free text, hashes).
+_NO_STATS = frozenset({"raw_content", "tool_args", "statement", "config", "reason", "content_hash",
+                       "observation_hash", "env_state_hash", "final_state_hash", "args_hash",
+                       "state_hash_before", "state_hash_after", "context_dropped_hash"})
+_SAFE_PART = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One live data file of a table at some version."""
+
+    path: str  # relative to the table root, as in the Delta log
+    size: int
+    num_records: int | None
+    partition_values: dict[str, str | None]
+    modification_time: int  # ms since epoch
+
+
+def _delta_table_config() -> dict[str, str]:
+    return {
+        "delta.deletedFileRetentionDuration": "interval 7 days",
+        "delta.logRetentionDuration": "interval 30 days",
+        "delta.checkpointInterval": "100",
+    }
+
+
+def _delta_schema(name: str) -> pa.Schema:
+    # The Delta schema is the Arrow schema minus our file metadata; nullability follows the JSON definition.
+    return arrow_schema(name).remove_metadata()
+
+
+def _part_dir(col: str, value: str | None) -> str:
+    if value is None:
+        return f"{col}=__null__"
+    if _SAFE_PART.match(value):
+        return f"{col}={value}"
+    import hashlib
+
+    return f"{col}=h{hashlib.sha256(value.encode()).hexdigest()[:20]}"
+
+
+def _stats_json(t: pa.Table, name: str) -> str:
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for f in t.schema:
+        col = t.column(f.name)
+        if pa.types.is_nested(f.type):
+            continue
+        nulls[f.name] = col.null_count
+        if f.name in _NO_STATS or col.null_count == len(col) or pa.types.is_boolean(f.type):
+            continue
+        mm = pc.min_max(col)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if isinstance(lo, str) and (len(lo) > 64 or len(hi) > 64):
+            continue  # a truncated max would be wrong; skip instead
+        if isinstance(lo, dt.datetime):
+            lo = lo.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            hi = hi.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        mins[f.name], maxs[f.name] = lo, hi
+    return json.dumps({"numRecords": t.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
+
+
+class Lake:
+    """A trajlake lake rooted at a local directory."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    @classmethod
+    def init(cls, path: str | os.PathLike[str]) -> Lake:
+        """Create a lake (idempotent: an existing lake is opened and any missing table created)."""
+        root = Path(path).absolute()
+        meta = root / META_DIR / LAKE_FILE
+        if meta.exists():
+            lake = cls.open(root)
+        else:
+            if root.exists() and any(p for p in root.iterdir() if p.name != META_DIR):
+                raise TrajlakeError(f"{root} exists and is not an empty directory or a trajlake lake")
+            (root / META_DIR).mkdir(parents=True, exist_ok=True)
+            tmp = meta.with_suffix(".tmp")
+            tmp.write_text(json.dumps({
+                "format": "trajlake",
+                "schema_version": SCHEMA_VERSION,
+                "created_at": dt.datetime.now(dt.UTC).isoformat(),
+                "created_by": f"trajlake {__version__}",
+            }, indent=2))
+            os.replace(tmp, meta)
+            lake = cls(root)
+        for name in TABLES:
+            uri = lake.table_uri(name)
+            if not deltalake.DeltaTable.is_deltatable(uri):
+                deltalake.DeltaTable.create(
+                    uri, _delta_schema(name), mode="ignore", partition_by=list(table_def(name).partition_by) or None,
+                    name=name, description=table_def(name).description, configuration=_delta_table_config(),
+                )
+        return lake
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Lake:
+        """Open an existing lake; refuses one written with another schema major version."""
+        root = Path(path).absolute()
+        meta = root / META_DIR / LAKE_FILE
+        if not meta.exists():
+            raise LakeNotFoundError(f"{root} is not a trajlake lake (no {META_DIR}/{LAKE_FILE}); run `trajlake init`")
+        try:
+            info = json.loads(meta.read_text())
+        except json.JSONDecodeError as e:
+            raise TrajlakeError(f"{meta}: unreadable lake metadata: {e}") from e
+        check_schema_version(info.get("schema_version"), str(meta))
+        return cls(root)
+
+    # -- paths and versions ----------------------------------------------------------------------------------
+    def table_uri(self, name: str) -> str:
+        table_def(name)
+        return str(self.root / name)
+
+    @property
+    def meta_dir(self) -> Path:
+        return self.root / META_DIR
+
+    def delta(self, name: str, version: int | None = None) -> deltalake.DeltaTable:
+        uri = self.table_uri(name)
+        try:
+            return deltalake.DeltaTable(uri, version=version)
+        except Exception as e:  # delta-rs raises several types for missing tables / versions
+            raise TrajlakeError(f"table {name!r} at version {version}: {e}") from e
+
+    def versions(self) -> dict[str, int]:
+        """Current version of every table."""
+        return {name: self.delta(name).version() for name in TABLES}
+
+    def resolve_as_of(self, as_of: str | dict[str, int] | None) -> dict[str, int] | None:
+        """Parse an ``--as-of`` value: ``table=version,...`` (missing tables: current), a JSON object, or an
+        ISO-8601 timestamp (each table as of that instant)."""
+        if as_of is None or as_of == "":
+            return None
+        if isinstance(as_of, dict):
+            out = dict(as_of)
+        else:
+            text = as_of.strip()
+            if text.startswith("{"):
+                try:
+                    out = {str(k): int(v) for k, v in json.loads(text).items()}
+                except (ValueError, AttributeError) as e:
+                    raise TrajlakeError(f"--as-of: not a JSON object of table versions: {text!r}") from e
+            elif "=" in text:
+                out = {}
+                for part in text.split(","):
+                    k, _, v = part.partition("=")
+                    try:
+                        out[k.strip()] = int(v)
+                    except ValueError as e:
+                        raise TrajlakeError(f"--as-of: {part!r} is not table=version") from e
+            else:
+                try:
+                    when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+                except ValueError as e:
+                    raise TrajlakeError(
+                        f"--as-of: {text!r} is neither table=version pairs (as printed by `trajlake info`) "
+                        f"nor an ISO-8601 timestamp") from e
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=dt.UTC)
+                out = {}
+                for name in TABLES:
+                    d = self.delta(name)
+                    try:
+                        d.load_as_version(when)
+                        out[name] = d.version()
+                    except Exception:
+                        out[name] = 0  # the table was created after that instant: its empty first version
+        unknown = set(out) - set(TABLES)
+        if unknown:
+            raise TrajlakeError(f"--as-of: unknown table(s) {', '.join(sorted(unknown))}")
+        current = self.versions()
+        for tname, ver in out.items():
+            if ver < 0 or ver > current[tname]:
+                raise TrajlakeError(f"--as-of: {tname} has versions 0..{current[tname]}, not {ver}")
+        return {name: out.get(name, current[name]) for name in TABLES}
+
+    def files(self, name: str, version: int | None = None,
+              partition_filters: list[tuple[str, str, Any]] | None = None) -> list[DataFile]:
+        """Live data files of ``name`` at ``version`` (the table's own file list)."""
+        d = self.delta(name, version)
+        actions = pa.table(d.get_add_actions(flatten=True))
+        pcols = [c for c in actions.column_names if c.startswith("partition.")]
+        out = []
+        for row in actions.to_pylist():
+            pv = {c.removeprefix("partition."): row[c] for c in pcols}
+            if partition_filters and not all(_match(pv.get(k), op, v) for k, op, v in partition_filters):
+                continue
+            out.append(DataFile(row["path"], int(row["size_bytes"]), row.get("num_records"), pv,
+                                int(_ms(row["modification_time"]))))
+        return out
+
+    def abs_path(self, name: str, rel: str) -> str:
+        from urllib.parse import unquote
+
+        return os.path.join(self.table_uri(name), unquote(rel))
+
+    # -- writing ---------------------------------------------------------------------------------------------
+    def write_files(self, name: str, table: pa.Table) -> list[AddAction]:
+        """Write ``table`` (already in the table's schema) as data files; returns Add actions to commit.
+
+        Nothing is visible until the actions are committed (``commit``)."""
+        td = table_def(name)
+        schema = arrow_schema(name)
+        table = table.cast(pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata))
+        groups: list[tuple[dict[str, str | None], pa.Table]]
+        if td.partition_by:
+            (pcol,) = td.partition_by
+            keys = table.column(pcol).to_pylist()
+            uniq = list(dict.fromkeys(keys))
+            if len(uniq) == 1:
+                groups = [({pcol: uniq[0]}, table.drop_columns([pcol]))]
+            else:
+                groups = []
+                col = table.column(pcol)
+                for k in uniq:
+                    mask = pc.is_null(col) if k is None else pc.equal(col, k)
+                    groups.append(({pcol: k}, table.filter(mask).drop_columns([pcol])))
+        else:
+            groups = [({}, table)]
+        actions: list[AddAction] = []
+        for pvals, part in groups:
+            if part.num_rows == 0:
+                continue
+            rel_dir = "/".join(_part_dir(k, v) for k, v in pvals.items())
+            rows_per_file = max(1, int(TARGET_FILE_BYTES / max(1, part.nbytes / part.num_rows)))
+            for start in range(0, part.num_rows, rows_per_file):
+                chunk = part.slice(start, rows_per_file)
+                rel = (rel_dir + "/" if rel_dir else "") + f"part-{uuid.uuid4().hex}.zstd.parquet"
+                path = os.path.join(self.table_uri(name), rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self._write_parquet(chunk, path, name)
+                actions.append(AddAction(rel, os.path.getsize(path), pvals, int(time.time() * 1000), True,
+                                         _stats_json(chunk, name)))
+        return actions
+
+    @staticmethod
+    def _write_parquet(t: pa.Table, path: str, name: str) -> None:
+        meta = dict(t.schema.metadata or {})
+        meta[PARQUET_SCHEMA_KEY] = SCHEMA_VERSION.encode()
+        meta[PARQUET_TABLE_KEY] = name.encode()
+        meta[b"trajlake.writer_version"] = __version__.encode()
+        t = t.replace_schema_metadata(meta)
+        # Dictionary encoding made list columns (token ids, masks, log-probs) ~31% larger: scalars only.
+        dict_cols = [f.name for f in t.schema if not pa.types.is_nested(f.type)]
+        tmp = path + ".inprogress"
+        pq.write_table(t, tmp, compression="zstd", compression_level=3, use_dictionary=dict_cols,
+                       row_group_size=ROW_GROUP_ROWS, write_page_checksum=True,
+                       write_statistics=[f.name for f in t.schema if not pa.types.is_nested(f.type)])
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def commit(self, name: str, actions: Sequence[AddAction | RemoveAction], retries: int = 200,
+               expect_present: list[str] | None = None) -> int:
+        """Commit actions as one Delta transaction; returns the new table version.
+
+        Pure appends are retried by delta-rs itself. Transactions that remove files (compaction) fail when the
+        table moved; they are retried here after checking that every removed file (``expect_present``) is
+        still live, so a concurrent compaction can never make two transactions remove the same rows."""
+        if not actions:
+            return self.delta(name).version()
+        td = table_def(name)
+        last: Exception | None = None
+        for attempt in range(retries):
+            d = self.delta(name)
+            if expect_present:
+                live = {f.path for f in self.files(name)}
+                gone = [p for p in expect_present if p not in live]
+                if gone:
+                    raise ConcurrentChangeError(f"{name}: {len(gone)} file(s) were removed concurrently: {gone[0]}")
+            try:
+                d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
+                                           partition_by=list(td.partition_by) or None)
+                return self.delta(name).version()
+            except Exception as e:  # CommitFailedError and friends: reload and try again
+                last = e
+                time.sleep(min(0.5, 0.01 * (attempt + 1)))
+        raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {last}")
+
+    def append(self, name: str, table: pa.Table) -> int:
+        """Write and commit ``table`` in one transaction."""
+        return self.commit(name, self.write_files(name, table))
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def read_file(self, name: str, f: DataFile, columns: list[str] | None = None) -> pa.Table:
+        """Read one data file, check its schema version, and restore the partition column."""
+        path = self.abs_path(name, f.path)
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        md = pf.schema_arrow.metadata or {}
+        check_schema_version(md.get(PARQUET_SCHEMA_KEY), path)
+        cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
+        t = pf.read(columns=cols)
+        for k, v in f.partition_values.items():
+            if columns is None or k in columns:
+                t = t.append_column(k, pa.array([v] * t.num_rows, pa.string()))
+        if columns is None:
+            order = [c for c in table_def(name).column_names if c in t.column_names]
+            t = t.select(order)
+        return t
+
+    def iter_tables(self, name: str, version: int | None = None, columns: list[str] | None = None,
+                    partition_filters: list[tuple[str, str, Any]] | None = None) -> Iterator[tuple[DataFile, pa.Table]]:
+        for f in self.files(name, version, partition_filters):
+            yield f, self.read_file(name, f, columns)
+
+
+class ConcurrentChangeError(TrajlakeError):
+    """A maintenance transaction lost a race with another one; nothing was changed."""
+
+
+def _match(value: Any, op: str, target: Any) -> bool:
+    if op == "=":
+        return bool(value == target)
+    if op == "in":
+        return value in target
+    if op == "!=":
+        return bool(value != target)
+    raise ValueError(f"unsupported partition filter op {op!r}")
+
+
+def _ms(v: Any) -> float:
+    if isinstance(v, dt.datetime):
+        return v.timestamp() * 1000
+    return float(v)
+
+
+__all__ = ["DEFAULT_RETENTION_HOURS", "ConcurrentChangeError", "DataFile", "Lake", "SchemaVersionError"]

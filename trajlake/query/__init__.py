@@ -1,0 +1,125 @@
+"""Query the lake: ``connect`` gives an in-process DuckDB connection with one view per table, ``scan`` a Polars
+LazyFrame. Both read through the Delta log (DuckDB's ``delta`` extension, delta-rs for Polars), can be pinned
+to table versions, and apply the commit point: turns and gateway events appear only once their episode row
+exists. Nothing loads a whole table into Python memory.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from trajlake.errors import QueryError, TrajlakeError
+from trajlake.lake.store import Lake
+from trajlake.schema import TABLES, table_def
+
+if TYPE_CHECKING:
+    import polars as pl
+
+__all__ = ["connect", "scan"]
+
+_COMMITTED_BY_EPISODE = ("turns", "gateway_events")
+
+
+def _open(lake: Lake | str | os.PathLike[str]) -> Lake:
+    return lake if isinstance(lake, Lake) else Lake.open(lake)
+
+
+def _extension_dir(lk: Lake) -> str:
+    """DuckDB extension directory: inside the lake when writable, else a per-user temp folder (never $HOME)."""
+    d = lk.meta_dir / "duckdb_extensions"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".probe"
+        probe.touch()
+        probe.unlink()
+        return str(d)
+    except OSError:
+        alt = pathlib.Path(tempfile.gettempdir()) / f"trajlake-duckdb-ext-{os.getuid()}"
+        alt.mkdir(parents=True, exist_ok=True)
+        return str(alt)
+
+
+def _load_delta(con: duckdb.DuckDBPyConnection) -> None:
+    import duckdb_extension_delta
+
+    version = con.sql("PRAGMA version").fetchone()
+    assert version is not None
+    ext = pathlib.Path(duckdb_extension_delta.__file__).parent / "extensions" / version[0] / "delta.duckdb_extension"
+    if not ext.exists():
+        raise TrajlakeError(
+            f"DuckDB {version[0]} has no bundled delta extension at {ext}; install duckdb and "
+            f"duckdb-extension-delta of the same version (pip install 'trajlake')")
+    try:
+        con.execute("LOAD delta")
+    except duckdb.Error:
+        con.execute(f"INSTALL '{ext}'")
+        con.execute("LOAD delta")
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | None = None, *,
+            memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-process DuckDB connection with views ``episodes``, ``turns``, ``tasks``, ``runs``,
+    ``gateway_events`` (committed data only) and ``turns_uncommitted`` (orphans and in-flight rows).
+
+    ``as_of`` pins table versions (``{"episodes": 3, ...}``, ``"episodes=3,turns=5"`` or an ISO timestamp);
+    the versions read are in the connection's ``lake_versions`` table."""
+    lk = _open(lake)
+    versions = lk.resolve_as_of(as_of) or lk.versions()
+    config: dict[str, Any] = {
+        "autoinstall_known_extensions": False,
+        "autoload_known_extensions": False,
+        "extension_directory": _extension_dir(lk),
+    }
+    if memory_limit:
+        config["memory_limit"] = memory_limit
+    if threads:
+        config["threads"] = threads
+    con = duckdb.connect(":memory:", config=config)
+    _load_delta(con)
+    for name in TABLES:
+        cols = ", ".join(f'"{c}"' for c in table_def(name).column_names)
+        src = f"delta_scan({_sql_str(lk.table_uri(name))}, version={int(versions[name])})"
+        if name in _COMMITTED_BY_EPISODE:
+            con.execute(f"CREATE VIEW _{name}_all AS SELECT {cols} FROM {src}")
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_all "
+                        f"WHERE episode_id IN (SELECT episode_id FROM episodes)")
+        else:
+            con.execute(f"CREATE VIEW {name} AS SELECT {cols} FROM {src}")
+    con.execute("CREATE VIEW turns_uncommitted AS SELECT * FROM _turns_all "
+                "WHERE episode_id NOT IN (SELECT episode_id FROM episodes)")
+    con.execute("CREATE TABLE lake_versions (table_name VARCHAR, version BIGINT)")
+    con.executemany("INSERT INTO lake_versions VALUES (?, ?)", list(versions.items()))
+    return con
+
+
+def lake_versions(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Table versions a ``connect`` connection reads."""
+    return {str(t): int(v) for t, v in con.execute("SELECT table_name, version FROM lake_versions").fetchall()}
+
+
+def scan(lake: Lake | str | os.PathLike[str], table: str, as_of: str | dict[str, int] | None = None) -> pl.LazyFrame:
+    """A Polars LazyFrame over ``table`` (committed rows only), optionally pinned with ``as_of``."""
+    import polars as pl
+
+    lk = _open(lake)
+    if table not in TABLES:
+        raise QueryError(f"unknown table {table!r}; tables are {', '.join(TABLES)}")
+    versions = lk.resolve_as_of(as_of) or lk.versions()
+    cols = table_def(table).column_names
+
+    def raw(name: str) -> pl.LazyFrame:
+        return pl.scan_delta(lk.table_uri(name), version=versions[name])
+
+    lf = raw(table).select(cols)
+    if table in _COMMITTED_BY_EPISODE:
+        lf = lf.join(raw("episodes").select("episode_id"), on="episode_id", how="semi")
+    return lf

@@ -1,0 +1,543 @@
+"""The buffered lake writer: validate, hash, buffer, and commit episodes in batches.
+
+Commit point: an episode's turns and gateway events are committed first, then its episode row. Readers (the
+views of ``trajlake.connect``) show turns and events only when their episode row exists, so no partial episode
+is ever visible. A crash between the two commits leaves orphan turns: invisible, listed by ``verify`` and
+removed by ``compact``.
+
+Buffering: Delta commits are expensive (each writes a log entry), so episodes are buffered and committed when
+the buffer holds ``max_turn_rows`` turn rows or ``max_buffer_bytes`` bytes, when the oldest buffered episode is
+``max_age_seconds`` old (checked on every add), on ``flush()``/``close()``, at interpreter exit, and on
+SIGTERM/SIGINT when ``handle_signals`` is on. An episode is *acknowledged* once the ``flush`` that committed it
+has returned.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as dt
+import fcntl
+import os
+import signal
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from trajlake._version import __version__
+from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
+from trajlake.lake.store import Lake
+from trajlake.record.hashing import episode_hash, hash_rows, row_bytes
+from trajlake.record.validate import conform, validate_batch
+from trajlake.schema import SCHEMA_VERSION, arrow_schema
+
+_LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
+_SIGNALS_INSTALLED = False
+
+
+def new_episode_id() -> str:
+    """A time-ordered unique id (UUIDv7 layout), so file statistics prune id look-ups."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (rand >> 68 & 0xFFF) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class WriteResult:
+    """Outcome of handing episodes to the writer."""
+
+    accepted: list[str] = field(default_factory=list)
+    """Episode ids accepted into the buffer (committed at the next flush)."""
+    duplicates: list[str] = field(default_factory=list)
+    """Episode ids already in the lake (or buffer) with identical content: no-ops."""
+    rejected: dict[str, list[Issue]] = field(default_factory=dict)
+    """Invalid or conflicting episodes, with their issues; nothing of them is written."""
+
+    def raise_if_rejected(self) -> None:
+        issues = [i for v in self.rejected.values() for i in v]
+        if issues:
+            raise ValidationError(issues)
+
+    def merge(self, other: WriteResult) -> None:
+        self.accepted += other.accepted
+        self.duplicates += other.duplicates
+        self.rejected.update(other.rejected)
+
+
+def _loose(name: str) -> pa.Schema:
+    s = arrow_schema(name)
+    return pa.schema([f.with_nullable(True) for f in s], metadata=s.metadata)
+
+
+def _set_column(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    return t.set_column(t.schema.get_field_index(name), name, values)
+
+
+class LakeWriter:
+    """Buffered writer for episodes (with turns and gateway events), tasks and runs."""
+
+    def __init__(self, lake: Lake, *, max_turn_rows: int = 50_000, max_buffer_bytes: int = 256 * 1024 * 1024,
+                 max_age_seconds: float = 30.0, handle_signals: bool = True):
+        self.lake = lake
+        self.max_turn_rows = max_turn_rows
+        self.max_buffer_bytes = max_buffer_bytes
+        self.max_age_seconds = max_age_seconds
+        self._eps: list[pa.Table] = []
+        self._turns: list[pa.Table] = []
+        self._events: list[pa.Table] = []
+        self._buffered: dict[str, str] = {}  # episode_id -> content_hash
+        self._bytes = 0
+        self._turn_rows = 0
+        self._oldest: float | None = None
+        self._lock = threading.RLock()
+        self.committed = 0
+        self.late_conflicts: dict[str, list[Issue]] = {}
+        self.closed = False
+        _LIVE_WRITERS.add(self)
+        if handle_signals:
+            _install_signal_handlers()
+
+    # -- context manager -------------------------------------------------------------------------------------
+    def __enter__(self) -> LakeWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Flush what is buffered. Raises ConflictError for episodes that lost a concurrent-write race."""
+        if self.closed:
+            return
+        self.flush()
+        self.closed = True
+        _LIVE_WRITERS.discard(self)
+        if self.late_conflicts:
+            raise ConflictError(
+                "; ".join(str(i[0]) for i in self.late_conflicts.values())
+            )
+
+    # -- the single-episode API ------------------------------------------------------------------------------
+    def start_episode(self, **kwargs: Any) -> EpisodeRecorder:
+        """Begin recording an episode; see ``EpisodeRecorder`` for the arguments."""
+        return EpisodeRecorder(self, **kwargs)
+
+    # -- the batch API ---------------------------------------------------------------------------------------
+    def write_batch(self, episodes: pa.Table | Sequence[Mapping[str, Any]],
+                    turns: pa.Table | Sequence[Mapping[str, Any]],
+                    gateway_events: pa.Table | Sequence[Mapping[str, Any]] | None = None,
+                    *, source: str | None = None, dry_run: bool = False) -> WriteResult:
+        """Validate a batch and buffer its valid episodes; invalid ones are returned in ``rejected``.
+
+        Tables must use the column names of schema v1 (``trajlake schema``); missing nullable and bookkeeping
+        columns are filled. Raises ValidationError only for structural problems (unknown or missing columns).
+        With ``dry_run`` everything is checked (against the lake too) but nothing is buffered."""
+        ep = conform(_as_table(episodes, "episodes"), "episodes", source)
+        tu = conform(_as_table(turns, "turns"), "turns", source)
+        ev = conform(_as_table(gateway_events, "gateway_events"), "gateway_events", source)
+        # Denormalised run_id of turns/events comes from their episode when not given.
+        run_of = dict(zip(ep["episode_id"].to_pylist(), ep["run_id"].to_pylist(), strict=True))
+        for name in ("tu", "ev"):
+            t = tu if name == "tu" else ev
+            if t.num_rows and t["run_id"].null_count:
+                filled = [r if r is not None else run_of.get(e) for e, r in
+                          zip(t["episode_id"].to_pylist(), t["run_id"].to_pylist(), strict=True)]
+                t = _set_column(t, "run_id", pa.array(filled, pa.string()))
+                if name == "tu":
+                    tu = t
+                else:
+                    ev = t
+        report = validate_batch(ep, tu, ev, source)
+        result = WriteResult()
+        for e, issues in report.by_episode.items():
+            result.rejected[e if e is not None else "<missing episode_id>"] = issues
+        bad = [e for e in report.by_episode if e is not None]
+        if report.by_episode:
+            ep, tu, ev = (_drop(t, bad) for t in (ep, tu, ev))
+            if None in report.by_episode:  # rows without an episode id cannot be attributed: drop those rows
+                ep, tu, ev = (t.filter(pc.is_valid(t["episode_id"])) for t in (ep, tu, ev))
+        if ep.num_rows == 0:
+            return result
+        ep, tu, ev, hash_issues = _hash(ep, tu, ev, source)
+        for e, issues in hash_issues.items():
+            result.rejected[e] = issues
+        if hash_issues:
+            ep, tu, ev = (_drop(t, list(hash_issues)) for t in (ep, tu, ev))
+        with self._lock:
+            ids = ep["episode_id"].to_pylist()
+            hashes = ep["content_hash"].to_pylist()
+            existing = self._existing(ids, ep["run_id"].to_pylist())
+            skip: list[str] = []
+            for e, h in zip(ids, hashes, strict=True):
+                old = self._buffered.get(e, existing.get(e))
+                if old is None:
+                    continue
+                skip.append(e)
+                if old == h:
+                    result.duplicates.append(e)
+                else:
+                    result.rejected[e] = [Issue("episodes", e, None, "content_hash",
+                                                "episode id already exists with different content", source)]
+            if skip:
+                ep, tu, ev = (_drop(t, skip) for t in (ep, tu, ev))
+            if dry_run:
+                result.accepted += ep["episode_id"].to_pylist()
+                return result
+            if ep.num_rows:
+                self._eps.append(ep)
+                self._turns.append(tu)
+                if ev.num_rows:
+                    self._events.append(ev)
+                for e, h in zip(ep["episode_id"].to_pylist(), ep["content_hash"].to_pylist(), strict=True):
+                    self._buffered[e] = h
+                    result.accepted.append(e)
+                self._bytes += ep.nbytes + tu.nbytes + ev.nbytes
+                self._turn_rows += tu.num_rows
+                self._oldest = self._oldest or time.monotonic()
+            if self._should_flush():
+                self.flush()
+        return result
+
+    def _should_flush(self) -> bool:
+        if not self._eps:
+            return False
+        return (self._turn_rows >= self.max_turn_rows or self._bytes >= self.max_buffer_bytes
+                or (self._oldest is not None and time.monotonic() - self._oldest >= self.max_age_seconds))
+
+    # -- committing ------------------------------------------------------------------------------------------
+    def _existing(self, ids: list[str], run_ids: list[str]) -> dict[str, str]:
+        """content_hash of those ``ids`` already committed in the lake (looked up in their run partitions)."""
+        if not ids:
+            return {}
+        files = self.lake.files("episodes", partition_filters=[("run_id", "in", set(run_ids))])
+        if not files:
+            return {}
+        paths = [self.lake.abs_path("episodes", f.path) for f in files]
+        dataset = pads.dataset(paths, format="parquet")
+        found = dataset.to_table(columns=["episode_id", "content_hash"],
+                                 filter=pads.field("episode_id").isin(pa.array(list(set(ids)), pa.string())))
+        return dict(zip(found["episode_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
+
+    def flush(self) -> list[str]:
+        """Commit everything buffered (turns and events first, then episode rows). Returns committed ids."""
+        with self._lock:
+            if not self._eps:
+                return []
+            ep = pa.concat_tables(self._eps)
+            tu = pa.concat_tables(self._turns)
+            ev = pa.concat_tables(self._events) if self._events else pa.table(
+                {f.name: pa.array([], f.type) for f in _loose("gateway_events")}, schema=_loose("gateway_events"))
+            self._eps, self._turns, self._events = [], [], []
+            self._buffered.clear()
+            self._bytes = self._turn_rows = 0
+            self._oldest = None
+            now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
+            ep, tu, ev = (_set_column(t, "written_at", pa.array([now.as_py()] * t.num_rows, now.type))
+                          for t in (ep, tu, ev))
+            turn_actions = self.lake.write_files("turns", tu)
+            event_actions = self.lake.write_files("gateway_events", ev) if ev.num_rows else []
+            with _commit_lock(self.lake):
+                # Re-check under the lock: another process may have committed some ids since they were buffered.
+                ids = ep["episode_id"].to_pylist()
+                existing = self._existing(ids, ep["run_id"].to_pylist())
+                if existing:
+                    mine = dict(zip(ids, ep["content_hash"].to_pylist(), strict=True))
+                    for e, h in existing.items():
+                        if h != mine[e]:
+                            self.late_conflicts[e] = [Issue("episodes", e, None, "content_hash",
+                                                            "episode id was committed concurrently with different "
+                                                            "content")]
+                    ep, tu, ev = (_drop(t, list(existing)) for t in (ep, tu, ev))
+                    if ep.num_rows == 0:
+                        _remove_uncommitted(self.lake, turn_actions, event_actions)
+                        return []
+                    _remove_uncommitted(self.lake, turn_actions, event_actions)
+                    turn_actions = self.lake.write_files("turns", tu)
+                    event_actions = self.lake.write_files("gateway_events", ev) if ev.num_rows else []
+                self.lake.commit("turns", list(turn_actions))
+                if event_actions:
+                    self.lake.commit("gateway_events", list(event_actions))
+                self.lake.append("episodes", ep)
+            committed: list[str] = ep["episode_id"].to_pylist()
+            self.committed += len(committed)
+            return committed
+
+    # -- tasks and runs --------------------------------------------------------------------------------------
+    def write_tasks(self, tasks: pa.Table | Sequence[Mapping[str, Any]]) -> int:
+        """Add task rows; rows whose (task_id, task_version) already exist are skipped. Returns rows added."""
+        return self._write_keyed("tasks", tasks)
+
+    def write_runs(self, runs: pa.Table | Sequence[Mapping[str, Any]]) -> int:
+        """Add run rows; an existing run id with identical content is a no-op, different content an error."""
+        return self._write_keyed("runs", runs)
+
+    def _write_keyed(self, name: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> int:
+        from trajlake.record.validate import _Collector, _common_checks
+
+        t = conform(_as_table(rows, name), name)
+        if name == "runs":
+            t = _set_column(t, "trajlake_version", pc.fill_null(t["trajlake_version"], __version__))
+        key = "run_id" if name == "runs" else "task_id"
+        c = _Collector(None)
+        keys = t[key].to_pylist()
+        _common_checks(t, name, c, keys, None)
+        if c.by_episode:
+            raise ValidationError([i for v in c.by_episode.values() for i in v])
+        now = utcnow()
+        t = _set_column(t, "written_at", pa.array([now] * t.num_rows, pa.timestamp("us", tz="UTC")))
+        pk = ["run_id"] if name == "runs" else ["task_id", "task_version"]
+        with _commit_lock(self.lake):
+            existing: dict[tuple[Any, ...], str] = {}
+            for _, old in self.lake.iter_tables(name):
+                for k, h in zip(zip(*(old[c].to_pylist() for c in pk), strict=True), hash_rows(old, name), strict=True):
+                    existing[k] = h
+            new_keys = list(zip(*(t[c].to_pylist() for c in pk), strict=True))
+            new_hashes = hash_rows(t, name)
+            keep = []
+            seen: set[tuple[Any, ...]] = set()
+            for i, (k, h) in enumerate(zip(new_keys, new_hashes, strict=True)):
+                if k in existing or k in seen:
+                    if name == "runs" and existing.get(k, h) != h:
+                        raise ConflictError(f"runs: run {k[0]!r} already exists with a different definition")
+                    continue
+                seen.add(k)
+                keep.append(i)
+            if not keep:
+                return 0
+            self.lake.append(name, t.take(keep))
+            return len(keep)
+
+
+class EpisodeRecorder:
+    """Records one episode turn by turn; ``finish`` validates it and hands it to the writer.
+
+    Arguments of ``LakeWriter.start_episode``: run_id, task_id, task_version, env_id, env_version (required);
+    split (default "unknown"), env_image_digest, env_seed, group_id (default task_id:task_version:env_seed:
+    env_version), attempt (default 0), policy_version (used for policy turns), episode_id (default: a new
+    time-ordered id), started_at (default now, UTC)."""
+
+    def __init__(self, writer: LakeWriter, *, run_id: str, task_id: str, task_version: str, env_id: str,
+                 env_version: str, split: str = "unknown", env_image_digest: str | None = None,
+                 env_seed: int | None = None, group_id: str | None = None, attempt: int = 0,
+                 policy_version: str | None = None, episode_id: str | None = None,
+                 started_at: dt.datetime | None = None, sandbox: str | None = None):
+        self.writer = writer
+        self.episode_id = episode_id or new_episode_id()
+        self.policy_version = policy_version
+        self.started_at = started_at or utcnow()
+        self.ep: dict[str, Any] = {
+            "episode_id": self.episode_id, "run_id": run_id, "task_id": task_id, "task_version": task_version,
+            "split": split, "env_id": env_id, "env_version": env_version, "env_image_digest": env_image_digest,
+            "env_seed": env_seed,
+            "group_id": group_id or f"{task_id}:{task_version}:{env_seed}:{env_version}",
+            "attempt": attempt, "started_at": self.started_at, "sandbox": sandbox,
+        }
+        self.turns: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.finished = False
+
+    def add_turn(self, role: str, content: str | None = None, *, actor: str | None = None,
+                 token_ids: Sequence[int] | None = None, loss_mask: Sequence[int] | None = None,
+                 behavior_logprobs: Sequence[float] | None = None, policy_version: str | None = None,
+                 started_at: dt.datetime | None = None, ended_at: dt.datetime | None = None,
+                 **fields: Any) -> int:
+        """Append a turn; returns its turn_idx. ``actor`` defaults from the role (assistant: policy, tool: env).
+        ``loss_mask`` defaults to all 1 for policy turns with token ids and all 0 otherwise. Other keyword
+        arguments are turn columns (tool_args, status, cost_usd, ...)."""
+        if self.finished:
+            raise TrajlakeError(f"episode {self.episode_id}: add_turn after finish")
+        actor = actor or {"assistant": "policy", "tool": "env", "env": "env", "user": "user"}.get(role, "system")
+        if token_ids is not None and loss_mask is None:
+            loss_mask = [1 if actor == "policy" else 0] * len(token_ids)
+        if actor == "policy" and policy_version is None:
+            policy_version = self.policy_version
+        end = ended_at or utcnow()
+        start = started_at or end
+        row = {
+            "episode_id": self.episode_id, "run_id": self.ep["run_id"], "turn_idx": len(self.turns),
+            "role": role, "actor": actor, "policy_version": policy_version, "raw_content": content,
+            "token_ids": list(token_ids) if token_ids is not None else None,
+            "loss_mask": list(loss_mask) if loss_mask is not None else None,
+            "behavior_logprobs": list(behavior_logprobs) if behavior_logprobs is not None else None,
+            "started_at": start, "ended_at": end,
+            "latency_ms": fields.pop("latency_ms", (end - start).total_seconds() * 1000.0),
+            "status": fields.pop("status", "OK"),
+            "tokens": fields.pop("tokens", len(token_ids) if token_ids is not None else 0),
+            "cost_usd": fields.pop("cost_usd", 0.0), "tool_seconds": fields.pop("tool_seconds", 0.0),
+        }
+        row.update(fields)
+        self.turns.append(row)
+        return len(self.turns) - 1
+
+    def add_gateway_event(self, **fields: Any) -> None:
+        """Record a gateway decision (columns of gateway_events) for the current or given turn_idx."""
+        ev = {"episode_id": self.episode_id, "run_id": self.ep["run_id"],
+              "turn_idx": fields.pop("turn_idx", max(0, len(self.turns) - 1)),
+              "event_idx": 0, "taint": [], "at": utcnow()}
+        ev.update(fields)
+        ev["event_idx"] = sum(1 for e in self.events if e["turn_idx"] == ev["turn_idx"])
+        self.events.append(ev)
+
+    def finish(self, *, terminated: bool, truncated: bool, termination_reason: str, success: bool,
+               reward_components: Mapping[str, float] | None = None, reward_total: float | None = None,
+               error_class: str | None = None, ended_at: dt.datetime | None = None,
+               **fields: Any) -> WriteResult:
+        """Close the episode and hand it to the writer. Raises ValidationError if it is invalid."""
+        if self.finished:
+            raise TrajlakeError(f"episode {self.episode_id}: finish called twice")
+        self.finished = True
+        ended = ended_at or utcnow()
+        if self.turns:
+            ended = max(ended, max(t["ended_at"] for t in self.turns))
+        comps = dict(reward_components or {})
+        masks = [t["loss_mask"] for t in self.turns if t["loss_mask"] is not None]
+        pol = [t["policy_version"] for t in self.turns if t["actor"] == "policy" and t["policy_version"]]
+        ep = dict(self.ep)
+        ep.update({
+            "policy_version_start": pol[0] if pol else self.policy_version,
+            "policy_version_end": pol[-1] if pol else self.policy_version,
+            "ended_at": ended, "n_turns": len(self.turns),
+            "n_policy_tokens": int(sum(sum(m) for m in masks)),
+            "terminated": terminated, "truncated": truncated, "termination_reason": termination_reason,
+            "error_class": error_class, "success": success,
+            "reward_total": float(sum(comps.values())) if reward_total is None else reward_total,
+            "reward_components": comps,
+            "tokens_in": sum(t["tokens"] for t in self.turns if t["actor"] != "policy"),
+            "tokens_out": sum(t["tokens"] for t in self.turns if t["actor"] == "policy"),
+            "cost_usd": float(sum(t["cost_usd"] for t in self.turns)),
+            "tool_seconds": float(sum(t["tool_seconds"] for t in self.turns)),
+            "wall_seconds": (ended - self.started_at).total_seconds(),
+            "faults_injected": sum(1 for t in self.turns if t.get("fault_injected")),
+            "injection_attempted": False,
+        })
+        ep.update(fields)
+        res = self.writer.write_batch([ep], self.turns, self.events or None)
+        res.raise_if_rejected()
+        return res
+
+
+def _as_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> pa.Table:
+    if data is None:
+        return pa.table({f.name: pa.array([], f.type) for f in _loose(name)}, schema=_loose(name))
+    if isinstance(data, pa.Table):
+        return data
+    rows = list(data)
+    if not rows:
+        return _as_table(None, name)
+    loose = _loose(name)
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    unknown = [n for n in names if n not in loose.names]
+    if unknown:
+        raise ValidationError([Issue(name, None, None, u, "unknown column (see `trajlake schema`)") for u in unknown])
+    sub = pa.schema([loose.field(n) for n in names])
+    for f in sub:
+        if pa.types.is_timestamp(f.type):
+            for i, r in enumerate(rows):
+                v = r.get(f.name)
+                if isinstance(v, dt.datetime) and v.tzinfo is None:
+                    raise ValidationError([Issue(name, r.get("episode_id"), r.get("turn_idx") if name != "episodes"
+                                                 else None, f.name, f"row {i}: timestamps must be timezone-aware (UTC)")])
+    try:
+        return pa.Table.from_pylist(rows, schema=sub)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+        raise ValidationError([Issue(name, None, None, "*", f"cannot convert rows: {e}")]) from e
+
+
+def _drop(t: pa.Table, ids: list[str]) -> pa.Table:
+    if not ids or t.num_rows == 0:
+        return t
+    return t.filter(pc.invert(pc.is_in(t["episode_id"], value_set=pa.array(ids, pa.string()))))
+
+
+def _hash(ep: pa.Table, tu: pa.Table, ev: pa.Table, source: str | None
+          ) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, list[Issue]]]:
+    """Set content hashes (turns, then episodes over their turns and events); report mismatching given ones."""
+    issues: dict[str, list[Issue]] = {}
+    tu = tu.sort_by([("episode_id", "ascending"), ("turn_idx", "ascending")])
+    ev = ev.sort_by([("episode_id", "ascending"), ("turn_idx", "ascending"), ("event_idx", "ascending")])
+    t_hash = hash_rows(tu, "turns")
+    given_t = tu["content_hash"].to_pylist()
+    t_ep = tu["episode_id"].to_pylist()
+    t_idx = tu["turn_idx"].to_pylist()
+    by_ep: dict[str, list[str]] = {}
+    for e, i, h, g in zip(t_ep, t_idx, t_hash, given_t, strict=True):
+        by_ep.setdefault(e, []).append(h)
+        if g is not None and g != h:
+            issues.setdefault(e, []).append(Issue("turns", e, i, "content_hash",
+                                                  "given hash does not match the canonical encoding", source))
+    ev_by: dict[str, list[str]] = {}
+    for e, h in zip(ev["episode_id"].to_pylist(), hash_rows(ev, "gateway_events"), strict=True):
+        ev_by.setdefault(e, []).append(h)
+    e_ids = ep["episode_id"].to_pylist()
+    given_e = ep["content_hash"].to_pylist()
+    e_hash = []
+    for e, rb, g in zip(e_ids, row_bytes(ep, "episodes"), given_e, strict=True):
+        h = episode_hash(rb, by_ep.get(e, []), ev_by.get(e, []))
+        e_hash.append(h)
+        if g is not None and g != h:
+            issues.setdefault(e, []).append(Issue("episodes", e, None, "content_hash",
+                                                  "given hash does not match the canonical encoding", source))
+    tu = _set_column(tu, "content_hash", pa.array(t_hash, pa.string()))
+    ep = _set_column(ep, "content_hash", pa.array(e_hash, pa.string()))
+    ep = _set_column(ep, "schema_version", pc.fill_null(ep["schema_version"], SCHEMA_VERSION))
+    ep = _set_column(ep, "writer_version", pc.fill_null(ep["writer_version"], __version__))
+    return ep, tu, ev, issues
+
+
+def _remove_uncommitted(lake: Lake, *action_lists: Sequence[Any]) -> None:
+    for actions, name in zip(action_lists, ("turns", "gateway_events"), strict=False):
+        for a in actions:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(lake.abs_path(name, a.path))
+
+
+@contextlib.contextmanager
+def _commit_lock(lake: Lake) -> Iterator[None]:
+    """Serialise check-and-commit across processes on one machine (local lakes)."""
+    path = lake.meta_dir / "commit.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _flush_all() -> None:
+    for w in list(_LIVE_WRITERS):
+        with contextlib.suppress(Exception):
+            w.flush()
+
+
+def _install_signal_handlers() -> None:
+    global _SIGNALS_INSTALLED
+    if _SIGNALS_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    _SIGNALS_INSTALLED = True
+    atexit.register(_flush_all)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: FrameType | None, _prev: Any = previous) -> None:
+            _flush_all()
+            if callable(_prev):
+                _prev(signum, frame)
+            else:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(sig, handler)
