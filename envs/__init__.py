@@ -1,0 +1,1 @@
+"""Reference environments behind one contract (installed as ``trajlake.envs``)."""

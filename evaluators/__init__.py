@@ -1,0 +1,1 @@
+"""Evaluation: SQL metric vectors, statistics and reports (installed as ``trajlake.evaluators``)."""
