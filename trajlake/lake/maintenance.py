@@ -16,7 +16,14 @@ import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import DEFAULT_RETENTION_HOURS, TARGET_FILE_BYTES, DataFile, Lake
+from trajlake.lake.store import (
+    DEFAULT_RETENTION_HOURS,
+    TARGET_FILE_BYTES,
+    DataFile,
+    Lake,
+    checksum_from_name,
+    file_sha256,
+)
 from trajlake.record.hashing import episode_hash, hash_rows, row_bytes
 from trajlake.schema import TABLES, table_def
 
@@ -50,6 +57,13 @@ def _partitions(lake: Lake, versions: dict[str, int]) -> dict[str | None, dict[s
 
 def _read(lake: Lake, name: str, f: DataFile, report: VerifyReport) -> pa.Table | None:
     try:
+        recorded = checksum_from_name(f.path)
+        if recorded is not None:
+            actual = file_sha256(lake.abs_path(name, f.path))[: len(recorded)]
+            if actual != recorded:
+                report.problems.append(f"{name}/{f.path}: file checksum mismatch (name records {recorded}, "
+                                       f"bytes hash to {actual}): the file was modified or corrupted")
+                # keep going: the row hashes below can still name the affected episodes
         return lake.read_file(name, f)
     except FileNotFoundError:
         report.problems.append(f"{name}/{f.path}: data file listed in the Delta log is missing")

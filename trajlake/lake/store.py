@@ -9,6 +9,7 @@ data files do not contain the partition column, and removed files stay on disk u
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import re
@@ -46,6 +47,8 @@ ROW_GROUP_ROWS = 32_768
 _NO_STATS = frozenset({"raw_content", "tool_args", "statement", "config", "reason", "content_hash",
                        "observation_hash", "env_state_hash", "final_state_hash", "args_hash",
                        "state_hash_before", "state_hash_after", "context_dropped_hash"})
+CHECKSUM_HEX = 32
+_CHECKSUM_NAME = re.compile(r"\.([0-9a-f]{%d})\.zstd\.parquet$" % CHECKSUM_HEX)
 _SAFE_PART = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
 
 
@@ -78,8 +81,6 @@ def _part_dir(col: str, value: str | None) -> str:
         return f"{col}=__null__"
     if _SAFE_PART.match(value):
         return f"{col}={value}"
-    import hashlib
-
     return f"{col}=h{hashlib.sha256(value.encode()).hexdigest()[:20]}"
 
 
@@ -274,16 +275,21 @@ class Lake:
             rows_per_file = max(1, int(TARGET_FILE_BYTES / max(1, part.nbytes / part.num_rows)))
             for start in range(0, part.num_rows, rows_per_file):
                 chunk = part.slice(start, rows_per_file)
-                rel = (rel_dir + "/" if rel_dir else "") + f"part-{uuid.uuid4().hex}.zstd.parquet"
+                tmp_rel = (rel_dir + "/" if rel_dir else "") + f"part-{uuid.uuid4().hex}"
+                tmp = os.path.join(self.table_uri(name), tmp_rel + ".inprogress")
+                os.makedirs(os.path.dirname(tmp), exist_ok=True)
+                digest = self._write_parquet(chunk, tmp, name)
+                # The file name carries the sha256 of its bytes, so `verify` detects any flipped byte.
+                rel = f"{tmp_rel}.{digest[:CHECKSUM_HEX]}.zstd.parquet"
                 path = os.path.join(self.table_uri(name), rel)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                self._write_parquet(chunk, path, name)
+                os.replace(tmp, path)
                 actions.append(AddAction(rel, os.path.getsize(path), pvals, int(time.time() * 1000), True,
                                          _stats_json(chunk, name)))
         return actions
 
     @staticmethod
-    def _write_parquet(t: pa.Table, path: str, name: str) -> None:
+    def _write_parquet(t: pa.Table, path: str, name: str) -> str:
+        """Write ``t`` to ``path`` durably; returns the sha256 of the file's bytes."""
         meta = dict(t.schema.metadata or {})
         meta[PARQUET_SCHEMA_KEY] = SCHEMA_VERSION.encode()
         meta[PARQUET_TABLE_KEY] = name.encode()
@@ -291,13 +297,10 @@ class Lake:
         t = t.replace_schema_metadata(meta)
         # Dictionary encoding made list columns (token ids, masks, log-probs) ~31% larger: scalars only.
         dict_cols = [f.name for f in t.schema if not pa.types.is_nested(f.type)]
-        tmp = path + ".inprogress"
-        pq.write_table(t, tmp, compression="zstd", compression_level=3, use_dictionary=dict_cols,
+        pq.write_table(t, path, compression="zstd", compression_level=3, use_dictionary=dict_cols,
                        row_group_size=ROW_GROUP_ROWS, write_page_checksum=True,
                        write_statistics=[f.name for f in t.schema if not pa.types.is_nested(f.type)])
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        return file_sha256(path, fsync=True)
 
     def commit(self, name: str, actions: Sequence[AddAction | RemoveAction], retries: int = 200,
                expect_present: list[str] | None = None) -> int:
@@ -351,6 +354,22 @@ class Lake:
                     partition_filters: list[tuple[str, str, Any]] | None = None) -> Iterator[tuple[DataFile, pa.Table]]:
         for f in self.files(name, version, partition_filters):
             yield f, self.read_file(name, f, columns)
+
+
+def file_sha256(path: str, fsync: bool = False) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+        if fsync:
+            os.fsync(fh.fileno())
+    return h.hexdigest()
+
+
+def checksum_from_name(rel: str) -> str | None:
+    """The sha256 prefix recorded in a data file's name, if it has one."""
+    m = _CHECKSUM_NAME.search(rel)
+    return m.group(1) if m else None
 
 
 class ConcurrentChangeError(TrajlakeError):

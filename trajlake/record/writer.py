@@ -145,9 +145,9 @@ class LakeWriter:
         Tables must use the column names of schema v1 (``trajlake schema``); missing nullable and bookkeeping
         columns are filled. Raises ValidationError only for structural problems (unknown or missing columns).
         With ``dry_run`` everything is checked (against the lake too) but nothing is buffered."""
-        ep = conform(_as_table(episodes, "episodes"), "episodes", source)
-        tu = conform(_as_table(turns, "turns"), "turns", source)
-        ev = conform(_as_table(gateway_events, "gateway_events"), "gateway_events", source)
+        ep = conform(to_table(episodes, "episodes"), "episodes", source)
+        tu = conform(to_table(turns, "turns"), "turns", source)
+        ev = conform(to_table(gateway_events, "gateway_events"), "gateway_events", source)
         # Denormalised run_id of turns/events comes from their episode when not given.
         run_of = dict(zip(ep["episode_id"].to_pylist(), ep["run_id"].to_pylist(), strict=True))
         for name in ("tu", "ev"):
@@ -287,7 +287,7 @@ class LakeWriter:
     def _write_keyed(self, name: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> int:
         from trajlake.record.validate import _Collector, _common_checks
 
-        t = conform(_as_table(rows, name), name)
+        t = conform(to_table(rows, name), name)
         if name == "runs":
             t = _set_column(t, "trajlake_version", pc.fill_null(t["trajlake_version"], __version__))
         key = "run_id" if name == "runs" else "task_id"
@@ -429,14 +429,15 @@ class EpisodeRecorder:
         return res
 
 
-def _as_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> pa.Table:
+def to_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> pa.Table:
+    """Rows (dicts keyed by column name) or an Arrow table, as an Arrow table with the columns' schema types."""
     if data is None:
         return pa.table({f.name: pa.array([], f.type) for f in _loose(name)}, schema=_loose(name))
     if isinstance(data, pa.Table):
         return data
     rows = list(data)
     if not rows:
-        return _as_table(None, name)
+        return to_table(None, name)
     loose = _loose(name)
     names = list(dict.fromkeys(k for r in rows for k in r))
     unknown = [n for n in names if n not in loose.names]

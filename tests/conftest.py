@@ -1,0 +1,60 @@
+"""Shared fixtures: small lakes built on the fly (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trajlake import Lake, LakeWriter, open_lake
+from trajlake.demo import write_demo
+
+T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def make_episode(episode_id: str = "ep-1", run_id: str = "run-1", n_steps: int = 2, **overrides: Any
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A small valid episode as (episode row, turn rows) for the batch API."""
+    turns: list[dict[str, Any]] = []
+    t = T0
+    specs = [("system", "system", [1, 2, 3])]
+    for s in range(n_steps):
+        specs.append(("assistant", "policy", [10 + s, 11 + s]))
+        specs.append(("tool", "env", [20 + s, 21 + s, 22 + s]))
+    for i, (role, actor, toks) in enumerate(specs):
+        pol = actor == "policy"
+        turns.append({
+            "episode_id": episode_id, "turn_idx": i, "role": role, "actor": actor,
+            "policy_version": "p1" if pol else None, "raw_content": f"{role} text {i}",
+            "token_ids": toks, "loss_mask": [1 if pol else 0] * len(toks),
+            "behavior_logprobs": [-0.5] * len(toks) if pol else None,
+            "started_at": t + dt.timedelta(seconds=i), "ended_at": t + dt.timedelta(seconds=i, milliseconds=500),
+            "latency_ms": 500.0, "status": "OK", "tokens": len(toks), "cost_usd": 0.001, "tool_seconds": 0.0,
+        })
+    ep = {
+        "episode_id": episode_id, "run_id": run_id, "task_id": "task-1", "task_version": "v1", "split": "dev",
+        "env_id": "test-env", "env_version": "1", "env_seed": 0, "group_id": "task-1:v1:0:1", "attempt": 0,
+        "policy_version_start": "p1", "policy_version_end": "p1", "started_at": T0,
+        "ended_at": T0 + dt.timedelta(seconds=len(specs) + 1), "n_turns": len(turns),
+        "n_policy_tokens": 2 * n_steps, "terminated": True, "truncated": False, "termination_reason": "success",
+        "error_class": None, "success": True, "reward_total": 1.0, "reward_components": {"resolved": 1.0},
+        "tokens_in": 10, "tokens_out": 4, "cost_usd": 0.005, "tool_seconds": 0.0, "wall_seconds": 6.0,
+        "faults_injected": 0, "injection_attempted": False,
+    }
+    ep.update(overrides)
+    return ep, turns
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Lake:
+    return open_lake(tmp_path / "lake", create=True)
+
+
+@pytest.fixture(scope="session")
+def demo_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
+    lk = open_lake(tmp_path_factory.mktemp("demo") / "lake", create=True)
+    with LakeWriter(lk) as w:
+        write_demo(w, seeds=2, n_tasks=12)
+    return lk

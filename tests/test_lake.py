@@ -1,0 +1,227 @@
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import make_episode
+from trajlake import (
+    ConflictError,
+    Lake,
+    LakeNotFoundError,
+    LakeWriter,
+    SchemaVersionError,
+    TrajlakeError,
+    compact,
+    connect,
+    lake_versions,
+    open_lake,
+    scan,
+    verify,
+)
+from trajlake.record.validate import conform
+from trajlake.record.writer import to_table
+
+
+def write(lake: Lake, *episodes):
+    eps, turns = [], []
+    for ep, tu in episodes:
+        eps.append(ep)
+        turns += tu
+    with LakeWriter(lake, handle_signals=False) as w:
+        return w.write_batch(eps, turns)
+
+
+def test_open_missing_lake(tmp_path) -> None:
+    with pytest.raises(LakeNotFoundError, match="trajlake init"):
+        open_lake(tmp_path / "nope")
+
+
+def test_same_episode_twice_is_noop(lake: Lake) -> None:
+    r1 = write(lake, make_episode())
+    v = lake.versions()
+    r2 = write(lake, make_episode())
+    assert r1.accepted == ["ep-1"] and r2.duplicates == ["ep-1"] and not r2.accepted
+    assert lake.versions() == v  # nothing committed
+    assert connect(lake).execute("select count(*) from episodes").fetchone() == (1,)
+
+
+def test_same_id_different_content_is_rejected(lake: Lake) -> None:
+    write(lake, make_episode())
+    r = write(lake, make_episode(reward_total=0.5))
+    assert "ep-1" in r.rejected and "different content" in str(r.rejected["ep-1"][0])
+    assert connect(lake).execute("select reward_total from episodes").fetchall() == [(1.0,)]
+
+
+def test_time_travel(lake: Lake) -> None:
+    write(lake, make_episode("a"))
+    v1 = lake.versions()
+    write(lake, make_episode("b"))
+    con_old = connect(lake, v1)
+    assert con_old.execute("select list(episode_id order by episode_id) from episodes").fetchone() == (["a"],)
+    assert con_old.execute("select count(distinct episode_id) from turns").fetchone() == (1,)
+    assert lake_versions(con_old) == v1
+    pins = ",".join(f"{k}={v}" for k, v in v1.items())
+    assert connect(lake, pins).execute("select count(*) from episodes").fetchone() == (1,)
+    assert connect(lake).execute("select count(*) from episodes").fetchone() == (2,)
+    assert scan(lake, "episodes", v1).collect().height == 1
+    assert scan(lake, "turns").collect().height == 10
+    with pytest.raises(TrajlakeError, match="versions 0"):
+        connect(lake, "episodes=99")
+    with pytest.raises(TrajlakeError, match="neither"):
+        connect(lake, "yesterday")
+
+
+def _orphan_turns(lake: Lake, episode_id: str) -> None:
+    _, turns = make_episode(episode_id)
+    t = conform(to_table(turns, "turns"), "turns")
+    t = t.set_column(t.schema.get_field_index("run_id"), "run_id", pa.array(["run-1"] * t.num_rows))
+    from trajlake.record.hashing import hash_rows
+
+    t = t.set_column(t.schema.get_field_index("content_hash"), "content_hash", pa.array(hash_rows(t, "turns")))
+    import datetime as dt
+
+    t = t.set_column(t.schema.get_field_index("written_at"), "written_at",
+                     pa.array([dt.datetime.now(dt.UTC)] * t.num_rows, pa.timestamp("us", tz="UTC")))
+    lake.append("turns", t)
+
+
+def test_commit_point_hides_orphans_and_compact_removes_them(lake: Lake) -> None:
+    write(lake, make_episode("a"))
+    _orphan_turns(lake, "crashed")
+    con = connect(lake)
+    assert con.execute("select count(distinct episode_id) from turns").fetchone() == (1,)
+    assert con.execute("select count(*) from turns_uncommitted").fetchone() == (5,)
+    rep = verify(lake)
+    assert rep.ok and rep.orphan_episodes == ["crashed"] and "uncommitted" in rep.notes[0]
+    assert not verify(lake, strict=True).ok
+    # within the grace period compaction leaves them (their writer may be committing)
+    assert compact(lake, orphan_grace_hours=1.0).orphan_rows_removed == 0
+    rep = compact(lake, orphan_grace_hours=0.0)
+    assert rep.orphan_rows_removed == 5
+    assert verify(lake, strict=True).ok
+    assert connect(lake).execute("select count(*) from _turns_all").fetchone() == (5,)
+
+
+def test_compact_merges_files_and_keeps_pinned_versions_readable(lake: Lake) -> None:
+    for i in range(6):
+        write(lake, make_episode(f"e{i}"))
+    before = lake.versions()
+    n_files = len(lake.files("turns"))
+    rep = compact(lake, retention_hours=168)
+    assert n_files == 6 and len(lake.files("turns")) == 1 and rep.files_after["episodes"] == 1
+    assert connect(lake).execute("select count(*) from turns").fetchone() == (30,)
+    old = connect(lake, before)  # retention keeps the removed files for the old version
+    assert old.execute("select count(*) from turns").fetchone() == (30,)
+    assert verify(lake).ok
+    # vacuum with zero retention drops the old files: the old version is no longer readable
+    compact(lake, retention_hours=0)
+    assert connect(lake).execute("select count(*) from turns").fetchone() == (30,)
+
+
+def test_flipped_byte_is_detected_and_named(lake: Lake) -> None:
+    write(lake, make_episode("a", n_steps=30))
+    (f,) = lake.files("turns")
+    path = lake.abs_path("turns", f.path)
+    data = bytearray(open(path, "rb").read())
+    for pos in (len(data) // 3, len(data) // 2, 4 + 40):
+        corrupt = bytearray(data)
+        corrupt[pos] ^= 0x01
+        open(path, "wb").write(corrupt)
+        rep = verify(lake)
+        assert not rep.ok, f"flip at {pos} went unnoticed"
+        assert any(f.path in p for p in rep.problems), rep.problems
+    open(path, "wb").write(data)
+    assert verify(lake).ok
+
+
+def test_missing_data_file_is_named(lake: Lake) -> None:
+    write(lake, make_episode("a"))
+    (f,) = lake.files("episodes")
+    os.remove(lake.abs_path("episodes", f.path))
+    rep = verify(lake)
+    assert not rep.ok and "missing" in rep.problems[0] and f.path in rep.problems[0]
+
+
+def test_tampered_value_fails_hash_check(lake: Lake) -> None:
+    write(lake, make_episode("a"))
+    (f,) = lake.files("episodes")
+    path = lake.abs_path("episodes", f.path)
+    t = pq.read_table(path)
+    t = t.set_column(t.schema.get_field_index("reward_total"), "reward_total", pa.array([42.0]))
+    pq.write_table(t, path)
+    rep = verify(lake)
+    assert not rep.ok and "checksum mismatch" in rep.problems[0]
+    assert any("episode a" in p and "content_hash mismatch" in p for p in rep.problems), rep.problems
+
+
+def test_future_major_version_refused(lake: Lake) -> None:
+    meta = lake.meta_dir / "lake.json"
+    info = json.loads(meta.read_text())
+    info["schema_version"] = "2.0"
+    meta.write_text(json.dumps(info))
+    with pytest.raises(SchemaVersionError, match="major version 2"):
+        open_lake(lake.root)
+
+
+def test_future_major_version_in_data_file_refused(lake: Lake) -> None:
+    write(lake, make_episode("a"))
+    (f,) = lake.files("episodes")
+    path = lake.abs_path("episodes", f.path)
+    t = pq.read_table(path)
+    md = dict(t.schema.metadata)
+    md[b"trajlake.schema_version"] = b"2.0"
+    pq.write_table(t.replace_schema_metadata(md), path)
+    with pytest.raises(SchemaVersionError):
+        lake.read_file("episodes", f)
+    rep = verify(lake)
+    assert not rep.ok and any("major version 2" in p for p in rep.problems), rep.problems
+
+
+def test_data_files_record_schema_version_and_avoid_dictionary_on_lists(lake: Lake) -> None:
+    write(lake, make_episode("a"))
+    (f,) = lake.files("turns")
+    pf = pq.ParquetFile(lake.abs_path("turns", f.path))
+    assert pf.schema_arrow.metadata[b"trajlake.schema_version"] == b"1.0"
+    rg = pf.metadata.row_group(0)
+    encodings = {rg.column(i).path_in_schema: rg.column(i).encodings for i in range(rg.num_columns)}
+    assert not any("DICTIONARY" in e for e in encodings["token_ids.list.element"])
+    assert rg.column(0).compression == "ZSTD"
+
+
+def test_tasks_and_runs_are_keyed(lake: Lake) -> None:
+    import datetime as dt
+
+    run = {"run_id": "r", "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "label": "B0"}
+    with LakeWriter(lake, handle_signals=False) as w:
+        assert w.write_runs([run]) == 1
+        assert w.write_runs([run]) == 0
+        with pytest.raises(ConflictError):
+            w.write_runs([{**run, "label": "B1"}])
+    assert connect(lake).execute("select count(*) from runs").fetchone() == (1,)
+
+
+def test_writer_buffers_and_flushes_by_size_and_age(lake: Lake) -> None:
+    w = LakeWriter(lake, max_turn_rows=12, max_age_seconds=3600, handle_signals=False)
+    w.write_batch(*[[x] if isinstance(x, dict) else x for x in make_episode("a")])
+    assert lake.versions()["episodes"] == 0  # buffered
+    w.write_batch(*[[x] if isinstance(x, dict) else x for x in make_episode("b")])
+    w.write_batch(*[[x] if isinstance(x, dict) else x for x in make_episode("c")])  # 15 turn rows >= 12
+    assert lake.versions()["episodes"] == 1
+    w.max_age_seconds = 0.0
+    time.sleep(0.01)
+    w.write_batch(*[[x] if isinstance(x, dict) else x for x in make_episode("d")])
+    assert lake.versions()["episodes"] == 2
+    w.close()
+    assert connect(lake).execute("select count(*) from episodes").fetchone() == (4,)
+
+
+def test_extension_directory_is_inside_the_lake(lake: Lake) -> None:
+    con = connect(lake)
+    (d,) = con.execute("select current_setting('extension_directory')").fetchone()
+    assert d.startswith(str(lake.root))
+    assert con.execute("select current_setting('autoinstall_known_extensions')").fetchone() == (False,)
