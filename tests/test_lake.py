@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -127,15 +128,15 @@ def test_flipped_byte_is_detected_and_named(lake: Lake) -> None:
     write(lake, make_episode("a", n_steps=30))
     (f,) = lake.files("turns")
     path = lake.abs_path("turns", f.path)
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     for pos in (len(data) // 3, len(data) // 2, 4 + 40):
         corrupt = bytearray(data)
         corrupt[pos] ^= 0x01
-        open(path, "wb").write(corrupt)
+        Path(path).write_bytes(corrupt)
         rep = verify(lake)
         assert not rep.ok, f"flip at {pos} went unnoticed"
         assert any(f.path in p for p in rep.problems), rep.problems
-    open(path, "wb").write(data)
+    Path(path).write_bytes(data)
     assert verify(lake).ok
 
 

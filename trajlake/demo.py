@@ -156,12 +156,15 @@ def generate_episode(rng: np.random.Generator, run: DemoRun, task: dict[str, Any
 def generate(seeds: int = 3, n_tasks: int = 40, seed: int = 0, runs: tuple[DemoRun, ...] = RUNS,
              policy_turn_tokens: int = 120, obs_tokens: int = 250
              ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]]:
-    """Yield (episode, turns, events) for every run x task x seed."""
-    rng = np.random.default_rng(seed)
+    """Yield (episode, turns, events) for every run x task x seed.
+
+    Each episode has its own random stream (from seed, run, task and episode seed), so an episode's content
+    does not depend on how many others are generated: re-running with more seeds or tasks only adds."""
     tasks = demo_tasks(n_tasks)
     for r_i, run in enumerate(runs):
         for k, task in enumerate(tasks):
             for s in range(seeds):
+                rng = np.random.default_rng([seed, r_i, k, s])
                 start = _T0 + dt.timedelta(days=r_i, minutes=10 * (k * seeds + s))
                 yield generate_episode(rng, run, task, s, start, policy_turn_tokens, obs_tokens)
 
@@ -170,7 +173,7 @@ def write_demo(writer: LakeWriter, seeds: int = 3, n_tasks: int = 40, seed: int 
     """Write the demo runs, tasks and episodes; returns the number of episodes newly written."""
     writer.write_tasks(demo_tasks(n_tasks))
     writer.write_runs([{"run_id": r.run_id, "created_at": _T0, "label": r.label,
-                        "config": json.dumps({"policy": r.policy_version, "seeds": seeds}),
+                        "config": json.dumps({"policy": r.policy_version, "generator": "trajlake.demo"}),
                         "policy_name": "demo-agent", "policy_version": r.policy_version,
                         "policy_checkpoint_hash": f"sha256:{r.policy_version}", "code_version": "demo"}
                        for r in RUNS])

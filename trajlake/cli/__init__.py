@@ -166,7 +166,7 @@ def ingest(
                 raise TrajlakeError(f"{f}: no such file")
             s = ingest_jsonl(w, f, skip_invalid=skip_invalid)
             typer.echo(f"{f}: {s.episodes_written} episode(s) written, {s.duplicates} already present, "
-                       f"{len(s.rejected)} rejected; {s.tasks_written} task(s), {s.runs_written} run(s)")
+                       f"{len({i.episode_id for i in s.rejected})} rejected; {s.tasks_written} task(s), {s.runs_written} run(s)")
             for issue in s.rejected[:20]:
                 typer.echo(f"  rejected: {issue}", err=True)
             failed = failed or bool(s.rejected)
@@ -221,7 +221,9 @@ def demo(
 def main() -> None:
     """Console entry point: one clear error line and a non-zero exit instead of a traceback."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns typer.Exit codes instead of raising them.
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
     except ValidationError as e:
         typer.echo(f"error: {e.issues[0] if e.issues else e}", err=True)
         for issue in e.issues[1:20]:

@@ -48,7 +48,7 @@ _NO_STATS = frozenset({"raw_content", "tool_args", "statement", "config", "reaso
                        "observation_hash", "env_state_hash", "final_state_hash", "args_hash",
                        "state_hash_before", "state_hash_after", "context_dropped_hash"})
 CHECKSUM_HEX = 32
-_CHECKSUM_NAME = re.compile(r"\.([0-9a-f]{%d})\.zstd\.parquet$" % CHECKSUM_HEX)
+_CHECKSUM_NAME = re.compile(rf"\.([0-9a-f]{{{CHECKSUM_HEX}}})\.zstd\.parquet$")
 _SAFE_PART = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
 
 

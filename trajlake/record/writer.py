@@ -15,6 +15,7 @@ has returned.
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import datetime as dt
 import fcntl
@@ -107,6 +108,7 @@ class LakeWriter:
         self.committed = 0
         self.late_conflicts: dict[str, list[Issue]] = {}
         self.closed = False
+        self._episodes_delta: Any = None  # cached DeltaTable of episodes, refreshed incrementally
         _LIVE_WRITERS.add(self)
         if handle_signals:
             _install_signal_handlers()
@@ -219,16 +221,34 @@ class LakeWriter:
 
     # -- committing ------------------------------------------------------------------------------------------
     def _existing(self, ids: list[str], run_ids: list[str]) -> dict[str, str]:
-        """content_hash of those ``ids`` already committed in the lake (looked up in their run partitions)."""
+        """content_hash of those ``ids`` already committed in the lake.
+
+        Only files of the ids' run partitions whose episode_id min/max statistics can contain one of the ids
+        are read (two columns each); time-ordered ids (``new_episode_id``) make that a handful of recent files.
+        Memory stays bounded by the batch, not by the lake."""
         if not ids:
             return {}
-        files = self.lake.files("episodes", partition_filters=[("run_id", "in", set(run_ids))])
-        if not files:
+        if self._episodes_delta is None:
+            self._episodes_delta = self.lake.delta("episodes")
+        else:
+            self._episodes_delta.update_incremental()
+        acts = pa.table(self._episodes_delta.get_add_actions(flatten=True))
+        if acts.num_rows == 0:
             return {}
-        paths = [self.lake.abs_path("episodes", f.path) for f in files]
+        acts = acts.filter(pc.is_in(acts["partition.run_id"], value_set=pa.array(sorted(set(run_ids)), pa.string())))
+        wanted = sorted(set(ids))
+        paths = []
+        lo_col = acts["min.episode_id"].to_pylist() if "min.episode_id" in acts.column_names else [None] * acts.num_rows
+        hi_col = acts["max.episode_id"].to_pylist() if "max.episode_id" in acts.column_names else [None] * acts.num_rows
+        for path, lo, hi in zip(acts["path"].to_pylist(), lo_col, hi_col, strict=True):
+            if lo is not None and hi is not None and bisect.bisect_left(wanted, lo) >= bisect.bisect_right(wanted, hi):
+                continue  # no wanted id falls inside this file's [min, max]
+            paths.append(self.lake.abs_path("episodes", path))
+        if not paths:
+            return {}
         dataset = pads.dataset(paths, format="parquet")
         found = dataset.to_table(columns=["episode_id", "content_hash"],
-                                 filter=pads.field("episode_id").isin(pa.array(list(set(ids)), pa.string())))
+                                 filter=pads.field("episode_id").isin(pa.array(wanted, pa.string())))
         return dict(zip(found["episode_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
 
     def flush(self) -> list[str]:

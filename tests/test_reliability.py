@@ -1,0 +1,72 @@
+"""Crash and concurrency behaviour of the writer (real processes, real kill -9)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trajlake import Lake, compact, connect, verify
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spawn(lake: Lake, prefix: str, n: int, per_flush: int, shared: int = 0) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.writer_proc", str(lake.root), prefix, str(n), str(per_flush),
+                             str(shared)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def acked(out: str) -> set[str]:
+    return {line.split()[1] for line in out.splitlines() if line.startswith("ACK ")}
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_loses_no_acknowledged_episode(lake: Lake) -> None:
+    rng = random.Random(1234)
+    all_acked: set[str] = set()
+    trials = 30
+    for trial in range(trials):
+        p = spawn(lake, f"k{trial}", n=400, per_flush=rng.choice([1, 3, 10]))
+        time.sleep(rng.uniform(0.6, 2.5))
+        os.kill(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        all_acked |= acked(out)
+        rep = verify(lake)
+        assert rep.ok, f"trial {trial}: {rep.problems[:3]}"
+    con = connect(lake)
+    present = {r[0] for r in con.execute("select episode_id from episodes").fetchall()}
+    assert all_acked <= present, f"lost acknowledged episodes: {sorted(all_acked - present)[:5]}"
+    # no partial episode: every visible episode has exactly n_turns turns
+    bad = con.execute("""select e.episode_id from episodes e left join turns t using (episode_id)
+                         group by e.episode_id, e.n_turns having count(t.turn_idx) != e.n_turns""").fetchall()
+    assert bad == []
+    assert len(all_acked) > trials  # the kills did land between commits, not only before the first
+    compact(lake, orphan_grace_hours=0.0)
+    assert verify(lake, strict=True).ok
+    assert {r[0] for r in connect(lake).execute("select episode_id from episodes").fetchall()} == present
+
+
+@pytest.mark.slow
+def test_four_concurrent_writers_exact_counts_no_duplicates(lake: Lake) -> None:
+    procs = [spawn(lake, f"w{i}", n=500, per_flush=25, shared=50) for i in range(4)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(out)
+    con = connect(lake)
+    n, distinct = con.execute("select count(*), count(distinct episode_id) from episodes").fetchone()  # type: ignore[misc]
+    assert (n, distinct) == (4 * 500 + 50, 4 * 500 + 50)
+    dup_turns = con.execute("select count(*) from (select episode_id, turn_idx from turns group by all "
+                            "having count(*) > 1)").fetchone()
+    assert dup_turns == (0,)
+    expected_turns = sum(1 + 2 * (1 + i % 3) for i in range(550)) * 4 - sum(1 + 2 * (1 + i % 3) for i in range(500, 550)) * 3
+    assert con.execute("select count(*) from turns").fetchone() == (expected_turns,)
+    rep = verify(lake, strict=True)
+    assert rep.ok, rep.problems[:3]

@@ -1,0 +1,31 @@
+"""A writer process for the reliability tests: writes episodes and prints `ACK <id>` after each committed flush."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.conftest import make_episode
+from trajlake import LakeWriter, open_lake
+
+
+def main() -> None:
+    lake_path, prefix, n, per_flush = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    shared = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    lake = open_lake(lake_path)
+    w = LakeWriter(lake, max_turn_rows=10**9, max_age_seconds=10**9, handle_signals=False)
+    ids = [f"{prefix}-{i}" for i in range(n)] + [f"shared-{i}" for i in range(shared)]
+    for i, ep_id in enumerate(ids):
+        ep, turns = make_episode(ep_id, run_id="run-r", n_steps=1 + i % 3)
+        res = w.write_batch([ep], turns)
+        if res.rejected:
+            print("REJECTED", ep_id, res.rejected, flush=True)
+            sys.exit(3)
+        if (i + 1) % per_flush == 0 or i == len(ids) - 1:
+            for e in w.flush():
+                print("ACK", e, flush=True)
+    w.close()
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()

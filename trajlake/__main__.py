@@ -1,0 +1,3 @@
+from trajlake.cli import main
+
+main()
