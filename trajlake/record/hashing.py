@@ -18,6 +18,8 @@ hashes valid. ``encode`` is, by type (integers little-endian, lengths as unsigne
 - ``map<string, float64>`` ``M`` + count + (encode(key) + encode(value)) for entries sorted by key;
 - struct ``R`` + count + encode(field) for each field in definition order, ``N`` for a null field.
 
+Canonical NaN: float64 ``0x7FF8000000000000``, float32 ``0x7FC00000``. ``-0.0`` and ``0.0`` differ.
+
 An episode's content hash covers its own row plus the ordered content hashes of its turns and the row
 hashes of its gateway events: ``row_bytes + b"turns\\x00" + hex(turn_0) + ... + b"events\\x00" + hex(ev_0) ...``.
 """
@@ -27,11 +29,12 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trajlake.schema import table_def
 
@@ -39,6 +42,7 @@ EXCLUDED = frozenset({"content_hash", "written_at", "schema_version", "writer_ve
 _NAN64 = struct.pack("<d", math.nan)
 _NAN32 = np.array([np.nan], dtype="<f4").tobytes()
 _U64 = struct.Struct("<Q")
+_SEP = pa.scalar(b"", pa.large_binary())
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 
@@ -105,79 +109,112 @@ def _f32_bytes(a: np.ndarray) -> bytes:
     return a.astype("<f4", copy=False).tobytes()
 
 
-def _column_encoder(col: pa.ChunkedArray | pa.Array, t: pa.DataType) -> Callable[[int], bytes | None]:
-    """Return f(i) -> encoded bytes of row i (None when null), with fast paths for the big columns."""
+def _fixed(tag: bytes, payload: np.ndarray) -> pa.Array:
+    """Per-row ``tag + payload[i]`` where ``payload`` is an (n, width) uint8 matrix; as large_binary."""
+    n = payload.shape[0]
+    mat = np.empty((n, len(tag) + payload.shape[1]), dtype=np.uint8)
+    mat[:, : len(tag)] = np.frombuffer(tag, dtype=np.uint8)
+    mat[:, len(tag):] = payload
+    width = mat.shape[1]
+    arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(mat)])
+    return arr.cast(pa.large_binary())
+
+
+def _le_bytes(values: np.ndarray, dtype: str) -> np.ndarray:
+    a = np.ascontiguousarray(values.astype(dtype, copy=False))
+    return a.view(np.uint8).reshape(len(a), np.dtype(dtype).itemsize)
+
+
+def _raw_lists(arr: pa.ListArray, dtype: str) -> tuple[pa.Array, np.ndarray]:
+    """The raw little-endian bytes of each list (as large_binary, zero-copy where possible) and their lengths."""
+    offsets = np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+    base = int(offsets[0])
+    offsets = offsets - base
+    values = arr.values.slice(base, int(offsets[-1]))  # child values, also under null list slots
+    flat = np.asarray(values.to_numpy(zero_copy_only=False))
+    if values.null_count:
+        flat = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False))
+    flat = flat.astype(dtype, copy=False)
+    if dtype == "<f4":
+        nan = np.isnan(flat)
+        if nan.any():
+            flat = flat.copy()
+            flat[nan] = np.frombuffer(_NAN32, dtype="<f4")[0]
+    width = np.dtype(dtype).itemsize
+    raw = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(arr), [None, pa.py_buffer(offsets * width), pa.py_buffer(np.ascontiguousarray(flat))])
+    return raw, np.diff(offsets)
+
+
+def _encode_column(col: pa.ChunkedArray | pa.Array, t: pa.DataType) -> pa.Array:
+    """Vectorised ``encode(value)`` of every row as large_binary (null where the value is null)."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    n = len(arr)
     if pa.types.is_list(t) and (pa.types.is_int32(t.value_type) or pa.types.is_int8(t.value_type)
                                 or pa.types.is_float32(t.value_type)):
-        offsets = np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
-        vt = t.value_type
-        base = int(offsets[0])
-        offsets = offsets - base
-        # raw child values, addressed by the (rebased) offsets, also under null list slots
-        values = arr.values.slice(base, int(offsets[-1]))
-        if pa.types.is_float32(vt):
-            flat = np.asarray(values.to_numpy(zero_copy_only=False), dtype="<f4")
-            if np.isnan(flat).any():
-                flat = flat.copy()
-                flat[np.isnan(flat)] = np.frombuffer(_NAN32, dtype="<f4")[0]
-            tag, width = b"Lf", 4
-        elif pa.types.is_int32(vt):
-            flat = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), dtype="<i4")
-            tag, width = b"Li", 4
-        else:
-            flat = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), dtype="i1")
-            tag, width = b"Lb", 1
-        buf = memoryview(flat.tobytes())
-
-        def enc_list(i: int) -> bytes | None:
-            if not valid[i]:
-                return None
-            a, b = int(offsets[i]), int(offsets[i + 1])
-            return tag + _U64.pack(b - a) + bytes(buf[a * width : b * width])
-
-        return enc_list
-    if pa.types.is_timestamp(t):
-        ints = arr.cast(pa.int64()).to_pylist()
-        return lambda i: None if ints[i] is None else b"T" + _I64.pack(ints[i])
-    if pa.types.is_string(t):
-        strs = arr.to_pylist()
-        return lambda i: None if strs[i] is None else _enc_str(strs[i])
-    if pa.types.is_floating(t):
-        fl = arr.to_pylist()
-        return lambda i: None if fl[i] is None else _enc_float(fl[i])
-    if pa.types.is_integer(t):
-        it = arr.to_pylist()
-        return lambda i: None if it[i] is None else b"I" + _I64.pack(it[i])
-    py = arr.to_pylist()
-    return lambda i: None if py[i] is None else _enc_value(py[i], t)
+        dtype, tag = ("<f4", b"Lf") if pa.types.is_float32(t.value_type) else (
+            ("<i4", b"Li") if pa.types.is_int32(t.value_type) else ("i1", b"Lb"))
+        raw, lengths = _raw_lists(arr, dtype)
+        out = pc.binary_join_element_wise(_fixed(tag, _le_bytes(lengths, "<u8")), raw, _SEP)
+    elif pa.types.is_timestamp(t):
+        ints = np.asarray(arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False))
+        out = _fixed(b"T", _le_bytes(ints, "<i8"))
+    elif pa.types.is_boolean(t):
+        b = np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.uint8).reshape(n, 1)
+        out = _fixed(b"B", b)
+    elif pa.types.is_integer(t):
+        ints = np.asarray(arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False))
+        out = _fixed(b"I", _le_bytes(ints, "<i8"))
+    elif pa.types.is_floating(t):
+        fl = np.array(arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False), dtype="<f8")
+        fl[np.isnan(fl)] = np.frombuffer(_NAN64, dtype="<f8")[0]
+        out = _fixed(b"F", _le_bytes(fl, "<f8"))
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        data = arr.cast(pa.large_binary())
+        lengths = np.asarray(pc.binary_length(data).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        out = pc.binary_join_element_wise(_fixed(b"S", _le_bytes(lengths, "<u8")), data.fill_null(_SEP), _SEP)
+    else:  # nested columns (maps, structs, lists of strings) are small: encode value by value
+        out = pa.array([None if v is None else _enc_value(v, t) for v in arr.to_pylist()], pa.large_binary())
+    if arr.null_count:
+        out = pc.if_else(arr.is_valid(), out, pa.scalar(None, pa.large_binary()))
+    return out
 
 
-def row_bytes(table: pa.Table, table_name: str) -> list[bytes]:
-    """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``)."""
+def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array:
+    """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``), as large_binary."""
+    if table.num_rows == 0:
+        return pa.array([], pa.large_binary())
     td = table_def(table_name)
-    prefix = b"trajlake/1/" + table_name.encode() + b"\n"
-    encoders: list[tuple[bytes, Callable[[int], bytes | None]]] = []
+    prefix = pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())
+    parts: list[pa.Array | pa.Scalar] = [pa.array([b""] * table.num_rows, pa.large_binary()), prefix]
     for c in td.columns:
         if c.name in EXCLUDED or c.name not in table.column_names:
             continue
-        encoders.append((c.name.encode() + b"\x00", _column_encoder(table.column(c.name), c.arrow_type)))
-    out: list[bytes] = []
-    for i in range(table.num_rows):
-        parts = [prefix]
-        for name, enc in encoders:
-            p = enc(i)
-            if p is not None:
-                parts.append(name)
-                parts.append(p)
-        out.append(b"".join(parts))
-    return out
+        name = pa.scalar(c.name.encode() + b"\x00", pa.large_binary())
+        # name + value; null when the value is null, and then dropped entirely by the outer join
+        parts.append(pc.binary_join_element_wise(name, _encode_column(table.column(c.name), c.arrow_type), _SEP,
+                                                 null_handling="emit_null"))
+    return pc.binary_join_element_wise(*parts, _SEP, null_handling="replace", null_replacement=b"")
+
+
+def row_bytes(table: pa.Table, table_name: str) -> list[bytes]:
+    """Canonical byte encoding of every row, as Python bytes."""
+    return [b if isinstance(b, bytes) else b"" for b in row_bytes_array(table, table_name).to_pylist()]
+
+
+def _sha256_each(arr: pa.Array) -> list[str]:
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1] if len(arr) else \
+        np.zeros(1, np.int64)
+    data = bufs[2]
+    mv = memoryview(data) if data is not None else memoryview(b"")
+    sha = hashlib.sha256
+    return [sha(mv[offsets[i]:offsets[i + 1]]).hexdigest() for i in range(len(arr))]
 
 
 def hash_rows(table: pa.Table, table_name: str) -> list[str]:
     """sha256 hex digest of each row's canonical encoding."""
-    return [hashlib.sha256(b).hexdigest() for b in row_bytes(table, table_name)]
+    return _sha256_each(row_bytes_array(table, table_name))
 
 
 def episode_hash(episode_row: bytes, turn_hashes: Sequence[str], event_hashes: Sequence[str]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import pyarrow as pa
@@ -108,10 +109,10 @@ def _common_checks(t: pa.Table, name: str, c: _Collector, ep_ids: list[str | Non
     td = table_def(name)
     for col in td.columns:
         arr = t.column(col.name)
-        if not col.nullable and not _filled_by_writer(name, col.name):
+        if not col.nullable and not _filled_by_writer(name, col.name) and arr.null_count:
             c.add(name, ep_ids, turn_idx, _bool(arr.is_null()), col.name, "required value is null")
-        if col.enum is not None:
-            bad = pc.and_(arr.is_valid(), pc.invert(pc.is_in(arr, value_set=pa.array(col.enum))))
+        if col.enum is not None and arr.null_count < len(arr):
+            bad = pc.and_(arr.is_valid(), pc.invert(pc.is_in(arr, value_set=_enum_values(col.enum))))
             if pc.any(bad).as_py():
                 vals = arr.to_pylist()
                 for r in np.flatnonzero(_bool(bad)):
@@ -120,6 +121,11 @@ def _common_checks(t: pa.Table, name: str, c: _Collector, ep_ids: list[str | Non
                         f"{vals[r]!r} is not one of {', '.join(col.enum)}", c.source))
         if col.name in ("episode_id", "run_id", "task_id") and pa.types.is_string(arr.type):
             c.add(name, ep_ids, turn_idx, _bool(pc.equal(pc.utf8_length(arr), 0)), col.name, "must not be empty")
+
+
+@cache
+def _enum_values(values: tuple[str, ...]) -> pa.Array:
+    return pa.array(values, pa.string())
 
 
 def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None = None,

@@ -42,6 +42,7 @@ from trajlake.record.validate import conform, validate_batch
 from trajlake.schema import SCHEMA_VERSION, arrow_schema
 
 _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
+_REFRESH_SECONDS = 1.0
 _SIGNALS_INSTALLED = False
 
 
@@ -100,7 +101,7 @@ class LakeWriter:
         self._eps: list[pa.Table] = []
         self._turns: list[pa.Table] = []
         self._events: list[pa.Table] = []
-        self._buffered: dict[str, str] = {}  # episode_id -> content_hash
+        self._buffered: set[str] = set()  # episode ids in the buffer
         self._bytes = 0
         self._turn_rows = 0
         self._oldest: float | None = None
@@ -109,6 +110,8 @@ class LakeWriter:
         self.late_conflicts: dict[str, list[Issue]] = {}
         self.closed = False
         self._episodes_delta: Any = None  # cached DeltaTable of episodes, refreshed incrementally
+        self._refreshed = 0.0
+        self.late_duplicates: list[str] = []
         _LIVE_WRITERS.add(self)
         if handle_signals:
             _install_signal_handlers()
@@ -173,38 +176,40 @@ class LakeWriter:
                 ep, tu, ev = (t.filter(pc.is_valid(t["episode_id"])) for t in (ep, tu, ev))
         if ep.num_rows == 0:
             return result
-        ep, tu, ev, hash_issues = _hash(ep, tu, ev, source)
-        for e, issues in hash_issues.items():
-            result.rejected[e] = issues
-        if hash_issues:
-            ep, tu, ev = (_drop(t, list(hash_issues)) for t in (ep, tu, ev))
         with self._lock:
             ids = ep["episode_id"].to_pylist()
-            hashes = ep["content_hash"].to_pylist()
-            existing = self._existing(ids, ep["run_id"].to_pylist())
-            skip: list[str] = []
-            for e, h in zip(ids, hashes, strict=True):
-                old = self._buffered.get(e, existing.get(e))
-                if old is None:
-                    continue
-                skip.append(e)
-                if old == h:
-                    result.duplicates.append(e)
-                else:
-                    result.rejected[e] = [Issue("episodes", e, None, "content_hash",
-                                                "episode id already exists with different content", source)]
-            if skip:
-                ep, tu, ev = (_drop(t, skip) for t in (ep, tu, ev))
+            if any(e in self._buffered for e in ids):
+                self.flush()  # classify against committed content (rare: the same id twice in one writer)
+            existing = self._existing(ids, ep["run_id"].to_pylist(), refresh=dry_run)
+            given = ep["content_hash"].null_count < ep.num_rows or tu["content_hash"].null_count < tu.num_rows
+            if existing or given:
+                # Hashes are needed now: to tell duplicates from conflicts, or to check the given ones.
+                ep, tu, ev, hash_issues = _hash(ep, tu, ev, source)
+                result.rejected.update(hash_issues)
+                skip = list(hash_issues)
+                for e, h in zip(ep["episode_id"].to_pylist(), ep["content_hash"].to_pylist(), strict=True):
+                    old = existing.get(e)
+                    if old is None or e in hash_issues:
+                        continue
+                    skip.append(e)
+                    if old == h:
+                        result.duplicates.append(e)
+                    else:
+                        result.rejected[e] = [Issue("episodes", e, None, "content_hash",
+                                                    "episode id already exists with different content", source)]
+                if skip:
+                    ep, tu, ev = (_drop(t, skip) for t in (ep, tu, ev))
             if dry_run:
                 result.accepted += ep["episode_id"].to_pylist()
                 return result
+            # Otherwise hashing waits for the flush, where it runs once, vectorised, over the whole buffer.
             if ep.num_rows:
                 self._eps.append(ep)
                 self._turns.append(tu)
                 if ev.num_rows:
                     self._events.append(ev)
-                for e, h in zip(ep["episode_id"].to_pylist(), ep["content_hash"].to_pylist(), strict=True):
-                    self._buffered[e] = h
+                for e in ep["episode_id"].to_pylist():
+                    self._buffered.add(e)
                     result.accepted.append(e)
                 self._bytes += ep.nbytes + tu.nbytes + ev.nbytes
                 self._turn_rows += tu.num_rows
@@ -220,7 +225,7 @@ class LakeWriter:
                 or (self._oldest is not None and time.monotonic() - self._oldest >= self.max_age_seconds))
 
     # -- committing ------------------------------------------------------------------------------------------
-    def _existing(self, ids: list[str], run_ids: list[str]) -> dict[str, str]:
+    def _existing(self, ids: list[str], run_ids: list[str], refresh: bool = True) -> dict[str, str]:
         """content_hash of those ``ids`` already committed in the lake.
 
         Only files of the ids' run partitions whose episode_id min/max statistics can contain one of the ids
@@ -230,8 +235,11 @@ class LakeWriter:
             return {}
         if self._episodes_delta is None:
             self._episodes_delta = self.lake.delta("episodes")
-        else:
+            self._refreshed = time.monotonic()
+        elif refresh or time.monotonic() - self._refreshed > _REFRESH_SECONDS:
+            # Early duplicate reports may use a slightly stale file list; the flush re-checks exactly.
             self._episodes_delta.update_incremental()
+            self._refreshed = time.monotonic()
         acts = pa.table(self._episodes_delta.get_add_actions(flatten=True))
         if acts.num_rows == 0:
             return {}
@@ -264,6 +272,10 @@ class LakeWriter:
             self._buffered.clear()
             self._bytes = self._turn_rows = 0
             self._oldest = None
+            ep, tu, ev, bad = _hash(ep, tu, ev, None)  # one vectorised pass over the whole buffer
+            if bad:  # given hashes were checked when buffered; this only guards against misuse
+                self.late_conflicts.update(bad)
+                ep, tu, ev = (_drop(t, list(bad)) for t in (ep, tu, ev))
             now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
             ep, tu, ev = (_set_column(t, "written_at", pa.array([now.as_py()] * t.num_rows, now.type))
                           for t in (ep, tu, ev))
@@ -276,7 +288,9 @@ class LakeWriter:
                 if existing:
                     mine = dict(zip(ids, ep["content_hash"].to_pylist(), strict=True))
                     for e, h in existing.items():
-                        if h != mine[e]:
+                        if h == mine[e]:
+                            self.late_duplicates.append(e)
+                        else:
                             self.late_conflicts[e] = [Issue("episodes", e, None, "content_hash",
                                                             "episode id was committed concurrently with different "
                                                             "content")]
@@ -487,26 +501,25 @@ def _hash(ep: pa.Table, tu: pa.Table, ev: pa.Table, source: str | None
           ) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, list[Issue]]]:
     """Set content hashes (turns, then episodes over their turns and events); report mismatching given ones."""
     issues: dict[str, list[Issue]] = {}
-    tu = tu.sort_by([("episode_id", "ascending"), ("turn_idx", "ascending")])
-    ev = ev.sort_by([("episode_id", "ascending"), ("turn_idx", "ascending"), ("event_idx", "ascending")])
-    t_hash = hash_rows(tu, "turns")
+    t_hash = hash_rows(tu, "turns")  # in input order: sorting would copy the big token columns
     given_t = tu["content_hash"].to_pylist()
     t_ep = tu["episode_id"].to_pylist()
     t_idx = tu["turn_idx"].to_pylist()
-    by_ep: dict[str, list[str]] = {}
+    by_ep: dict[str, list[tuple[int, str]]] = {}
     for e, i, h, g in zip(t_ep, t_idx, t_hash, given_t, strict=True):
-        by_ep.setdefault(e, []).append(h)
+        by_ep.setdefault(e, []).append((i, h))
         if g is not None and g != h:
             issues.setdefault(e, []).append(Issue("turns", e, i, "content_hash",
                                                   "given hash does not match the canonical encoding", source))
-    ev_by: dict[str, list[str]] = {}
-    for e, h in zip(ev["episode_id"].to_pylist(), hash_rows(ev, "gateway_events"), strict=True):
-        ev_by.setdefault(e, []).append(h)
+    ev_by: dict[str, list[tuple[int, int, str]]] = {}
+    for e, ti, ei, h in zip(ev["episode_id"].to_pylist(), ev["turn_idx"].to_pylist(), ev["event_idx"].to_pylist(),
+                            hash_rows(ev, "gateway_events"), strict=True):
+        ev_by.setdefault(e, []).append((ti, ei, h))
     e_ids = ep["episode_id"].to_pylist()
     given_e = ep["content_hash"].to_pylist()
     e_hash = []
     for e, rb, g in zip(e_ids, row_bytes(ep, "episodes"), given_e, strict=True):
-        h = episode_hash(rb, by_ep.get(e, []), ev_by.get(e, []))
+        h = episode_hash(rb, [x for _, x in sorted(by_ep.get(e, []))], [x for *_, x in sorted(ev_by.get(e, []))])
         e_hash.append(h)
         if g is not None and g != h:
             issues.setdefault(e, []).append(Issue("episodes", e, None, "content_hash",

@@ -1,0 +1,215 @@
+"""Lake write/size/query benchmark (issue: the lake). Ratios against baselines run in the same process.
+
+    python bench/bench_lake.py [--rows 200000] [--tokens 400] [--append-rows 400] [--out bench/out]
+
+1. Writes ROWS realistic turn rows (TOKENS tokens each, with loss masks and float32 behaviour log-probs on policy
+   turns) through the batch writer (`LakeWriter.write_batch`) in APPEND-ROWS appends, and compares with
+   `pyarrow.parquet.write_table` of the same rows (the limit) and with JSONL lines (what most teams do now).
+2. Runs the aggregate query (per policy_version: count, mean tokens, masked tokens, P50/P99 latency) through
+   `trajlake.connect` and through DuckDB `read_parquet` on one plain Parquet file of the same rows.
+3. Measures the writer's peak memory in child processes writing ROWS/2 and ROWS rows (data generated on the fly):
+   bounded by the buffer, it must not grow with the lake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trajlake import LakeWriter, connect, open_lake
+
+TURNS_PER_EPISODE = 20
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def make_batch(rng: np.random.Generator, first_episode: int, n_episodes: int, tokens: int
+               ) -> tuple[pa.Table, pa.Table]:
+    """n_episodes episodes x 20 turns (system, user, then policy/tool alternating), vectorised with numpy."""
+    n = n_episodes * TURNS_PER_EPISODE
+    ep_idx = np.repeat(np.arange(first_episode, first_episode + n_episodes), TURNS_PER_EPISODE)
+    turn_idx = np.tile(np.arange(TURNS_PER_EPISODE, dtype=np.int32), n_episodes)
+    is_policy = (turn_idx >= 2) & (turn_idx % 2 == 0)
+    role = np.where(turn_idx == 0, "system", np.where(turn_idx == 1, "user", np.where(is_policy, "assistant", "tool")))
+    actor = np.where(turn_idx == 0, "system", np.where(turn_idx == 1, "user", np.where(is_policy, "policy", "env")))
+    lens = rng.integers(tokens // 2, tokens * 3 // 2 + 1, size=n).astype(np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    total = int(offsets[-1])
+    tok = pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(3, 32000, total, dtype=np.int32)))
+    mask_vals = np.repeat(is_policy.astype(np.int8), lens)
+    mask = pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask_vals, pa.int8()))
+    lp_vals = (-rng.exponential(0.4, total)).astype(np.float32)
+    lp = pa.ListArray.from_arrays(pa.array(offsets), pa.array(lp_vals, pa.float32()),
+                                  mask=pa.array(~is_policy))
+    ep_ids = np.array([f"bench-{i:09d}" for i in range(first_episode, first_episode + n_episodes)])
+    policy_version = np.array(["p0", "p1", "p2", "p3"])[(ep_idx // 250) % 4]
+    lat = rng.lognormal(6.0, 0.7, n)
+    start_us = (ep_idx.astype(np.int64) * 3_600_000_000) + turn_idx.astype(np.int64) * 60_000_000
+    ts0 = int(T0.timestamp() * 1e6)
+    starts = pa.array(ts0 + start_us, pa.timestamp("us", tz="UTC"))
+    ends = pa.array(ts0 + start_us + (lat * 1000).astype(np.int64), pa.timestamp("us", tz="UTC"))
+    turns = pa.table({
+        "episode_id": np.repeat(ep_ids, TURNS_PER_EPISODE), "run_id": pa.array(["bench-run"] * n),
+        "turn_idx": pa.array(turn_idx), "role": role, "actor": actor,
+        "policy_version": pa.array(np.where(is_policy, policy_version, None)),
+        "raw_content": pa.array(np.where(is_policy, "I will run the tests now.", "output of the tool ...")),
+        "token_ids": tok, "loss_mask": mask, "behavior_logprobs": lp, "tokenizer_id": pa.array(["bpe-32k"] * n),
+        "started_at": starts, "ended_at": ends, "latency_ms": lat, "status": pa.array(["OK"] * n),
+        "tokens": pa.array(lens.astype(np.int32)), "cost_usd": lens * 1e-6, "tool_seconds": np.where(is_policy, 0.0, lat / 1000),
+    })
+    pol_tokens = np.add.reduceat(np.where(is_policy, lens, 0), np.arange(0, n, TURNS_PER_EPISODE))
+    episodes = pa.table({
+        "episode_id": ep_ids, "run_id": ["bench-run"] * n_episodes, "task_id": [f"task-{i % 500}" for i in range(n_episodes)],
+        "task_version": ["v1"] * n_episodes, "split": ["train"] * n_episodes, "env_id": ["bench"] * n_episodes,
+        "env_version": ["1"] * n_episodes, "group_id": [f"g{i % 500}" for i in range(n_episodes)],
+        "attempt": pa.array([0] * n_episodes, pa.int32()),
+        "policy_version_start": policy_version[::TURNS_PER_EPISODE], "policy_version_end": policy_version[::TURNS_PER_EPISODE],
+        "started_at": starts.take(pa.array(np.arange(0, n, TURNS_PER_EPISODE))),
+        "ended_at": ends.take(pa.array(np.arange(TURNS_PER_EPISODE - 1, n, TURNS_PER_EPISODE))),
+        "n_turns": pa.array([TURNS_PER_EPISODE] * n_episodes, pa.int32()), "n_policy_tokens": pol_tokens,
+        "terminated": [True] * n_episodes, "truncated": [False] * n_episodes,
+        "termination_reason": ["submitted"] * n_episodes, "success": rng.random(n_episodes) < 0.4,
+        "reward_total": rng.random(n_episodes), "reward_components": pa.array([[("resolved", 1.0)]] * n_episodes,
+                                                                             pa.map_(pa.string(), pa.float64())),
+        "tokens_in": pol_tokens, "tokens_out": pol_tokens, "cost_usd": rng.random(n_episodes),
+        "tool_seconds": rng.random(n_episodes), "wall_seconds": rng.random(n_episodes) * 100,
+        "faults_injected": pa.array([0] * n_episodes, pa.int32()), "injection_attempted": [False] * n_episodes,
+    })
+    return episodes, turns
+
+
+QUERY = """
+SELECT policy_version, count(*) AS n, avg(tokens) AS mean_tokens, sum(list_sum(loss_mask)) AS masked_tokens,
+       quantile_cont(latency_ms, 0.5) AS p50_ms, quantile_cont(latency_ms, 0.99) AS p99_ms
+FROM {src} GROUP BY policy_version ORDER BY policy_version NULLS FIRST
+"""
+
+
+def best_of(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def dir_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def child_memory(rows: int, tokens: int, append_rows: int, out: Path) -> int:
+    """Peak RSS (KiB) of a fresh process writing ``rows`` turn rows generated on the fly."""
+    code = f"""
+import resource, numpy as np, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from bench_lake import make_batch
+from trajlake import LakeWriter, open_lake
+lake = open_lake({str(out)!r}, create=True)
+rng = np.random.default_rng(1)
+eps_per_append = {append_rows} // 20
+with LakeWriter(lake, handle_signals=False) as w:
+    for k in range(0, {rows} // 20, eps_per_append):
+        ep, tu = make_batch(rng, k, eps_per_append, {tokens})
+        r = w.write_batch(ep, tu)
+        assert not r.rejected, r.rejected
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+    shutil.rmtree(out, ignore_errors=True)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--append-rows", type=int, default=400)
+    ap.add_argument("--out", type=Path, default=Path("bench/out"))
+    ap.add_argument("--skip-memory", action="store_true")
+    a = ap.parse_args()
+    out = a.out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    n_eps = a.rows // TURNS_PER_EPISODE
+    episodes, turns = make_batch(rng, 0, n_eps, a.tokens)
+    eps_per_append = a.append_rows // TURNS_PER_EPISODE
+    print(f"rows={turns.num_rows} tokens/row~{a.tokens} episodes={n_eps} appends of {a.append_rows} rows; "
+          f"in-memory {turns.nbytes / 1e6:.0f} MB")
+
+    # 1a. trajlake batch writer
+    lake = open_lake(out / "lake", create=True)
+    t = time.perf_counter()
+    with LakeWriter(lake, handle_signals=False) as w:
+        for k in range(0, n_eps, eps_per_append):
+            sl = slice(k * TURNS_PER_EPISODE, (k + eps_per_append) * TURNS_PER_EPISODE)
+            r = w.write_batch(episodes.slice(k, eps_per_append), turns.slice(sl.start, sl.stop - sl.start))
+            assert not r.rejected, next(iter(r.rejected.values()))[0]
+    t_lake = time.perf_counter() - t
+    # 1b. pyarrow write_table of the same rows (the limit)
+    t = time.perf_counter()
+    pq.write_table(turns, out / "plain.parquet", compression="zstd")
+    pq.write_table(episodes, out / "plain_episodes.parquet", compression="zstd")
+    t_pq = time.perf_counter() - t
+    # 1c. JSONL lines
+    t = time.perf_counter()
+    with open(out / "turns.jsonl", "w") as fh:
+        for batch in turns.to_batches(max_chunksize=2000):
+            for row in batch.to_pylist():
+                row["started_at"] = row["started_at"].isoformat()
+                row["ended_at"] = row["ended_at"].isoformat()
+                fh.write(json.dumps(row) + "\n")
+    t_jsonl = time.perf_counter() - t
+    lake_bytes = dir_bytes(out / "lake" / "turns") + dir_bytes(out / "lake" / "episodes")
+    plain_bytes = (out / "plain.parquet").stat().st_size + (out / "plain_episodes.parquet").stat().st_size
+    jsonl_bytes = (out / "turns.jsonl").stat().st_size
+
+    # 2. aggregate query
+    con = connect(lake)
+    q_lake = QUERY.format(src="turns")
+    plain = duckdb.connect()
+    q_plain = QUERY.format(src=f"read_parquet('{out / 'plain.parquet'}')")
+    assert con.execute(q_lake).fetchall() == plain.execute(q_plain).fetchall(), "query results differ"
+    tq_lake = best_of(lambda: con.execute(q_lake).fetchall())
+    tq_plain = best_of(lambda: plain.execute(q_plain).fetchall())
+
+    rate = turns.num_rows / t_lake
+    print("\n| measure | trajlake | baseline | ratio | target |")
+    print("| --- | --- | --- | --- | --- |")
+    print(f"| append rate (rows/s), vs pyarrow write_table | {rate:,.0f} | {turns.num_rows / t_pq:,.0f} | "
+          f"{t_pq / t_lake:.2f}x | >= 0.6x |")
+    print(f"| append rate (rows/s), vs JSONL lines | {rate:,.0f} | {turns.num_rows / t_jsonl:,.0f} | "
+          f"{t_jsonl / t_lake:.2f}x | - |")
+    print(f"| on-disk size (MB), vs JSONL | {lake_bytes / 1e6:.1f} | {jsonl_bytes / 1e6:.1f} | "
+          f"{lake_bytes / jsonl_bytes:.3f}x | <= 0.25x |")
+    print(f"| on-disk size (MB), vs plain Parquet | {lake_bytes / 1e6:.1f} | {plain_bytes / 1e6:.1f} | "
+          f"{lake_bytes / plain_bytes:.2f}x | - |")
+    print(f"| aggregate query (s), vs DuckDB read_parquet | {tq_lake:.3f} | {tq_plain:.3f} | "
+          f"{tq_lake / tq_plain:.2f}x | <= 1.3x |")
+    if not a.skip_memory:
+        half = child_memory(a.rows // 2, a.tokens, a.append_rows, out / "mem_half")
+        full = child_memory(a.rows, a.tokens, a.append_rows, out / "mem_full")
+        print(f"| writer peak RSS (MB), {a.rows} rows vs {a.rows // 2} rows | {full / 1024:.0f} | {half / 1024:.0f} | "
+              f"{full / half:.2f}x | ~1x (bounded by the buffer) |")
+    print(f"\nversions: {lake.versions()}; python {sys.version.split()[0]}, duckdb {duckdb.__version__}, "
+          f"pyarrow {pa.__version__}, {os.cpu_count()} cpus")
+    _ = (statistics, resource)
+
+
+if __name__ == "__main__":
+    main()
