@@ -70,3 +70,16 @@ def test_four_concurrent_writers_exact_counts_no_duplicates(lake: Lake) -> None:
     assert con.execute("select count(*) from turns").fetchone() == (expected_turns,)
     rep = verify(lake, strict=True)
     assert rep.ok, rep.problems[:3]
+
+
+def test_sigterm_flushes_the_buffer(lake: Lake) -> None:
+    p = subprocess.Popen([sys.executable, "-m", "tests.writer_proc", "--buffer-then-wait", str(lake.root), "7"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "READY"
+    assert lake.versions()["episodes"] == 0  # still buffered
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    assert p.returncode == -signal.SIGTERM  # default action after the flush: the process still dies of SIGTERM
+    assert connect(lake).execute("select count(*) from episodes").fetchone() == (7,)
+    assert verify(lake, strict=True).ok

@@ -8,7 +8,23 @@ from tests.conftest import make_episode
 from trajlake import LakeWriter, open_lake
 
 
+def buffer_then_wait() -> None:
+    """Buffer episodes without flushing, then wait for a signal: the writer must flush on SIGTERM."""
+    import time
+
+    lake = open_lake(sys.argv[2])
+    w = LakeWriter(lake, max_turn_rows=10**9, max_age_seconds=10**9)  # installs the signal handlers
+    for i in range(int(sys.argv[3])):
+        ep, turns = make_episode(f"sig-{i}", run_id="run-s")
+        w.write_batch([ep], turns)
+    print("READY", flush=True)
+    time.sleep(60)
+
+
 def main() -> None:
+    if sys.argv[1] == "--buffer-then-wait":
+        buffer_then_wait()
+        return
     lake_path, prefix, n, per_flush = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     shared = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     lake = open_lake(lake_path)

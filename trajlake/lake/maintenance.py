@@ -25,7 +25,7 @@ from trajlake.lake.store import (
     file_sha256,
 )
 from trajlake.record.hashing import episode_hash, hash_rows, row_bytes
-from trajlake.schema import TABLES, table_def
+from trajlake.schema import TABLES, arrow_schema, table_def
 
 DEFAULT_ORPHAN_GRACE_HOURS = 1.0
 _SMALL_FILE_FRACTION = 0.5
@@ -64,7 +64,20 @@ def _read(lake: Lake, name: str, f: DataFile, report: VerifyReport) -> pa.Table 
                 report.problems.append(f"{name}/{f.path}: file checksum mismatch (name records {recorded}, "
                                        f"bytes hash to {actual}): the file was modified or corrupted")
                 # keep going: the row hashes below can still name the affected episodes
-        return lake.read_file(name, f)
+        t = lake.read_file(name, f)
+        expected = arrow_schema(name)
+        for fld in expected:
+            if fld.name not in t.column_names:
+                report.problems.append(f"{name}/{f.path}: column {fld.name} is missing")
+                return None
+            if t.schema.field(fld.name).type != fld.type:
+                report.problems.append(f"{name}/{f.path}: column {fld.name} has type {t.schema.field(fld.name).type}, "
+                                       f"schema v1 says {fld.type}")
+                return None
+        extra = set(t.column_names) - set(expected.names)
+        if extra:
+            report.problems.append(f"{name}/{f.path}: unknown column(s) {', '.join(sorted(extra))}")
+        return t
     except FileNotFoundError:
         report.problems.append(f"{name}/{f.path}: data file listed in the Delta log is missing")
     except TrajlakeError as e:
