@@ -1,0 +1,245 @@
+"""The environment contract: reset / step / snapshot / restore / replay / close.
+
+Every trajlake environment implements ``Env``. Results are typed (``ResetResult``, ``StepResult``); an invalid
+action gives a ``StepResult`` with status ``MODEL_INVALID_ACTION``, never an exception. ``terminated`` (task
+semantics: submitted, solved, gave up) and ``truncated`` (budget or infrastructure) are never both true; spent
+budgets end an episode as truncated with status ``BUDGET_EXHAUSTED``.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+STATUS_OK = "OK"
+ERROR_CLASSES: tuple[str, ...] = ("MODEL_INVALID_ACTION", "MODEL_BAD_PLAN", "ENV_TRANSIENT", "ENV_BUG",
+                                  "SAFETY_BLOCK", "BUDGET_EXHAUSTED")
+
+
+class EnvError(Exception):
+    """Misuse of an environment by the caller (step before reset, restore of a foreign snapshot, ...)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-episode budgets; None means unlimited. Exceeding one truncates the episode."""
+
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    """What ``reset`` returns."""
+
+    episode_id: str
+    """A fresh id for the episode that starts."""
+    observation: str
+    """The initial observation (task statement and tool description)."""
+    state_hash: str
+    """Hash of the environment state after reset."""
+    task_id: str
+    task_version: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What ``step`` returns."""
+
+    observation: str
+    """Text shown to the agent (tool output, or the error message)."""
+    reward_components: Mapping[str, float]
+    """Named rewards of this step (final rewards arrive on the terminating step)."""
+    terminated: bool
+    """The episode ended by task semantics (submitted, solved, gave up)."""
+    truncated: bool
+    """The episode ended by a budget or infrastructure limit."""
+    status: str
+    """"OK" or an error class (MODEL_INVALID_ACTION, ..., BUDGET_EXHAUSTED)."""
+    cost_usd: float
+    """Cost of the environment side of the step."""
+    state_hash: str
+    """Environment state hash after the step."""
+    termination_reason: str | None = None
+    """Set when the episode ended: one of the episodes.termination_reason values."""
+    tool: str | None = None
+    """Tool the action called, if it parsed."""
+    tool_seconds: float = 0.0
+    """Seconds spent running the tool."""
+    fault_injected: str | None = None
+    """Kind of fault injected on this step (transient, timeout), if any."""
+    gateway_events: tuple[Mapping[str, Any], ...] = ()
+    """Gateway decisions of this step (gateway_events rows without episode/run/turn/event ids)."""
+    taint: tuple[str, ...] = ()
+    """Taint labels of the observation (e.g. untrusted_tool_output)."""
+
+    def __post_init__(self) -> None:
+        if self.terminated and self.truncated:
+            raise EnvError("a step cannot be both terminated and truncated")
+        if self.status != STATUS_OK and self.status not in ERROR_CLASSES:
+            raise EnvError(f"unknown status {self.status!r}")
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Opaque, immutable environment state; only the environment that made it can restore it."""
+
+    env_id: str
+    env_version: str
+    state_hash: str
+    payload: Any = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class LoggedStep:
+    """One recorded action and the state hash it led to."""
+
+    action: str
+    idempotency_key: str | None
+    state_hash: str
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReplayLog:
+    """A recorded episode, as needed to re-run it under pinned versions."""
+
+    env_id: str
+    env_version: str
+    task_id: str
+    task_version: str
+    seed: int
+    reset_state_hash: str
+    steps: Sequence[LoggedStep]
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """Outcome of ``replay``: ``ok`` only if every state hash matched."""
+
+    ok: bool
+    steps_replayed: int
+    first_divergence: int | None = None
+    """Index of the first diverging step (-1: the state after reset), None when all matched."""
+    expected_hash: str | None = None
+    actual_hash: str | None = None
+    message: str = ""
+
+
+def stable_hash(obj: Any) -> str:
+    """sha256 of canonical JSON (sorted keys, no whitespace): for state hashes and args hashes."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                     default=str).encode()).hexdigest()
+
+
+class Env(abc.ABC):
+    """The contract every trajlake environment implements."""
+
+    env_id: ClassVar[str]
+    env_version: ClassVar[str]
+
+    @property
+    @abc.abstractmethod
+    def image_digest(self) -> str:
+        """Hash of the environment's code and task data, written to every episode."""
+
+    @abc.abstractmethod
+    def reset(self, seed: int, task_version: str | None = None, *, task_id: str | None = None) -> ResetResult:
+        """Start an episode on a task (chosen from the seed unless ``task_id`` is given)."""
+
+    @abc.abstractmethod
+    def step(self, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
+             cost_usd: float = 0.0) -> StepResult:
+        """Apply an action. ``tokens`` and ``cost_usd`` are the policy turn's, counted against the budgets."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> Snapshot:
+        """Capture the full state (workspace, counters, pending effects)."""
+
+    @abc.abstractmethod
+    def restore(self, snapshot: Snapshot) -> None:
+        """Return to a snapshot's state exactly (same state hash, same future observations)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release resources (temporary workspaces, processes)."""
+
+    def replay(self, log: ReplayLog) -> ReplayReport:
+        """Re-run a recorded episode and compare every state hash; reports the first divergence."""
+        if log.env_id != self.env_id or log.env_version != self.env_version:
+            return ReplayReport(False, 0, -1, message=f"recorded with {log.env_id} {log.env_version}, this is "
+                                                       f"{self.env_id} {self.env_version}: versions are pinned")
+        r = self.reset(log.seed, log.task_version, task_id=log.task_id)
+        if r.state_hash != log.reset_state_hash:
+            return ReplayReport(False, 0, -1, log.reset_state_hash, r.state_hash, "state after reset differs")
+        for i, s in enumerate(log.steps):
+            res = self.step(s.action, s.idempotency_key, tokens=s.tokens, cost_usd=s.cost_usd)
+            if res.state_hash != s.state_hash:
+                return ReplayReport(False, i, i, s.state_hash, res.state_hash, f"state after step {i} differs")
+            if res.done and i != len(log.steps) - 1:
+                return ReplayReport(False, i + 1, i + 1, message=f"episode ended at step {i}, the log goes on")
+        return ReplayReport(True, len(log.steps))
+
+    def __enter__(self) -> Env:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BudgetTracker:
+    """Counts steps, tokens and cost of an episode and says which budget, if any, is spent."""
+
+    def __init__(self, budget: Budget):
+        self.budget = budget
+        self.steps = 0
+        self.tokens = 0
+        self.cost = 0.0
+
+    def add(self, tokens: int, cost_usd: float) -> str | None:
+        """Count one step; returns the termination reason when a budget is now spent."""
+        self.steps += 1
+        self.tokens += tokens
+        self.cost += cost_usd
+        b = self.budget
+        if b.max_tokens is not None and self.tokens > b.max_tokens:
+            return "budget_tokens"
+        if b.max_cost is not None and self.cost > b.max_cost:
+            return "budget_cost"
+        if b.max_steps is not None and self.steps >= b.max_steps:
+            return "budget_steps"
+        return None
+
+    def state(self) -> tuple[int, int, float]:
+        return self.steps, self.tokens, self.cost
+
+    def set_state(self, state: tuple[int, int, float]) -> None:
+        self.steps, self.tokens, self.cost = state
+
+
+__all__ = [
+    "ERROR_CLASSES",
+    "STATUS_OK",
+    "Budget",
+    "BudgetTracker",
+    "Env",
+    "EnvError",
+    "LoggedStep",
+    "ReplayLog",
+    "ReplayReport",
+    "ResetResult",
+    "Snapshot",
+    "StepResult",
+    "stable_hash",
+]
