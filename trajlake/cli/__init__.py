@@ -218,6 +218,111 @@ def demo(
     emit(cols, rows, fmt, title=f"lake {lk.root}")
 
 
+def _parse_seeds(text: str) -> tuple[int, ...]:
+    """'0,1,2' or '0-4' (inclusive) or a mix: '0-2,7'."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1) if not part.startswith("-") else ("-" + part[1:].split("-", 1)[0],
+                                                                              part[1:].split("-", 1)[1])
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise ValueError
+                out += range(a, b + 1)
+            else:
+                out.append(int(part))
+        except ValueError as e:
+            raise TrajlakeError(f"--seeds: {part!r} is not a seed or an inclusive range like 0-4") from e
+    return tuple(dict.fromkeys(out))
+
+
+@app.command()
+def rollout(
+    env: Annotated[str, typer.Option(help="Environment: mini-swe.")] = "mini-swe",
+    policy: Annotated[str, typer.Option(help="Policy: oracle, random or heuristic.")] = "heuristic",
+    split: Annotated[str, typer.Option(help="Task split: train, dev or hidden.")] = "dev",
+    seeds: Annotated[str, typer.Option(help="Seeds: 0,1,2 or an inclusive range 0-4.")] = "0",
+    workers: Annotated[int, typer.Option(help="Parallel workers (processes, or Ray actors).")] = 1,
+    run_id: Annotated[str | None, typer.Option(help="Run id (default: <policy>-<split>).")] = None,
+    fault_rate: Annotated[float, typer.Option(help="Probability of an injected transient fault per step.")] = 0.0,
+    fault_seed: Annotated[int, typer.Option(help="Seed of the fault injector.")] = 0,
+    policy_version: Annotated[str | None, typer.Option(help="Pin the policy version (default: latest "
+                                                             "published).")] = None,
+    max_policy_lag: Annotated[int | None, typer.Option(help="Most versions a worker may lag the latest "
+                                                           "published one before it moves up (between episodes).")] = None,
+    engine: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
+) -> None:
+    """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
+
+    Resumable: episodes already committed for the run are skipped, never duplicated."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+
+    if engine not in ("local", "ray"):
+        raise TrajlakeError(f"--engine must be local or ray, not {engine!r}")
+    if not 0.0 <= fault_rate <= 1.0:
+        raise TrajlakeError("--fault-rate must be between 0 and 1")
+    cfg = RolloutConfig(lake=str(state.lake_path), run_id=run_id or f"{policy}-{split}", env=env, policy=policy,
+                        split=split, seeds=_parse_seeds(seeds), workers=max(1, workers), fault_rate=fault_rate,
+                        fault_seed=fault_seed, policy_version=policy_version, max_policy_lag=max_policy_lag)
+    from trajlake.envs import make_policy
+
+    make_policy(env, policy, "check")  # fail fast on unknown env/policy names
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=False, disable=not sys.stderr.isatty()) as bar:
+        job = bar.add_task(f"rollout {cfg.run_id}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(job, completed=done, total=total)
+
+        s = run_rollout(cfg, engine=engine, progress=progress)
+    typer.echo(f"run {cfg.run_id}: {s.written} episode(s) written ({s.successes} successful), "
+               f"{s.skipped_existing} already in the lake, {len(s.failed_items)} failed, of {s.planned} planned")
+    for f in s.failed_items[:10]:
+        typer.echo(f"  failed: {f}", err=True)
+    if s.failed_items:
+        raise typer.Exit(1)
+
+
+@app.command()
+def replay(episode: Annotated[str, typer.Option("--episode", help="Episode id.")], as_of: AsOfOpt = None) -> None:
+    """Re-run a stored episode under its pinned versions; exit 0 only if every state hash matches."""
+    from trajlake.envs import make_env
+    from trajlake.query import connect
+    from trajlake.rollout.runner import replay_log_from_rows
+
+    con = connect(_lake(), as_of)
+    rel = con.execute("select * from episodes where episode_id = ?", [episode])
+    cols = [d[0] for d in rel.description]
+    rows = rel.fetchall()
+    if not rows:
+        raise TrajlakeError(f"episode {episode!r} is not in the lake")
+    ep = dict(zip(cols, rows[0], strict=True))
+    rel = con.execute("select * from turns where episode_id = ? order by turn_idx", [episode])
+    tcols = [d[0] for d in rel.description]
+    turns = [dict(zip(tcols, r, strict=True)) for r in rel.fetchall()]
+    log, turn_of_step = replay_log_from_rows(ep, turns)
+    env = make_env(ep["env_id"], split=None)
+    if env.image_digest != ep["env_image_digest"]:
+        typer.echo(f"note: environment digest differs from the recorded one ({ep['env_image_digest']})", err=True)
+    try:
+        report = env.replay(log)
+    finally:
+        env.close()
+    if report.ok:
+        typer.echo(f"episode {episode}: replayed {report.steps_replayed} step(s); every state hash matches")
+        return
+    where = "the state after reset" if report.first_divergence in (None, -1) else \
+        f"turn {turn_of_step[report.first_divergence]} (step {report.first_divergence})" \
+        if report.first_divergence < len(turn_of_step) else f"step {report.first_divergence}"
+    typer.echo(f"episode {episode}: diverges at {where}: {report.message} "
+               f"(expected {str(report.expected_hash)[:12]}, got {str(report.actual_hash)[:12]})", err=True)
+    raise typer.Exit(1)
+
+
 def main() -> None:
     """Console entry point: one clear error line and a non-zero exit instead of a traceback."""
     try:

@@ -1,0 +1,167 @@
+"""``trajlake eval`` and ``trajlake diagnose``: evaluation reports and regression diagnosis over the lake.
+
+Wire them into the CLI with ``register(app)`` (``trajlake/cli/__init__.py``). Both read the lake named by the
+global ``--lake`` option, pin the table versions they read (printed in every report, reusable with ``--as-of``)
+and raise :class:`trajlake.errors.TrajlakeError` subclasses for bad input, which ``trajlake.cli.main`` prints
+as one line with exit status 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from trajlake.errors import TrajlakeError
+
+__all__ = ["DiagnoseFormat", "ReportFormat", "diagnose_command", "eval_command", "register"]
+
+
+class ReportFormat(enum.StrEnum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    html = "html"
+
+
+class DiagnoseFormat(enum.StrEnum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+
+
+DEFAULT_HTML = Path("trajlake-report.html")
+
+AsOfOpt = Annotated[str | None, typer.Option(
+    "--as-of", help="Pin table versions: 'episodes=3,turns=5,...' (as printed in every report) or an ISO-8601 "
+    "timestamp.")]
+ResamplesOpt = Annotated[int, typer.Option(help="Task-cluster bootstrap resamples (ratios, tails).", min=1)]
+SeedOpt = Annotated[int, typer.Option(help="Seed of the bootstraps (reports are reproducible given it).")]
+MemoryOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")]
+ThreadsOpt = Annotated[int | None, typer.Option(help="DuckDB threads (default: all cores).", min=1)]
+ConfidenceOpt = Annotated[float, typer.Option(help="Confidence level of every interval.", min=0.5, max=0.999)]
+
+
+def _lake_path() -> Path:
+    from trajlake.cli import state
+
+    return state.lake_path
+
+
+def _settings(resamples: int, seed: int, confidence: float, alpha: float = 0.05, mdd_target: float = 0.05) -> Any:
+    from trajlake.evaluators.metrics import Settings
+
+    if not 0.0 < alpha < 1.0:
+        raise TrajlakeError(f"--alpha must be in (0, 1), not {alpha}")
+    if not 0.0 < mdd_target < 1.0:
+        raise TrajlakeError(f"--mdd-target must be a success difference in (0, 1), not {mdd_target}")
+    return Settings(resamples=resamples, seed=seed, confidence=confidence, alpha=alpha, mdd_target=mdd_target)
+
+
+def _write(text: str, out: Path | None, what: str) -> None:
+    if out is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from e
+    typer.echo(f"wrote {what} to {out}", err=True)
+
+
+def eval_command(
+    run: Annotated[list[str] | None, typer.Option(
+        "--run", help="Evaluate this run (repeatable). Default: every run, or only the baseline and candidate.")
+    ] = None,
+    baseline: Annotated[str | None, typer.Option(help="Baseline run of a paired comparison.")] = None,
+    candidate: Annotated[str | None, typer.Option(help="Candidate run of a paired comparison.")] = None,
+    as_of: AsOfOpt = None,
+    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="table (terminal), json, markdown or html."
+                                              )] = ReportFormat.table,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help=f"Write the report to this file (html: default {DEFAULT_HTML}).")] = None,
+    resamples: ResamplesOpt = 2000,
+    seed: SeedOpt = 0,
+    confidence: ConfidenceOpt = 0.95,
+    mdd_target: Annotated[float, typer.Option(help="Success difference for the 'tasks needed' power line.")
+                          ] = 0.05,
+    breakdown: Annotated[bool, typer.Option(help="Also report every run x split x env_version slice.")] = True,
+    taxonomy: Annotated[bool, typer.Option(help="Classify failing episodes (failure taxonomy).")] = True,
+    memory_limit: MemoryOpt = None,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Metric vectors with task-clustered confidence intervals per run (and per split x env_version), error
+    attribution, failure taxonomy and, with --baseline/--candidate, a paired comparison with Holm-corrected
+    p-values and a power line."""
+    from trajlake.evaluators import render
+    from trajlake.evaluators.report import build_report, to_json
+
+    if (baseline is None) != (candidate is None):
+        raise TrajlakeError("--baseline and --candidate go together")
+    if baseline is not None and baseline == candidate:
+        raise TrajlakeError("--baseline and --candidate must be different runs")
+    settings = _settings(resamples, seed, confidence, mdd_target=mdd_target)
+    report = build_report(_lake_path(), runs=run, baseline=baseline, candidate=candidate, as_of=as_of,
+                          settings=settings, memory_limit=memory_limit, threads=threads, breakdown=breakdown,
+                          taxonomy=taxonomy)
+    if fmt == ReportFormat.json:
+        _write(to_json(report), out, "JSON report")
+    elif fmt == ReportFormat.markdown:
+        _write(render.render_markdown(report), out, "Markdown report")
+    elif fmt == ReportFormat.html:
+        _write(render.render_html(report), out or DEFAULT_HTML, "HTML report")
+    elif out is not None:
+        from rich.console import Console
+
+        with out.open("w", encoding="utf-8") as fh:
+            render.print_report(report, Console(file=fh, width=160, color_system=None))
+        typer.echo(f"wrote report to {out}", err=True)
+    else:
+        render.print_report(report)
+
+
+def diagnose_command(
+    baseline: Annotated[str, typer.Option(help="Run before the drop.")],
+    candidate: Annotated[str, typer.Option(help="Run after the drop.")],
+    as_of: AsOfOpt = None,
+    fmt: Annotated[DiagnoseFormat, typer.Option("--format", "-f", help="table (terminal), json or markdown."
+                                                )] = DiagnoseFormat.table,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the diagnosis to this file.")] = None,
+    alpha: Annotated[float, typer.Option(help="Significance level of every node's test.")] = 0.05,
+    resamples: ResamplesOpt = 2000,
+    seed: SeedOpt = 0,
+    memory_limit: MemoryOpt = None,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Explain a success drop from --baseline to --candidate: walk a decision tree (oracle suite, environment
+    and task changes, environment failures, schema errors and safety blocks, steps/duplicates/latency, policy
+    lag, reward drift, contamination) and print the path with its evidence. Exits 0 whatever the diagnosis."""
+    from trajlake.evaluators import render
+    from trajlake.evaluators.diagnose import diagnose
+    from trajlake.evaluators.report import to_json
+
+    settings = _settings(resamples, seed, 0.95, alpha=alpha)
+    d = diagnose(_lake_path(), baseline, candidate, as_of=as_of, settings=settings, memory_limit=memory_limit,
+                 threads=threads)
+    if fmt == DiagnoseFormat.json:
+        _write(to_json(d), out, "diagnosis")
+    elif fmt == DiagnoseFormat.markdown:
+        _write(render.render_diagnosis_markdown(d), out, "diagnosis")
+    elif out is not None:
+        _write("\n".join(render.diagnosis_lines(d)), out, "diagnosis")
+    else:
+        render.print_diagnosis(d)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``eval`` and ``diagnose`` commands to ``app`` (idempotent)."""
+    names = {c.name for c in app.registered_commands}
+    if "eval" not in names:
+        app.command("eval")(eval_command)
+    if "diagnose" not in names:
+        app.command("diagnose")(diagnose_command)

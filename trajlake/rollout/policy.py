@@ -1,0 +1,78 @@
+"""The policy interface: an action plus (when the policy has them) token ids, loss mask, behaviour log-probs."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BYTE_TOKENIZER_ID = "trajlake-bytes-v1"
+_BYTE_OFFSET = 3  # ids 0..2 are reserved (pad, bos, eos)
+
+
+def byte_tokenize(text: str) -> list[int]:
+    """A fixed, dependency-free tokenizer for scripted policies: one id per UTF-8 byte (offset by 3)."""
+    return [b + _BYTE_OFFSET for b in text.encode("utf-8")]
+
+
+def byte_detokenize(ids: Sequence[int]) -> str:
+    return bytes(i - _BYTE_OFFSET for i in ids if i >= _BYTE_OFFSET).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class PolicyOutput:
+    """One policy turn."""
+
+    action: str
+    """The action text sent to the environment."""
+    policy_version: str
+    """Version of the policy that produced it (episode-sticky)."""
+    token_ids: Sequence[int] | None = None
+    """Token ids of the generated text, when the policy has them."""
+    loss_mask: Sequence[int] | None = None
+    """1 on tokens the policy produced and may learn from (same length as token_ids)."""
+    behavior_logprobs: Sequence[float] | None = None
+    """Behaviour log-probabilities per token, when the policy has them."""
+    tokenizer_id: str | None = None
+    prompt_tokens: int = 0
+    """Tokens of context the policy read for this turn (counted as tokens_in)."""
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """What a policy may know about the task: the public statement and ids, never hidden tests or fixes.
+
+    ``oracle`` carries privileged data only for the oracle policy (e.g. the known fix)."""
+
+    task_id: str
+    task_version: str
+    statement: str
+    tools: Mapping[str, Mapping[str, Any]]
+    oracle: Mapping[str, Any] | None = None
+
+
+class Policy(abc.ABC):
+    """A policy acts on observations; scripted policies ignore the token-level fields they do not have."""
+
+    name: str = "policy"
+    needs_oracle: bool = False
+
+    def __init__(self, policy_version: str):
+        self.policy_version = policy_version
+
+    @abc.abstractmethod
+    def reset(self, task: TaskView, seed: int) -> None:
+        """Start an episode."""
+
+    @abc.abstractmethod
+    def act(self, observation: str) -> PolicyOutput:
+        """Return the next action."""
+
+    def scripted_output(self, action: str, prompt: str = "") -> PolicyOutput:
+        """Wrap an action of a scripted policy: byte tokens with loss mask 1 and no log-probs."""
+        ids = byte_tokenize(action)
+        return PolicyOutput(action=action, policy_version=self.policy_version, token_ids=ids,
+                            loss_mask=[1] * len(ids), behavior_logprobs=None, tokenizer_id=BYTE_TOKENIZER_ID,
+                            prompt_tokens=len(prompt.encode("utf-8")))
