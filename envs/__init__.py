@@ -20,6 +20,7 @@ from trajlake.envs.core import (
     Snapshot,
     StepResult,
 )
+
 from trajlake.errors import TrajlakeError
 
 ENV_NAMES = ("mini-swe",)
@@ -69,6 +70,7 @@ def task_view_fn(env: Env, *, oracle: bool = False) -> Callable[[str, str], Any]
     """A function (task_id, task_version) -> TaskView: the public statement and tools; the fix only for the
     oracle."""
     from trajlake.envs.mini_swe.env import TOOL_DOCS, MiniSWEEnv
+
     from trajlake.rollout.policy import TaskView
 
     assert isinstance(env, MiniSWEEnv)

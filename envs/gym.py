@@ -10,7 +10,6 @@ from typing import Any
 
 import gymnasium
 from gymnasium import spaces
-
 from trajlake.envs.core import Env
 
 MAX_TEXT = 1_000_000
@@ -21,7 +20,7 @@ CHARSET = frozenset(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)
 class TrajlakeGymEnv(gymnasium.Env[str, str]):
     """Wraps a trajlake ``Env``: reward is the sum of the step's reward components."""
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata = {"render_modes": []}  # noqa: RUF012  (gymnasium declares it as an instance attribute)
 
     def __init__(self, env: Env):
         self.env = env

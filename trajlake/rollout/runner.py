@@ -149,7 +149,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "reward_components": comps, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost_usd": cost,
         "tool_seconds": float(sum(t["tool_seconds"] for t in turns)), "wall_seconds": (end - start).total_seconds(),
         "faults_injected": sum(1 for t in turns if t.get("fault_injected")),
-        "injection_attempted": False, "final_state_hash": last.state_hash, "sandbox": sandbox,
+        "injection_attempted": False, "final_state_hash": last.state_hash,
+        "sandbox": sandbox or getattr(env, "sandbox_kind", None),
     }
     return EpisodeRecord(episode, turns, events)
 
@@ -300,8 +301,7 @@ class _Worker:
                 self.policy.policy_version = self.versions.latest_label()
         rec = play_episode(self.env, self.policy, run_id=self.cfg.run_id, task_id=item.task_id,
                            task_version=item.task_version, seed=item.seed, attempt=item.attempt,
-                           split=self.cfg.split, faults=self.faults, task_view=self.task_view,
-                           sandbox=getattr(self.env, "sandbox_kind", None))
+                           split=self.cfg.split, faults=self.faults, task_view=self.task_view)
         res = self.writer.write_batch([rec.episode], rec.turns, rec.events or None)
         res.raise_if_rejected()
         self.writer.flush()  # commit every episode: a crash loses at most the one in flight
@@ -406,19 +406,8 @@ def _run_ray(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, bo
     if not ray.is_initialized():
         ray.init(num_cpus=max(1, cfg.workers), include_dashboard=False, log_to_driver=False)
 
-    @ray.remote
-    class RayWorker:
-        def __init__(self, c: RolloutConfig):
-            _init_worker(c)
-
-        def run(self, item: WorkItem) -> tuple[str, bool, str | None]:
-            return _run_item(item)
-
-        def close(self) -> None:
-            if _WORKER is not None:
-                _WORKER.close()
-
-    actors = [RayWorker.remote(cfg) for _ in range(max(1, cfg.workers))]  # type: ignore[attr-defined]
+    ray_worker = ray.remote(_RayWorker)
+    actors = [ray_worker.remote(cfg) for _ in range(max(1, cfg.workers))]
     pending = {}
     queue = list(todo)
     for a in actors:
@@ -432,6 +421,20 @@ def _run_ray(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, bo
         if queue:
             pending[actor.run.remote(queue.pop(0))] = actor
     ray.get([a.close.remote() for a in actors])
+
+
+class _RayWorker:
+    """A Ray actor holding one worker (module level, so Ray serialises it by reference)."""
+
+    def __init__(self, cfg: RolloutConfig):
+        _init_worker(cfg)
+
+    def run(self, item: WorkItem) -> tuple[str, bool, str | None]:
+        return _run_item(item)
+
+    def close(self) -> None:
+        if _WORKER is not None:
+            _WORKER.close()
 
 
 def _config_json(cfg: RolloutConfig) -> dict[str, Any]:

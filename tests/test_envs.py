@@ -1,0 +1,222 @@
+"""The environment contract, Mini SWE, Gymnasium, rollouts and replay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+
+import trajlake.envs  # registers trajlake/MiniSWE-v0
+from tests.test_cli import run
+from trajlake import connect, open_lake, verify
+from trajlake.envs import make_env, make_policy, task_view_fn
+from trajlake.envs.checker import check_env
+from trajlake.envs.core import Budget
+from trajlake.rollout.faults import FaultInjector
+from trajlake.rollout.runner import RolloutConfig, play_episode, run_rollout
+from trajlake.rollout.versions import PolicyVersions
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def act(tool: str, **args) -> str:
+    return json.dumps({"tool": tool, "args": args})
+
+
+@pytest.fixture
+def env():
+    e = make_env("mini-swe", split="dev")
+    yield e
+    e.close()
+
+
+def test_mini_swe_passes_check_env(env) -> None:
+    task = env.task_for(0)
+    check_env(env, [act("list_files"), act("read_file", path=task["file"]),
+                    act("edit", path=task["file"], old="\n", new="\n\n"), act("run_tests", command="pytest -q")])
+
+
+def test_gymnasium_check_env() -> None:
+    assert trajlake.envs is not None
+    genv = gymnasium.make("trajlake/MiniSWE-v0")
+    gym_check_env(genv.unwrapped)
+    obs, info = genv.reset(seed=3)
+    assert set(info) == {"task_id", "task_version", "state_hash"}
+    obs2, reward, terminated, truncated, info = genv.step(genv.action_space.sample())
+    assert info["status"] == "MODEL_INVALID_ACTION" and not terminated and reward == 0.0
+    genv.close()
+
+
+def test_oracle_solves_every_dev_task_and_random_does_not(env) -> None:
+    oracle = make_policy("mini-swe", "oracle", "oracle-v1")
+    view = task_view_fn(env, oracle=True)
+    for task in env.tasks:
+        rec = play_episode(env, oracle, run_id="t", task_id=task["task_id"], task_version=task["task_version"],
+                           seed=0, task_view=view)
+        ep = rec.episode
+        assert ep["success"] and ep["terminated"] and ep["termination_reason"] == "success", task["task_id"]
+        assert ep["reward_components"]["resolved"] == 1.0 and ep["sandbox"] in ("bwrap", "rlimit")
+    rnd = make_policy("mini-swe", "random", "random-v1")
+    task = env.tasks[0]
+    rec = play_episode(env, rnd, run_id="t", task_id=task["task_id"], task_version=task["task_version"], seed=0,
+                       task_view=task_view_fn(env))
+    assert not rec.episode["success"]
+
+
+def test_budget_truncates_and_grades(tmp_path: Path) -> None:
+    e = make_env("mini-swe", split="dev", budget=Budget(max_steps=2))
+    try:
+        r = e.reset(0)
+        e.step(act("list_files"), "k0")
+        res = e.step(act("list_files"), "k1")
+        assert res.truncated and not res.terminated and res.status == "BUDGET_EXHAUSTED"
+        assert res.termination_reason == "budget_steps" and res.reward_components["resolved"] == 0.0
+        assert r.task_id
+    finally:
+        e.close()
+
+
+def test_gateway_blocks_escapes_inside_the_env(env) -> None:
+    env.reset(0)
+    res = env.step(act("read_file", path="../../../etc/passwd"), "k")
+    assert res.status == "SAFETY_BLOCK" and res.gateway_events[0]["decision"] == "deny"
+    res = env.step(act("run_tests", command="pytest; rm -rf /"), "k2")
+    assert res.status == "SAFETY_BLOCK" and not res.gateway_events[0]["executed"]
+    res = env.step(act("run_tests", command="bash -c ls"), "k3")
+    assert res.status == "SAFETY_BLOCK"
+
+
+def test_submit_is_idempotent_under_retries(env) -> None:
+    env.reset(0)
+    a = env.step(act("submit"), "same-key")
+    assert a.terminated
+    env.reset(0)
+    b = env.step(act("submit"), "k1")
+    assert b.terminated
+
+
+def test_state_hash_tracks_edits_not_reads(env) -> None:
+    r = env.reset(1)
+    task = env.task_for(1)
+    res = env.step(act("read_file", path=task["file"]), "a")
+    assert res.state_hash == r.state_hash
+    res = env.step(act("edit", path=task["file"], old="\n", new="\n\n"), "b")
+    assert res.state_hash != r.state_hash or "exactly once" in res.observation
+
+
+def test_faults_are_seeded_and_recorded(env) -> None:
+    f = FaultInjector(rate=0.5, seed=7)
+    decisions = [f.decide("ep", i) for i in range(200)]
+    assert decisions == [FaultInjector(rate=0.5, seed=7).decide("ep", i) for i in range(200)]
+    assert 60 < sum(d is not None for d in decisions) < 140
+    heuristic = make_policy("mini-swe", "heuristic", "h-v1")
+    task = env.tasks[0]
+    rec = play_episode(env, heuristic, run_id="t", task_id=task["task_id"], task_version=task["task_version"],
+                       seed=0, faults=f, task_view=task_view_fn(env))
+    faulted = [t for t in rec.turns if t.get("fault_injected")]
+    assert faulted and all(t["status"] == "ENV_TRANSIENT" for t in faulted)
+    assert rec.episode["faults_injected"] == len(faulted)
+
+
+def test_rollout_resume_replay_and_cli(tmp_path: Path, capsys) -> None:
+    lake = tmp_path / "lake"
+    code, out, err = run(capsys, "--lake", str(lake), "rollout", "--env", "mini-swe", "--policy", "heuristic",
+                         "--split", "dev", "--seeds", "0-1", "--workers", "2", "--run-id", "H1", "--fault-rate", "0.2")
+    assert code == 0, err
+    assert "28 episode(s) written" in out
+    code, out, _ = run(capsys, "--lake", str(lake), "rollout", "--policy", "heuristic", "--split", "dev",
+                       "--seeds", "0,1", "--workers", "2", "--run-id", "H1", "--fault-rate", "0.2")
+    assert code == 0 and "0 episode(s) written" in out and "28 already in the lake" in out
+    con = connect(lake)
+    assert con.execute("select count(*), count(distinct episode_id) from episodes").fetchone() == (28, 28)
+    assert con.execute("select count(*) from tasks").fetchone() == (80,)
+    assert con.execute("select count(*) from runs").fetchone() == (1,)
+    assert con.execute("select count(*) from turns where fault_injected is not null").fetchone()[0] > 0
+    assert con.execute("select count(*) from gateway_events").fetchone()[0] > 0
+    assert con.execute("select count(*) from episodes where env_image_digest like 'sha256:%'").fetchone() == (28,)
+    assert verify(open_lake(lake), strict=True).ok
+    # policy turns carry mask 1 and a version; observations mask 0
+    assert con.execute("select bool_and(list_sum(loss_mask) = len(loss_mask)) from turns where actor = 'policy'"
+                       ).fetchone() == (True,)
+    assert con.execute("select max(list_sum(loss_mask)) from turns where actor <> 'policy'").fetchone() == (0,)
+    ep = con.execute("select episode_id from episodes where faults_injected > 0 limit 1").fetchone()[0]
+    code, out, err = run(capsys, "--lake", str(lake), "replay", "--episode", ep)
+    assert code == 0 and "every state hash matches" in out, err
+    code, _, err = run(capsys, "--lake", str(lake), "rollout", "--policy", "oracle", "--split", "dev",
+                       "--seeds", "0", "--run-id", "H1")
+    assert code == 1 and "another configuration" in err
+
+
+def test_replay_names_the_first_diverging_turn(tmp_path: Path, capsys, env) -> None:
+    from trajlake import LakeWriter
+
+    oracle = make_policy("mini-swe", "oracle", "o")
+    task = env.tasks[0]
+    rec = play_episode(env, oracle, run_id="R", task_id=task["task_id"], task_version=task["task_version"], seed=0,
+                       task_view=task_view_fn(env, oracle=True))
+    edit_turn = next(t for t in rec.turns if t["actor"] == "env" and t["action_schema"] == "edit")
+    edit_turn["env_state_hash"] = "f" * 64  # as if the environment had behaved differently then
+    lake = open_lake(tmp_path / "lake", create=True)
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_batch([rec.episode], rec.turns, rec.events).raise_if_rejected()
+    code, _, err = run(capsys, "--lake", str(lake.root), "replay", "--episode", rec.episode["episode_id"])
+    assert code == 1 and f"turn {edit_turn['turn_idx'] - 1}" in err
+
+
+def test_policy_lag_is_bounded(tmp_path: Path) -> None:
+    versions = PolicyVersions(tmp_path, "heuristic")
+    assert versions.latest_label() == "heuristic-v0" and versions.lag("x") == 0
+    for v in ("v1", "v2", "v3"):
+        versions.publish(v)
+    assert versions.lag("v1") == 2 and versions.lag("v3") == 0 and versions.all() == ["v1", "v2", "v3"]
+    lake = tmp_path / "lake"
+    open_lake(lake, create=True)
+    PolicyVersions(lake, "heuristic").publish("h-1")
+    cfg = RolloutConfig(lake=str(lake), run_id="lag", env="mini-swe", policy="heuristic", split="dev", seeds=(0,),
+                        max_policy_lag=0)
+    s = run_rollout(cfg)
+    assert s.written == 14
+    assert connect(lake).execute("select distinct policy_version_start from episodes").fetchall() == [("h-1",)]
+
+
+def test_worker_crash_loses_nothing_and_resume_completes(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    lake = tmp_path / "lake"
+    args = [sys.executable, "-m", "trajlake", "--lake", str(lake), "rollout", "--policy", "heuristic", "--split",
+            "dev", "--seeds", "0-1", "--run-id", "crash"]
+    p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        time.sleep(1.0)
+        if (lake / "episodes" / "_delta_log").exists() and len(list((lake / "episodes" / "_delta_log").glob("*.json"))) > 4:
+            break
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    done_before = connect(lake).execute("select count(*) from episodes").fetchone()[0]
+    assert 0 < done_before < 28
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    con = connect(lake)
+    assert con.execute("select count(*), count(distinct episode_id) from episodes").fetchone() == (28, 28)
+    assert verify(open_lake(lake)).ok
+
+
+@pytest.mark.slow
+def test_ray_engine(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    lake = tmp_path / "lake"
+    cfg = RolloutConfig(lake=str(lake), run_id="ray", env="mini-swe", policy="oracle", split="dev", seeds=(0,),
+                        workers=2)
+    s = run_rollout(cfg, engine="ray")
+    assert s.written == 14 and s.successes == 14 and not s.failed_items
+    import ray
+
+    ray.shutdown()
+    assert connect(lake).execute("select count(distinct episode_id) from episodes").fetchone() == (14,)
