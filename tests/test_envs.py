@@ -9,14 +9,14 @@ from pathlib import Path
 
 import gymnasium
 import pytest
-from gymnasium.utils.env_checker import check_env as gym_check_env
-
 import trajlake.envs  # registers trajlake/MiniSWE-v0
-from tests.test_cli import run
-from trajlake import connect, open_lake, verify
+from gymnasium.utils.env_checker import check_env as gym_check_env
 from trajlake.envs import make_env, make_policy, task_view_fn
 from trajlake.envs.checker import check_env
 from trajlake.envs.core import Budget
+
+from tests.test_cli import run
+from trajlake import connect, open_lake, verify
 from trajlake.rollout.faults import FaultInjector
 from trajlake.rollout.runner import RolloutConfig, play_episode, run_rollout
 from trajlake.rollout.versions import PolicyVersions
@@ -45,9 +45,9 @@ def test_gymnasium_check_env() -> None:
     assert trajlake.envs is not None
     genv = gymnasium.make("trajlake/MiniSWE-v0")
     gym_check_env(genv.unwrapped)
-    obs, info = genv.reset(seed=3)
+    _, info = genv.reset(seed=3)
     assert set(info) == {"task_id", "task_version", "state_hash"}
-    obs2, reward, terminated, truncated, info = genv.step(genv.action_space.sample())
+    _, reward, terminated, _, info = genv.step(genv.action_space.sample())
     assert info["status"] == "MODEL_INVALID_ACTION" and not terminated and reward == 0.0
     genv.close()
 

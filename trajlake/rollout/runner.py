@@ -406,8 +406,8 @@ def _run_ray(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, bo
     if not ray.is_initialized():
         ray.init(num_cpus=max(1, cfg.workers), include_dashboard=False, log_to_driver=False)
 
-    ray_worker = ray.remote(_RayWorker)
-    actors = [ray_worker.remote(cfg) for _ in range(max(1, cfg.workers))]
+    ray_worker: Any = ray.remote(_RayWorker)
+    actors: list[Any] = [ray_worker.remote(cfg) for _ in range(max(1, cfg.workers))]
     pending = {}
     queue = list(todo)
     for a in actors:
