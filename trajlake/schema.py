@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
@@ -59,7 +59,7 @@ class Column:
 
 
 @dataclass(frozen=True)
-class TableDef:
+class TableDef:  # not slotted: cached_property needs an instance __dict__
     """A table definition loaded from ``schemas/<table>.v1.json``."""
 
     name: str
@@ -71,7 +71,12 @@ class TableDef:
 
     @property
     def column_names(self) -> list[str]:
-        return [c.name for c in self.columns]
+        return list(self.column_set)
+
+    @cached_property
+    def column_set(self) -> dict[str, Column]:
+        """Columns by name, in definition order (cached: used on every validated batch)."""
+        return {c.name: c for c in self.columns}
 
     def column(self, name: str) -> Column:
         for c in self.columns:

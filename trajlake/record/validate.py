@@ -38,12 +38,14 @@ def conform(table: pa.Table, name: str, source: str | None = None) -> pa.Table:
     schema = arrow_schema(name)
     td = table_def(name)
     issues: list[Issue] = []
-    extra = [c for c in table.column_names if c not in td.column_names]
+    known = td.column_set
+    extra = [c for c in table.column_names if c not in known]
     for c in extra:
         issues.append(Issue(name, None, None, c, "unknown column (see `trajlake schema`)", source))
     cols: list[pa.ChunkedArray | pa.Array] = []
+    present = set(table.column_names)
     for f in schema:
-        if f.name not in table.column_names:
+        if f.name not in present:
             if not f.nullable and not _filled_by_writer(name, f.name):
                 issues.append(Issue(name, None, None, f.name, "required column is missing", source))
             cols.append(pa.nulls(table.num_rows, f.type))

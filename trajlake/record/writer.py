@@ -144,12 +144,15 @@ class LakeWriter:
     def write_batch(self, episodes: pa.Table | Sequence[Mapping[str, Any]],
                     turns: pa.Table | Sequence[Mapping[str, Any]],
                     gateway_events: pa.Table | Sequence[Mapping[str, Any]] | None = None,
-                    *, source: str | None = None, dry_run: bool = False) -> WriteResult:
+                    *, source: str | None = None, dry_run: bool = False,
+                    check_existing: bool = True) -> WriteResult:
         """Validate a batch and buffer its valid episodes; invalid ones are returned in ``rejected``.
 
         Tables must use the column names of schema v1 (``trajlake schema``); missing nullable and bookkeeping
         columns are filled. Raises ValidationError only for structural problems (unknown or missing columns).
-        With ``dry_run`` everything is checked (against the lake too) but nothing is buffered."""
+        With ``dry_run`` everything is checked (against the lake too) but nothing is buffered.
+        ``check_existing=False`` skips the early look-up of committed ids (for writers that know their ids are
+        new, like a resumed rollout); the flush still drops duplicates exactly, under the commit lock."""
         ep = conform(to_table(episodes, "episodes"), "episodes", source)
         tu = conform(to_table(turns, "turns"), "turns", source)
         ev = conform(to_table(gateway_events, "gateway_events"), "gateway_events", source)
@@ -180,7 +183,8 @@ class LakeWriter:
             ids = ep["episode_id"].to_pylist()
             if any(e in self._buffered for e in ids):
                 self.flush()  # classify against committed content (rare: the same id twice in one writer)
-            existing = self._existing(ids, ep["run_id"].to_pylist(), refresh=dry_run)
+            existing = self._existing(ids, ep["run_id"].to_pylist(), refresh=dry_run) if check_existing or dry_run \
+                else {}
             given = ep["content_hash"].null_count < ep.num_rows or tu["content_hash"].null_count < tu.num_rows
             if existing or given:
                 # Hashes are needed now: to tell duplicates from conflicts, or to check the given ones.

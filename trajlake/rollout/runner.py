@@ -302,7 +302,7 @@ class _Worker:
         rec = play_episode(self.env, self.policy, run_id=self.cfg.run_id, task_id=item.task_id,
                            task_version=item.task_version, seed=item.seed, attempt=item.attempt,
                            split=self.cfg.split, faults=self.faults, task_view=self.task_view)
-        res = self.writer.write_batch([rec.episode], rec.turns, rec.events or None)
+        res = self.writer.write_batch([rec.episode], rec.turns, rec.events or None, check_existing=False)
         res.raise_if_rejected()
         self.writer.flush()  # commit every episode: a crash loses at most the one in flight
         return rec.episode["episode_id"], bool(rec.episode["success"])
