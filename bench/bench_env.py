@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from trajlake import LakeWriter, open_lake
 from trajlake.envs import make_env, make_policy, task_view_fn
+
+from trajlake import LakeWriter, open_lake
 from trajlake.rollout.runner import RolloutConfig, play_episode, run_rollout
 
 
