@@ -323,6 +323,15 @@ def replay(episode: Annotated[str, typer.Option("--episode", help="Episode id.")
     raise typer.Exit(1)
 
 
+def _register_command_groups() -> None:
+    from trajlake.cli.export_cmd import register as register_export
+
+    register_export(app)
+
+
+_register_command_groups()
+
+
 def main() -> None:
     """Console entry point: one clear error line and a non-zero exit instead of a traceback."""
     try:

@@ -1,0 +1,635 @@
+"""Export the lake as a Hugging Face Hub dataset (``trajlake export hf``; see docs/export.md).
+
+Layout written in the output folder (the Hub's "manual configuration" layout)::
+
+    README.md                                         dataset card: YAML front matter (configs, license) + body
+    data/<table>/<split>-00000-of-0000N.parquet       one config per table, one or more shards per split
+
+Rows are streamed from DuckDB (``connect(lake, versions)``, pinned to one version of every table) in Arrow
+record batches and written shard by shard with pyarrow; no table is ever held in Python memory as a whole.
+Rows are ordered by split and primary key, so two exports of the same pinned versions hold the same rows in the
+same order.
+
+Splits: ``episodes`` and ``tasks`` use their own ``split`` column; ``turns`` and ``gateway_events`` take the
+split of their episode (a join; they get no extra column); ``runs`` have no split and go to a single ``train``
+split. Rows of the ``hidden`` split are left out unless ``include_hidden``: an episode counts as hidden when its
+split is ``hidden`` or its task id is listed in ``tasks`` with split ``hidden``, and its turns and gateway events
+go with it.
+
+Types: every schema type maps to a ``datasets`` feature directly except ``map<string, float64>``, which
+``datasets`` cannot represent (``Features.from_arrow_schema`` raises on Arrow maps); map columns are exported as
+``list<struct<key: string, value: float64>>`` (DuckDB ``map_entries``), which loads as
+``List({"key": Value("string"), "value": Value("float64")})``. ``dict(...)`` of the pairs gives the map back.
+
+``push`` uploads the folder with ``huggingface_hub.HfApi().upload_folder`` using the token in ``$HF_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trajlake._version import __version__
+from trajlake.errors import TrajlakeError
+from trajlake.lake.store import Lake
+from trajlake.schema import SCHEMA_VERSION, TABLES, table_def, to_arrow_type, type_to_str
+
+__all__ = [
+    "DEFAULT_MAX_SHARD_BYTES",
+    "DEFAULT_SHARD_ROWS",
+    "HIDDEN_SPLIT",
+    "NO_SPLIT_NAME",
+    "ExportSummary",
+    "SplitExport",
+    "TableExport",
+    "export_arrow_schema",
+    "export_hf",
+    "export_type_str",
+    "push_to_hub",
+]
+
+DEFAULT_SHARD_ROWS = 100_000
+"""Most rows in one Parquet shard."""
+DEFAULT_MAX_SHARD_BYTES = 512 * 1024 * 1024
+"""A shard is closed once its compressed size reaches this (checked after each row group, so approximate)."""
+ROW_GROUP_ROWS = 10_000
+"""Rows per DuckDB record batch and so at most per Parquet row group (small enough for the Hub's viewer)."""
+HIDDEN_SPLIT = "hidden"
+NO_SPLIT_NAME = "train"
+"""Split of the rows of tables without a split column (``runs``)."""
+DATA_DIR = "data"
+CARD = "README.md"
+
+_SPLIT_COL = "__trajlake_split"
+_SPLIT_RE = re.compile(r"^\w+(\.\w+)*$")  # the Hub's rule for split names
+_LICENSE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$")
+_REPO_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Tables whose split comes from their episode, and whether a table has its own split column.
+_SPLIT_FROM_EPISODE = ("turns", "gateway_events")
+_OWN_SPLIT = ("episodes", "tasks")
+
+
+# ------------------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class SplitExport:
+    """One split of one exported table."""
+
+    split: str
+    rows: int
+    files: tuple[str, ...]
+    """Shard paths relative to the output folder (``data/<table>/<split>-0000i-of-0000N.parquet``)."""
+
+
+@dataclass(frozen=True)
+class TableExport:
+    """One exported table (one Hub config)."""
+
+    table: str
+    splits: tuple[SplitExport, ...]
+    excluded_hidden: int
+    """Rows left out because they belong to the hidden split (0 with ``include_hidden``)."""
+
+    @property
+    def rows(self) -> int:
+        """Rows exported over all splits."""
+        return sum(s.rows for s in self.splits)
+
+    def split(self, name: str) -> SplitExport | None:
+        """The split ``name``, or None when the table has no rows in it."""
+        return next((s for s in self.splits if s.split == name), None)
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What ``export_hf`` wrote (and pushed)."""
+
+    out: Path
+    tables: dict[str, TableExport]
+    versions: dict[str, int]
+    """Delta version of every lake table the export read (all tables, not only the exported ones)."""
+    include_hidden: bool
+    license: str
+    exported_at: str
+    pushed_to: str | None = None
+    """``https://huggingface.co/datasets/<repo_id>`` after a push, else None."""
+    commit_url: str | None = None
+
+    @property
+    def as_of(self) -> str:
+        """The ``--as-of`` value that pins the versions this export read."""
+        return ",".join(f"{t}={v}" for t, v in self.versions.items())
+
+    @property
+    def card(self) -> Path:
+        """Path of the dataset card."""
+        return self.out / CARD
+
+    def rows(self, table: str, split: str | None = None) -> int:
+        """Rows exported for ``table`` (in ``split`` when given)."""
+        te = self.tables[table]
+        if split is None:
+            return te.rows
+        s = te.split(split)
+        return s.rows if s else 0
+
+
+# ------------------------------------------------------------------------------------------------- types
+def _export_type(t: Any) -> Any:
+    """A schema type with every map replaced by a list of {key, value} structs."""
+    if isinstance(t, str):
+        return t
+    (kind, arg), = t.items()
+    if kind == "list":
+        return {"list": _export_type(arg)}
+    if kind == "map":
+        return {"list": {"struct": [{"name": "key", "type": _export_type(arg[0])},
+                                    {"name": "value", "type": _export_type(arg[1])}]}}
+    return {"struct": [{**c, "type": _export_type(c["type"])} for c in arg]}
+
+
+def _has_map(t: Any) -> bool:
+    if isinstance(t, str):
+        return False
+    (kind, arg), = t.items()
+    if kind == "map":
+        return True
+    if kind == "list":
+        return _has_map(arg)
+    return any(_has_map(c["type"]) for c in arg)
+
+
+def _nullable_nested(t: pa.DataType) -> pa.DataType:
+    """``t`` with every nested field nullable (DuckDB's Arrow output marks nested fields nullable)."""
+    if pa.types.is_list(t):
+        return pa.list_(_nullable_nested(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _nullable_nested(f.type), True) for f in t])
+    return t
+
+
+def export_type_str(table: str, column: str) -> str:
+    """The type of ``table.column`` as exported (maps become ``list<struct<key, value>>``)."""
+    return type_to_str(_export_type(table_def(table).column(column).type))
+
+
+def export_arrow_schema(table: str, metadata: dict[str, str] | None = None) -> pa.Schema:
+    """The Arrow schema of the exported Parquet shards of ``table``."""
+    fields = [pa.field(c.name, _nullable_nested(to_arrow_type(_export_type(c.type))), c.nullable)
+              for c in table_def(table).columns]
+    meta = {"trajlake.schema_version": SCHEMA_VERSION, "trajlake.table": table, **(metadata or {})}
+    return pa.schema(fields, metadata=meta)
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _select_list(table: str, alias: str) -> str:
+    out = []
+    for c in table_def(table).columns:
+        ref = f"{alias}.{_q(c.name)}"
+        if isinstance(c.type, dict) and "map" in c.type:
+            out.append(f"map_entries({ref}) AS {_q(c.name)}")
+        elif _has_map(c.type):
+            raise TrajlakeError(f"{table}.{c.name}: maps nested in {c.type_str()} cannot be exported yet")
+        else:
+            out.append(ref)
+    return ", ".join(out)
+
+
+# ------------------------------------------------------------------------------------------------- queries
+_HIDDEN_TASK_IDS = f"(SELECT task_id FROM tasks WHERE split = '{HIDDEN_SPLIT}')"
+
+
+def _hidden_episode(alias: str) -> str:
+    """SQL predicate: the episode ``alias`` belongs to the hidden split (by its own split or its task's)."""
+    return f"({alias}.split = '{HIDDEN_SPLIT}' OR {alias}.task_id IN {_HIDDEN_TASK_IDS})"
+
+
+def _from_where(table: str, include_hidden: bool, hidden: bool = False) -> tuple[str, str, str]:
+    """(FROM clause, WHERE clause, split expression) of ``table``; ``hidden`` selects the excluded rows."""
+    if table in _SPLIT_FROM_EPISODE:
+        frm = f"{table} t JOIN episodes e ON t.episode_id = e.episode_id"
+        pred, split = _hidden_episode("e"), "e.split"
+    elif table == "episodes":
+        frm, pred, split = "episodes t", _hidden_episode("t"), "t.split"
+    elif table in _OWN_SPLIT:
+        frm, pred, split = f"{table} t", f"(t.split = '{HIDDEN_SPLIT}')", "t.split"
+    else:
+        frm, pred, split = f"{table} t", "FALSE", f"'{NO_SPLIT_NAME}'"
+    if hidden:
+        return frm, f"WHERE {pred}", split
+    return frm, ("" if include_hidden else f"WHERE NOT {pred}"), split
+
+
+def _export_query(table: str, include_hidden: bool) -> str:
+    frm, where, split = _from_where(table, include_hidden)
+    order = ", ".join(f"t.{_q(k)}" for k in table_def(table).primary_key)
+    return (f"SELECT {_select_list(table, 't')}, {split} AS {_SPLIT_COL} FROM {frm} {where} "
+            f"ORDER BY {_SPLIT_COL}, {order}")
+
+
+def _count_hidden(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    frm, where, _ = _from_where(table, include_hidden=False, hidden=True)
+    row = con.execute(f"SELECT count(*) FROM {frm} {where}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _arrow_reader(con: duckdb.DuckDBPyConnection, sql: str) -> pa.RecordBatchReader:
+    res = con.execute(sql)
+    to_reader = getattr(res, "to_arrow_reader", None)
+    if to_reader is not None:  # duckdb >= 1.4
+        return to_reader(ROW_GROUP_ROWS)
+    return res.fetch_record_batch(ROW_GROUP_ROWS)
+
+
+# ------------------------------------------------------------------------------------------------- writing
+def _parquet_writer(sink: Any, schema: pa.Schema) -> pq.ParquetWriter:
+    opts: dict[str, Any] = {"compression": "zstd", "write_page_index": True}
+    try:  # content-defined chunking (pyarrow >= 21): re-uploads of a grown export deduplicate on the Hub (Xet)
+        return pq.ParquetWriter(sink, schema, use_content_defined_chunking=True, **opts)
+    except TypeError:
+        return pq.ParquetWriter(sink, schema, **opts)
+
+
+class _ShardWriter:
+    """Writes the rows of one table into size-capped shards, split by split (rows arrive ordered by split)."""
+
+    def __init__(self, table: str, folder: Path, rel: str, schema: pa.Schema, shard_rows: int,
+                 max_shard_bytes: int):
+        self.table, self.folder, self.rel, self.schema = table, folder, rel, schema
+        self.shard_rows, self.max_shard_bytes = shard_rows, max_shard_bytes
+        self.splits: list[SplitExport] = []
+        self._split: str | None = None
+        self._tmp_files: list[Path] = []
+        self._split_rows = 0
+        self._sink: Any = None
+        self._writer: pq.ParquetWriter | None = None
+        self._shard_rows_written = 0
+
+    def _open_shard(self) -> None:
+        assert self._split is not None
+        path = self.folder / f".{self._split}-{len(self._tmp_files):05d}.parquet.tmp"
+        self._tmp_files.append(path)
+        self._sink = open(path, "wb")  # noqa: SIM115 - closed in close_shard
+        self._writer = _parquet_writer(self._sink, self.schema)
+        self._shard_rows_written = 0
+
+    def close_shard(self) -> None:
+        """Close the open shard, if any (also on errors, so no file handle leaks)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer, self._sink = None, None
+
+    def _finish_split(self) -> None:
+        if self._split is None:
+            return
+        self.close_shard()
+        n = len(self._tmp_files)
+        files = []
+        for i, tmp in enumerate(self._tmp_files):
+            name = f"{self._split}-{i:05d}-of-{n:05d}.parquet"
+            os.replace(tmp, self.folder / name)
+            files.append(f"{self.rel}/{name}")
+        self.splits.append(SplitExport(self._split, self._split_rows, tuple(files)))
+        self._split, self._tmp_files, self._split_rows = None, [], 0
+
+    def _start_split(self, split: str) -> None:
+        if not _SPLIT_RE.match(split):
+            raise TrajlakeError(f"{self.table}: split {split!r} is not a valid Hub split name (letters, digits, _)")
+        if any(s.split == split for s in self.splits):  # rows arrive ordered by split
+            raise TrajlakeError(f"{self.table}: rows of split {split!r} arrived out of order")
+        self._split = split
+
+    def write(self, split: str, rows: pa.Table) -> None:
+        """Append ``rows`` (all of ``split``) to the current shard, rotating shards at the caps."""
+        if split != self._split:
+            self._finish_split()
+            self._start_split(split)
+        offset = 0
+        while offset < rows.num_rows:
+            if self._writer is None:
+                self._open_shard()
+            assert self._writer is not None
+            take = min(rows.num_rows - offset, self.shard_rows - self._shard_rows_written)
+            part = rows.slice(offset, take)
+            self._writer.write_table(part, row_group_size=max(1, take))
+            offset += take
+            self._shard_rows_written += take
+            self._split_rows += take
+            if self._shard_rows_written >= self.shard_rows or self._sink.tell() >= self.max_shard_bytes:
+                self.close_shard()
+
+    def finish(self) -> list[SplitExport]:
+        """Close the last shard. A table without rows gets no shard (``datasets`` cannot load an empty split)."""
+        self._finish_split()
+        return self.splits
+
+
+def _split_runs(values: Sequence[Any]) -> Iterator[tuple[str, int, int]]:
+    """(split, start, length) of each run of equal values."""
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            yield str(values[start]), start, i - start
+            start = i
+
+
+def _export_table(con: duckdb.DuckDBPyConnection, table: str, staging: Path, *, include_hidden: bool,
+                  shard_rows: int, max_shard_bytes: int, metadata: dict[str, str]) -> TableExport:
+    rel = f"{DATA_DIR}/{table}"
+    folder = staging / rel
+    folder.mkdir(parents=True, exist_ok=True)
+    schema = export_arrow_schema(table, metadata)
+    sw = _ShardWriter(table, folder, rel, schema, shard_rows, max_shard_bytes)
+    try:
+        reader = _arrow_reader(con, _export_query(table, include_hidden))
+        for batch in reader:
+            if batch.num_rows == 0:
+                continue
+            splits = batch.column(_SPLIT_COL).to_pylist()
+            if None in splits:
+                raise TrajlakeError(f"{table}: a row has no split (null split, or an episode without one)")
+            data = pa.Table.from_batches([batch]).drop_columns([_SPLIT_COL]).cast(schema)
+            for split, start, length in _split_runs(splits):
+                sw.write(split, data.slice(start, length))
+    except duckdb.Error as e:
+        raise TrajlakeError(f"export of {table}: {str(e).splitlines()[0]}") from e
+    finally:
+        sw.close_shard()
+    splits = sw.finish()
+    if not splits:
+        folder.rmdir()
+    excluded = 0 if include_hidden else _count_hidden(con, table)
+    return TableExport(table, tuple(splits), excluded)
+
+
+# ------------------------------------------------------------------------------------------------- the card
+def _yaml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid YAML double-quoted scalar
+
+
+def _md(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render_card(summary: ExportSummary, lake_name: str) -> str:
+    """The dataset card (README.md): YAML front matter with the configs, then schema, versions and notes."""
+    tables = [t for t, te in summary.tables.items() if te.splits]  # tables with rows: one config each
+    empty = [t for t in summary.tables if t not in tables]
+    y = ["---", f"license: {_yaml_str(summary.license)}", f"pretty_name: {_yaml_str('trajlake trajectories: ' + lake_name)}",
+         "tags:", "- \"trajlake\"", "- \"agentic-rl\"", "- \"trajectories\"",
+         "task_categories:", "- \"reinforcement-learning\"", "configs:"]
+    for t in tables:
+        y.append(f"- config_name: {_yaml_str(t)}")
+        if t == "episodes":
+            y.append("  default: true")
+        y.append("  data_files:")
+        for s in summary.tables[t].splits:
+            y += [f"  - split: {_yaml_str(s.split)}", f"    path: {_yaml_str(f'{DATA_DIR}/{t}/{s.split}-*.parquet')}"]
+    y.append("---")
+
+    b: list[str] = [
+        "", f"# trajlake trajectories: {lake_name}", "",
+        "Agentic multi-turn RL trajectories exported from a trajlake lake with "
+        f"`trajlake export hf` (trajlake {__version__}, schema v{SCHEMA_VERSION}) at {summary.exported_at}. "
+        "One config per table; episodes are the unit, turns hold token ids, loss masks and behaviour log-probs.", "",
+    ]
+    if summary.include_hidden:
+        b += ["> **WARNING: this export includes the `hidden` split** (`--include-hidden`). Hidden tasks are "
+              "held out for evaluation; training on them, or publishing them, contaminates every later "
+              "evaluation on those tasks.", ""]
+    first = "turns" if "turns" in tables else tables[0]
+    split_names = [s.split for s in summary.tables[first].splits]
+    first_split = NO_SPLIT_NAME if NO_SPLIT_NAME in split_names else split_names[0]
+    b += ["## Loading", "", "```python", "from datasets import load_dataset", "",
+          f'ds = load_dataset("<this repo or folder>", "{first}", split="{first_split}")',
+          "```", "",
+          "Map columns (`reward_components`) are exported as lists of `{key, value}` structs, because `datasets` "
+          "has no map feature: `dict((kv[\"key\"], kv[\"value\"]) for kv in row[\"reward_components\"])` "
+          "gives the map back. Timestamps are UTC microseconds. Every other column has its lake type.", ""]
+
+    b += ["## Versions", "", "The export read these Delta table versions of the lake (every table is pinned, "
+          "since splits and the hidden filter read `episodes` and `tasks`):", "",
+          "| table | version |", "| --- | --- |"]
+    b += [f"| `{t}` | {v} |" for t, v in summary.versions.items()]
+    flags = f" --tables {','.join(tables)}" + (" --include-hidden" if summary.include_hidden else "")
+    b += ["", "Reproduce it (same rows, same order) from the same lake, as long as it keeps these versions "
+          "(`trajlake compact` vacuums files removed longer ago than its retention, 7 days by default), with:",
+          "", "```bash",
+          f"trajlake --lake LAKE export hf --out DIR --as-of {summary.as_of}{flags} --license {summary.license}",
+          "```", ""]
+
+    b += ["## Rows", "", "| config | split | rows | shards |", "| --- | --- | ---: | ---: |"]
+    for t in summary.tables:
+        for s in summary.tables[t].splits:
+            b.append(f"| `{t}` | `{s.split}` | {s.rows} | {len(s.files)} |")
+        if not summary.tables[t].splits:
+            b.append(f"| `{t}` | - | 0 | 0 |")
+    b += ["", "Splits: `episodes` and `tasks` use their own `split` column; `turns` and `gateway_events` take the "
+          "split of their episode (they have no split column); `runs` have no split and are all in `train`."]
+    if empty:
+        b.append("Tables without rows at these versions have no files and no config (`datasets` cannot load an "
+                 "empty split): " + ", ".join(f"`{t}`" for t in empty) + ".")
+    b.append("")
+
+    b += ["## Contamination", ""]
+    excluded = {t: te.excluded_hidden for t, te in summary.tables.items()}
+    if summary.include_hidden:
+        b.append("Rows of the `hidden` split **are included** in this export (`--include-hidden` was given).")
+    else:
+        b.append("Rows of the `hidden` split are **excluded**: an episode is hidden when its `split` is `hidden` "
+                 "or its task id appears in `tasks` with split `hidden`; its turns and gateway events are excluded "
+                 "with it, and so are hidden tasks (their statements). Hidden-split tasks are exported only with an "
+                 "explicit `--include-hidden`. Rows left out: "
+                 + ", ".join(f"`{t}` {n}" for t, n in excluded.items()) + ".")
+    b += ["", "Task splits are assigned by template family and a family never spans two splits, so `dev` and "
+          "`test` rows may be used to evaluate a model trained on `train`; do not train on them if you report "
+          "results on those splits. `runs` are all in `train` and describe configurations only (no task content).",
+          ""]
+
+    b += ["## Not checked", "", "The exporter did **not** run or check the following; do it before publishing:", ""]
+    not_checked = [
+        "No PII or secret scan of `raw_content`, `tool_args`, task statements or run configs.",
+        "No license or terms-of-use check of the source trajectories, the tasks, or the models that produced "
+        "the policy turns" + (" (the license field is `other`: choose one)." if summary.license == "other" else "."),
+        "No content-hash verification at export time (run `trajlake verify --as-of ...` on the lake).",
+        "No decontamination against public benchmarks or other datasets (only the `hidden` split is filtered).",
+        "No toxicity or safety filtering; observations may contain prompt-injection payloads "
+        "(`episodes.injection_attempted`).",
+        "Uncommitted (orphan) turns are never exported; no other completeness check was made.",
+        "The Hub's dataset viewer was not tried on these files.",
+    ]
+    b += [f"- {x}" for x in not_checked]
+    b.append("")
+
+    b += ["## Schema", ""]
+    for t in tables:
+        td = table_def(t)
+        b += [f"### `{t}`", "", td.description, "",
+              f"Primary key: `{', '.join(td.primary_key)}` (rows are ordered by split, then this key).", "",
+              "| column | type | nullable | allowed values | description |", "| --- | --- | --- | --- | --- |"]
+        for c in td.columns:
+            et = export_type_str(t, c.name)
+            typ = f"`{et}`" + (f" (lake: `{c.type_str()}`)" if et != c.type_str() else "")
+            enum = ", ".join(c.enum) if c.enum else ""
+            b.append(f"| `{c.name}` | {_md(typ)} | {'yes' if c.nullable else 'no'} | {_md(enum)} | {_md(c.description)} |")
+        b.append("")
+    return "\n".join(y + b)
+
+
+# ------------------------------------------------------------------------------------------------- push
+def push_to_hub(out: str | os.PathLike[str], repo_id: str, *, private: bool = True, api: Any = None,
+                token: str | None = None, commit_message: str | None = None) -> tuple[str, str | None]:
+    """Upload the export in ``out`` to the dataset repo ``repo_id`` (created, private by default, if missing).
+
+    Only ``README.md`` and ``data/**`` are uploaded; remote ``data/**`` files this export does not have are
+    deleted in the same commit. The token is ``token`` or ``$HF_TOKEN``; ``api`` replaces
+    ``huggingface_hub.HfApi(token=...)`` (tests). Returns (dataset URL, commit URL or None)."""
+    _check_repo_id(repo_id)
+    if api is None:
+        api = _hf_api(token)
+    try:
+        api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+        info = api.upload_folder(
+            repo_id=repo_id, folder_path=str(out), repo_type="dataset",
+            allow_patterns=[CARD, f"{DATA_DIR}/**"], delete_patterns=[f"{DATA_DIR}/**"],
+            commit_message=commit_message or "trajlake export hf",
+        )
+    except TrajlakeError:
+        raise
+    except Exception as e:  # huggingface_hub raises HfHubHTTPError, OfflineModeIsEnabled, OSError, ...
+        msg = (str(e).strip().splitlines() or [""])[0]
+        raise TrajlakeError(f"--push {repo_id}: upload failed: {type(e).__name__}: {msg}") from e
+    commit_url = getattr(info, "commit_url", None)
+    return f"https://huggingface.co/datasets/{repo_id}", (str(commit_url) if commit_url else None)
+
+
+def _check_repo_id(repo_id: str) -> None:
+    if not _REPO_RE.match(repo_id) or ".." in repo_id or repo_id.endswith(".git"):
+        raise TrajlakeError(f"--push: {repo_id!r} is not a Hub repo id like 'user/name'")
+
+
+def _hf_api(token: str | None) -> Any:
+    """A real ``HfApi``; refuses (one line) without a token or without huggingface_hub installed."""
+    token = token or os.environ.get("HF_TOKEN")
+    if not token:
+        raise TrajlakeError("--push needs a Hugging Face token with write access in $HF_TOKEN "
+                            "(create one at https://huggingface.co/settings/tokens); nothing was exported")
+    try:
+        import huggingface_hub
+    except ImportError as e:
+        raise TrajlakeError("--push needs huggingface_hub: pip install 'trajlake[hf]'") from e
+    return huggingface_hub.HfApi(token=token)
+
+
+# ------------------------------------------------------------------------------------------------- export
+def _parse_tables(tables: str | Sequence[str] | None) -> list[str]:
+    if tables is None:
+        return list(TABLES)
+    items = tables.split(",") if isinstance(tables, str) else list(tables)
+    names = list(dict.fromkeys(t.strip() for t in items if t.strip()))
+    if not names:
+        raise TrajlakeError(f"--tables: no table named; tables are {', '.join(TABLES)}")
+    unknown = [t for t in names if t not in TABLES]
+    if unknown:
+        raise TrajlakeError(f"--tables: unknown table(s) {', '.join(unknown)}; tables are {', '.join(TABLES)}")
+    return [t for t in TABLES if t in names]  # canonical order
+
+
+def _check_out(out: Path, overwrite: bool, lake: Lake) -> None:
+    if out.exists() and not out.is_dir():
+        raise TrajlakeError(f"--out {out}: exists and is not a directory")
+    root = lake.root.resolve()
+    target = out.resolve()
+    if target == root or root in target.parents:
+        raise TrajlakeError(f"--out {out}: is inside the lake {root}; export somewhere else")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise TrajlakeError(f"--out {out}: directory is not empty; pass --overwrite to replace its "
+                            f"{CARD} and {DATA_DIR}/ (other files are kept)")
+
+
+def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], *,
+              tables: str | Sequence[str] | None = None, as_of: str | dict[str, int] | None = None,
+              license: str = "other", include_hidden: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS,
+              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, push: str | None = None, overwrite: bool = False,
+              private: bool = True, memory_limit: str | None = None, threads: int | None = None,
+              api: Any = None) -> ExportSummary:
+    """Export lake tables as a Hugging Face dataset folder in ``out`` (and upload it when ``push``).
+
+    ``tables``: names or a comma-separated string (default: all five). ``as_of``: pin versions as
+    ``connect`` takes them; every table is pinned (current versions when None) and the card records the pins.
+    ``include_hidden``: also export rows of the ``hidden`` split (by default they are left out). Shards hold at
+    most ``shard_rows`` rows and close once about ``max_shard_bytes`` are written. ``out`` must be empty or
+    missing unless ``overwrite`` (which replaces only ``README.md`` and ``data/``). ``push``: a Hub dataset
+    repo id; needs ``$HF_TOKEN`` (checked before anything is written) unless ``api`` (an ``HfApi``-like
+    object) is given. Bad input raises :class:`TrajlakeError` with a one-line message."""
+    from trajlake.query import connect
+
+    names = _parse_tables(tables)
+    if shard_rows < 1:
+        raise TrajlakeError(f"--shard-rows must be at least 1, not {shard_rows}")
+    if max_shard_bytes < 1:
+        raise TrajlakeError(f"the shard size cap must be at least 1 byte, not {max_shard_bytes}")
+    if not _LICENSE_RE.match(license):
+        raise TrajlakeError(f"--license {license!r}: use a Hub license id such as apache-2.0, cc-by-4.0 or other")
+    if push is not None:
+        _check_repo_id(push)
+        if api is None:
+            api = _hf_api(None)  # fail before the (long) export when there is no token
+    lk = lake if isinstance(lake, Lake) else Lake.open(lake)
+    out_p = Path(out)
+    _check_out(out_p, overwrite, lk)
+    versions = lk.resolve_as_of(as_of) or lk.versions()
+
+    created = not out_p.exists()
+    out_p.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".trajlake-export-", dir=out_p))
+    try:
+        con = connect(lk, versions, memory_limit=memory_limit, threads=threads)
+        try:
+            tmp = staging / ".duckdb-tmp"
+            con.execute(f"SET temp_directory = '{str(tmp).replace(chr(39), chr(39) * 2)}'")
+            pins = ",".join(f"{t}={v}" for t, v in versions.items())
+            meta = {"trajlake.as_of": pins, "trajlake.include_hidden": str(include_hidden).lower()}
+            exported = {t: _export_table(con, t, staging, include_hidden=include_hidden, shard_rows=shard_rows,
+                                         max_shard_bytes=max_shard_bytes, metadata=meta) for t in names}
+        finally:
+            con.close()
+        if not any(te.splits for te in exported.values()):
+            raise TrajlakeError(f"nothing to export: {', '.join(names)} have no rows at --as-of {pins}"
+                                + ("" if include_hidden else " (hidden split excluded)"))
+        summary = ExportSummary(out=out_p, tables=exported, versions=dict(versions), include_hidden=include_hidden,
+                                license=license, exported_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+        (staging / CARD).write_text(render_card(summary, lk.root.name), encoding="utf-8")
+        # Swap the finished export into place: only README.md and data/ are ever replaced.
+        if (out_p / DATA_DIR).exists():
+            shutil.rmtree(out_p / DATA_DIR)
+        (out_p / CARD).unlink(missing_ok=True)
+        os.replace(staging / DATA_DIR, out_p / DATA_DIR)
+        os.replace(staging / CARD, out_p / CARD)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(out_p, ignore_errors=True)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+
+    if push is not None:
+        url, commit = push_to_hub(out_p, push, private=private, api=api,
+                                  commit_message=f"trajlake export hf --as-of {summary.as_of}")
+        summary = replace(summary, pushed_to=url, commit_url=commit)
+    return summary
