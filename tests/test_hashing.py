@@ -122,3 +122,24 @@ def test_canonical_bytes_follow_the_documented_encoding() -> None:
     expected = (b"trajlake/1/runs\n" + b"run_id\x00" + s("r") + b"created_at\x00" + b"T" + struct.pack("<q", micros)
                 + b"label\x00" + s("B0") + b"trajlake_version\x00" + s("0.1.0"))
     assert row_bytes(t, "runs") == [expected]
+
+
+def test_fast_hash_equals_hash_of_canonical_bytes_with_null_list_slots() -> None:
+    import hashlib
+
+    import numpy as np
+
+    from trajlake.record.hashing import row_bytes_array
+
+    # null list slots that still span child values (as pyarrow builds them from offsets + a mask)
+    offsets = pa.array([0, 2, 5, 5, 9], pa.int32())
+    lp = pa.ListArray.from_arrays(offsets, pa.array(np.arange(9, dtype=np.float32)), mask=pa.array([False, True, False, True]))
+    tok = pa.ListArray.from_arrays(offsets, pa.array(np.arange(9, dtype=np.int32)))
+    mask = pa.ListArray.from_arrays(offsets, pa.array([1] * 9, pa.int8()))
+    rows = [base_turn(turn_idx=i) for i in range(4)]
+    t = turn_table(rows)
+    for name, arr in (("token_ids", tok), ("loss_mask", mask), ("behavior_logprobs", lp)):
+        t = t.set_column(t.schema.get_field_index(name), name, arr)
+    rb = row_bytes_array(t, "turns").to_pylist()
+    assert hash_rows(t, "turns") == [hashlib.sha256(b).hexdigest() for b in rb]
+    assert hash_rows(t.slice(1, 2), "turns") == hash_rows(t, "turns")[1:3]

@@ -213,17 +213,80 @@ def _sha256_each(arr: pa.Array) -> list[str]:
 
 
 def hash_rows(table: pa.Table, table_name: str) -> list[str]:
-    """sha256 hex digest of each row's canonical encoding."""
-    return _sha256_each(row_bytes_array(table, table_name))
+    """sha256 hex digest of each row's canonical encoding (equal to hashing ``row_bytes_array``).
 
+    The big numeric list columns (token ids, masks, log-probs) are fed to sha256 straight from their Arrow
+    buffers; only the small columns are joined into per-row byte strings. That avoids copying the token data."""
+    if table.num_rows == 0:
+        return []
+    td = table_def(table_name)
+    n = table.num_rows
+    # (buffer, per-row offsets, per-row validity or None): concatenated per row, in order
+    segments: list[tuple[memoryview, list[int], list[bool] | None]] = []
+    small: list[pa.Array | pa.Scalar] = [pa.array([b""] * n, pa.large_binary()),
+                                         pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())]
+
+    def close_small() -> None:
+        joined = pc.binary_join_element_wise(*small, _SEP, null_handling="replace", null_replacement=b"")
+        segments.append((*_view(joined), None))
+        small.clear()
+        small.append(pa.array([b""] * n, pa.large_binary()))
+
+    for c in td.columns:
+        if c.name in EXCLUDED or c.name not in table.column_names:
+            continue
+        t = c.arrow_type
+        name = pa.scalar(c.name.encode() + b"\x00", pa.large_binary())
+        col = table.column(c.name)
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if pa.types.is_list(t) and (pa.types.is_int32(t.value_type) or pa.types.is_int8(t.value_type)
+                                    or pa.types.is_float32(t.value_type)):
+            dtype, tag = ("<f4", b"Lf") if pa.types.is_float32(t.value_type) else (
+                ("<i4", b"Li") if pa.types.is_int32(t.value_type) else ("i1", b"Lb"))
+            raw, lengths = _raw_lists(arr, dtype)
+            header = _fixed(tag, _le_bytes(lengths, "<u8"))
+            if arr.null_count:
+                header = pc.if_else(arr.is_valid(), header, pa.scalar(None, pa.large_binary()))
+            small.append(pc.binary_join_element_wise(name, header, _SEP, null_handling="emit_null"))
+            close_small()
+            # a null list contributes nothing (its slot may still span child values, so skip it explicitly)
+            valid = arr.is_valid().to_pylist() if arr.null_count else None
+            segments.append((*_view(raw), valid))
+        else:
+            small.append(pc.binary_join_element_wise(name, _encode_column(arr, t), _SEP, null_handling="emit_null"))
+    close_small()
+    sha = hashlib.sha256
+    out: list[str] = []
+    (mv0, off0, _), rest = segments[0], segments[1:]
+    if not rest:
+        return [sha(mv0[off0[i]:off0[i + 1]]).hexdigest() for i in range(n)]
+    for i in range(n):
+        h = sha(mv0[off0[i]:off0[i + 1]])
+        for mv, off, valid in rest:
+            a, b = off[i], off[i + 1]
+            if b > a and (valid is None or valid[i]):
+                h.update(mv[a:b])
+        out.append(h.hexdigest())
+    return out
+
+
+def _view(arr: pa.Array) -> tuple[memoryview, list[int]]:
+    """The data buffer and per-row offsets of a large_binary array."""
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]
+    data = bufs[2]
+    return (memoryview(data) if data is not None else memoryview(b"")), offsets.tolist()
 
 def episode_hash(episode_row: bytes, turn_hashes: Sequence[str], event_hashes: Sequence[str]) -> str:
     """Content hash of an episode from its canonical row bytes and its turns' and events' hashes (in order)."""
+    return episode_hash_joined(episode_row, "".join(turn_hashes), "".join(event_hashes))
+
+
+def episode_hash_joined(episode_row: bytes, turn_hashes: str, event_hashes: str) -> str:
+    """``episode_hash`` with the ordered hex hashes already concatenated."""
     h = hashlib.sha256(episode_row)
     h.update(b"turns\x00")
-    for t in turn_hashes:
-        h.update(t.encode())
+    h.update(turn_hashes.encode())
     h.update(b"events\x00")
-    for e in event_hashes:
-        h.update(e.encode())
+    h.update(event_hashes.encode())
     return h.hexdigest()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -37,7 +38,7 @@ import pyarrow.dataset as pads
 from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
 from trajlake.lake.store import Lake
-from trajlake.record.hashing import episode_hash, hash_rows, row_bytes
+from trajlake.record.hashing import episode_hash_joined, hash_rows, row_bytes
 from trajlake.record.validate import conform, validate_batch
 from trajlake.schema import SCHEMA_VERSION, arrow_schema
 
@@ -501,29 +502,35 @@ def _drop(t: pa.Table, ids: list[str]) -> pa.Table:
     return t.filter(pc.invert(pc.is_in(t["episode_id"], value_set=pa.array(ids, pa.string()))))
 
 
+def _grouped_hashes(t: pa.Table, hashes: list[str], keys: list[str]) -> dict[str, str]:
+    """episode_id -> concatenation of its rows' hashes in ``keys`` order (vectorised sort, a loop per episode)."""
+    if t.num_rows == 0:
+        return {}
+    order = pc.sort_indices(t.select(keys), sort_keys=[(k, "ascending") for k in keys]).to_numpy()
+    eps = np.asarray(t["episode_id"].take(pa.array(order)).to_numpy(zero_copy_only=False))
+    starts = np.flatnonzero(np.r_[True, eps[1:] != eps[:-1]])
+    ends = np.r_[starts[1:], len(eps)]
+    return {str(eps[a]): "".join(hashes[i] for i in order[a:b]) for a, b in zip(starts, ends, strict=True)}
+
+
 def _hash(ep: pa.Table, tu: pa.Table, ev: pa.Table, source: str | None
           ) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, list[Issue]]]:
     """Set content hashes (turns, then episodes over their turns and events); report mismatching given ones."""
     issues: dict[str, list[Issue]] = {}
     t_hash = hash_rows(tu, "turns")  # in input order: sorting would copy the big token columns
-    given_t = tu["content_hash"].to_pylist()
-    t_ep = tu["episode_id"].to_pylist()
-    t_idx = tu["turn_idx"].to_pylist()
-    by_ep: dict[str, list[tuple[int, str]]] = {}
-    for e, i, h, g in zip(t_ep, t_idx, t_hash, given_t, strict=True):
-        by_ep.setdefault(e, []).append((i, h))
-        if g is not None and g != h:
-            issues.setdefault(e, []).append(Issue("turns", e, i, "content_hash",
-                                                  "given hash does not match the canonical encoding", source))
-    ev_by: dict[str, list[tuple[int, int, str]]] = {}
-    for e, ti, ei, h in zip(ev["episode_id"].to_pylist(), ev["turn_idx"].to_pylist(), ev["event_idx"].to_pylist(),
-                            hash_rows(ev, "gateway_events"), strict=True):
-        ev_by.setdefault(e, []).append((ti, ei, h))
+    if tu["content_hash"].null_count < tu.num_rows:
+        for e, i, h, g in zip(tu["episode_id"].to_pylist(), tu["turn_idx"].to_pylist(), t_hash,
+                              tu["content_hash"].to_pylist(), strict=True):
+            if g is not None and g != h:
+                issues.setdefault(e, []).append(Issue("turns", e, i, "content_hash",
+                                                      "given hash does not match the canonical encoding", source))
+    turns_of = _grouped_hashes(tu, t_hash, ["episode_id", "turn_idx"])
+    events_of = _grouped_hashes(ev, hash_rows(ev, "gateway_events"), ["episode_id", "turn_idx", "event_idx"])
     e_ids = ep["episode_id"].to_pylist()
     given_e = ep["content_hash"].to_pylist()
     e_hash = []
     for e, rb, g in zip(e_ids, row_bytes(ep, "episodes"), given_e, strict=True):
-        h = episode_hash(rb, [x for _, x in sorted(by_ep.get(e, []))], [x for *_, x in sorted(ev_by.get(e, []))])
+        h = episode_hash_joined(rb, turns_of.get(e, ""), events_of.get(e, ""))
         e_hash.append(h)
         if g is not None and g != h:
             issues.setdefault(e, []).append(Issue("episodes", e, None, "content_hash",
