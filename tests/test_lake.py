@@ -212,10 +212,12 @@ def test_writer_buffers_and_flushes_by_size_and_age(lake: Lake) -> None:
     assert lake.versions()["episodes"] == 0  # buffered
     w.write_batch(*[[x] if isinstance(x, dict) else x for x in make_episode("b")])
     w.write_batch(*[[x] if isinstance(x, dict) else x for x in make_episode("c")])  # 15 turn rows >= 12
+    assert w._wait_background() == ["a", "b", "c"]  # the automatic flush commits on a background thread
     assert lake.versions()["episodes"] == 1
     w.max_age_seconds = 0.0
     time.sleep(0.01)
     w.write_batch(*[[x] if isinstance(x, dict) else x for x in make_episode("d")])
+    assert w.flush() == ["d"]
     assert lake.versions()["episodes"] == 2
     w.close()
     assert connect(lake).execute("select count(*) from episodes").fetchone() == (4,)
@@ -226,3 +228,18 @@ def test_extension_directory_is_inside_the_lake(lake: Lake) -> None:
     (d,) = con.execute("select current_setting('extension_directory')").fetchone()
     assert d.startswith(str(lake.root))
     assert con.execute("select current_setting('autoinstall_known_extensions')").fetchone() == (False,)
+
+
+def test_background_commit_failure_surfaces(lake: Lake, monkeypatch) -> None:
+    w = LakeWriter(lake, max_turn_rows=1, handle_signals=False)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(lake, "write_files", boom)
+    ep, turns = make_episode("a")
+    w.write_batch([ep], turns)  # triggers a background commit that fails
+    with pytest.raises(TrajlakeError, match="disk full"):
+        w.flush()
+    monkeypatch.undo()
+    assert connect(lake).execute("select count(*) from episodes").fetchone() == (0,)

@@ -113,6 +113,9 @@ class LakeWriter:
         self._episodes_delta: Any = None  # cached DeltaTable of episodes, refreshed incrementally
         self._refreshed = 0.0
         self.late_duplicates: list[str] = []
+        self._bg: threading.Thread | None = None
+        self._bg_error: BaseException | None = None
+        self._bg_committed: list[str] = []
         _LIVE_WRITERS.add(self)
         if handle_signals:
             _install_signal_handlers()
@@ -182,6 +185,8 @@ class LakeWriter:
             return result
         with self._lock:
             ids = ep["episode_id"].to_pylist()
+            if self._bg is not None and not self._bg.is_alive():
+                self._bg_committed += self._wait_background()  # a failed background commit surfaces here
             if any(e in self._buffered for e in ids):
                 self.flush()  # classify against committed content (rare: the same id twice in one writer)
             existing = self._existing(ids, ep["run_id"].to_pylist(), refresh=dry_run) if check_existing or dry_run \
@@ -220,7 +225,7 @@ class LakeWriter:
                 self._turn_rows += tu.num_rows
                 self._oldest = self._oldest or time.monotonic()
             if self._should_flush():
-                self.flush()
+                self._flush_background()
         return result
 
     def _should_flush(self) -> bool:
@@ -230,7 +235,8 @@ class LakeWriter:
                 or (self._oldest is not None and time.monotonic() - self._oldest >= self.max_age_seconds))
 
     # -- committing ------------------------------------------------------------------------------------------
-    def _existing(self, ids: list[str], run_ids: list[str], refresh: bool = True) -> dict[str, str]:
+    def _existing(self, ids: list[str], run_ids: list[str], refresh: bool = True,
+                  own_snapshot: bool = False) -> dict[str, str]:
         """content_hash of those ``ids`` already committed in the lake.
 
         Only files of the ids' run partitions whose episode_id min/max statistics can contain one of the ids
@@ -238,14 +244,18 @@ class LakeWriter:
         Memory stays bounded by the batch, not by the lake."""
         if not ids:
             return {}
-        if self._episodes_delta is None:
-            self._episodes_delta = self.lake.delta("episodes")
-            self._refreshed = time.monotonic()
-        elif refresh or time.monotonic() - self._refreshed > _REFRESH_SECONDS:
-            # Early duplicate reports may use a slightly stale file list; the flush re-checks exactly.
-            self._episodes_delta.update_incremental()
-            self._refreshed = time.monotonic()
-        acts = pa.table(self._episodes_delta.get_add_actions(flatten=True))
+        if own_snapshot:  # the commit path (maybe a background thread) never shares the cached table object
+            delta = self.lake.delta("episodes")
+        else:
+            if self._episodes_delta is None:
+                self._episodes_delta = self.lake.delta("episodes")
+                self._refreshed = time.monotonic()
+            elif refresh or time.monotonic() - self._refreshed > _REFRESH_SECONDS:
+                # Early duplicate reports may use a slightly stale file list; the flush re-checks exactly.
+                self._episodes_delta.update_incremental()
+                self._refreshed = time.monotonic()
+            delta = self._episodes_delta
+        acts = pa.table(delta.get_add_actions(flatten=True))
         if acts.num_rows == 0:
             return {}
         acts = acts.filter(pc.is_in(acts["partition.run_id"], value_set=pa.array(sorted(set(run_ids)), pa.string())))
@@ -264,55 +274,96 @@ class LakeWriter:
                                  filter=pads.field("episode_id").isin(pa.array(wanted, pa.string())))
         return dict(zip(found["episode_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
 
+    def _take_buffer(self) -> tuple[pa.Table, pa.Table, pa.Table] | None:
+        """Detach the buffered episodes (under the lock) for committing."""
+        if not self._eps:
+            return None
+        ep = pa.concat_tables(self._eps)
+        tu = pa.concat_tables(self._turns)
+        ev = pa.concat_tables(self._events) if self._events else pa.table(
+            {f.name: pa.array([], f.type) for f in _loose("gateway_events")}, schema=_loose("gateway_events"))
+        self._eps, self._turns, self._events = [], [], []
+        self._buffered.clear()
+        self._bytes = self._turn_rows = 0
+        self._oldest = None
+        return ep, tu, ev
+
+    def _wait_background(self) -> list[str]:
+        """Wait for the background commit, re-raise its error; returns the ids it committed (once)."""
+        if self._bg is not None:
+            self._bg.join()
+            self._bg = None
+        err, self._bg_error = self._bg_error, None
+        if err is not None:
+            raise TrajlakeError(f"a background commit failed: {err}") from err
+        done, self._bg_committed = self._bg_committed, []
+        return done
+
+    def _flush_background(self) -> None:
+        """Commit the buffer on a background thread while the caller keeps validating new batches: hashing and
+        writing Parquet overlap with the next appends (the two use different cores)."""
+        self._bg_committed += self._wait_background()
+        batch = self._take_buffer()
+        if batch is None:
+            return
+
+        def work() -> None:
+            try:
+                self._bg_committed += self._commit(*batch)
+            except BaseException as e:  # handed to the caller on its next call
+                self._bg_error = e
+
+        self._bg = threading.Thread(target=work, name="trajlake-commit", daemon=False)
+        self._bg.start()
+
     def flush(self) -> list[str]:
-        """Commit everything buffered (turns and events first, then episode rows). Returns committed ids."""
+        """Commit everything buffered (turns and events first, then episode rows) and wait for it.
+
+        Returns the ids committed since the last ``flush`` (also those an automatic flush committed in the
+        background): once it returns, they are acknowledged."""
         with self._lock:
-            if not self._eps:
-                return []
-            ep = pa.concat_tables(self._eps)
-            tu = pa.concat_tables(self._turns)
-            ev = pa.concat_tables(self._events) if self._events else pa.table(
-                {f.name: pa.array([], f.type) for f in _loose("gateway_events")}, schema=_loose("gateway_events"))
-            self._eps, self._turns, self._events = [], [], []
-            self._buffered.clear()
-            self._bytes = self._turn_rows = 0
-            self._oldest = None
-            ep, tu, ev, bad = _hash(ep, tu, ev, None)  # one vectorised pass over the whole buffer
-            if bad:  # given hashes were checked when buffered; this only guards against misuse
-                self.late_conflicts.update(bad)
-                ep, tu, ev = (_drop(t, list(bad)) for t in (ep, tu, ev))
-            now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
-            ep, tu, ev = (_set_column(t, "written_at", pa.array([now.as_py()] * t.num_rows, now.type))
-                          for t in (ep, tu, ev))
-            turn_actions = self.lake.write_files("turns", tu)
-            event_actions = self.lake.write_files("gateway_events", ev) if ev.num_rows else []
-            with _commit_lock(self.lake):
-                # Re-check under the lock: another process may have committed some ids since they were buffered.
-                ids = ep["episode_id"].to_pylist()
-                existing = self._existing(ids, ep["run_id"].to_pylist())
-                if existing:
-                    mine = dict(zip(ids, ep["content_hash"].to_pylist(), strict=True))
-                    for e, h in existing.items():
-                        if h == mine[e]:
-                            self.late_duplicates.append(e)
-                        else:
-                            self.late_conflicts[e] = [Issue("episodes", e, None, "content_hash",
-                                                            "episode id was committed concurrently with different "
-                                                            "content")]
-                    ep, tu, ev = (_drop(t, list(existing)) for t in (ep, tu, ev))
-                    if ep.num_rows == 0:
-                        _remove_uncommitted(self.lake, turn_actions, event_actions)
-                        return []
-                    _remove_uncommitted(self.lake, turn_actions, event_actions)
-                    turn_actions = self.lake.write_files("turns", tu)
-                    event_actions = self.lake.write_files("gateway_events", ev) if ev.num_rows else []
-                self.lake.commit("turns", list(turn_actions))
-                if event_actions:
-                    self.lake.commit("gateway_events", list(event_actions))
-                self.lake.append("episodes", ep)
-            committed: list[str] = ep["episode_id"].to_pylist()
-            self.committed += len(committed)
-            return committed
+            done = self._wait_background()
+            batch = self._take_buffer()
+            if batch is None:
+                return done
+            return done + self._commit(*batch)
+
+    def _commit(self, ep: pa.Table, tu: pa.Table, ev: pa.Table) -> list[str]:
+        ep, tu, ev, bad = _hash(ep, tu, ev, None)  # one vectorised pass over the whole buffer
+        if bad:  # given hashes were checked when buffered; this only guards against misuse
+            self.late_conflicts.update(bad)
+            ep, tu, ev = (_drop(t, list(bad)) for t in (ep, tu, ev))
+        now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
+        ep, tu, ev = (_set_column(t, "written_at", pa.array([now.as_py()] * t.num_rows, now.type))
+                      for t in (ep, tu, ev))
+        turn_actions = self.lake.write_files("turns", tu)
+        event_actions = self.lake.write_files("gateway_events", ev) if ev.num_rows else []
+        with _commit_lock(self.lake):
+            # Re-check under the lock: another process may have committed some ids since they were buffered.
+            ids = ep["episode_id"].to_pylist()
+            existing = self._existing(ids, ep["run_id"].to_pylist(), own_snapshot=True)
+            if existing:
+                mine = dict(zip(ids, ep["content_hash"].to_pylist(), strict=True))
+                for e, h in existing.items():
+                    if h == mine[e]:
+                        self.late_duplicates.append(e)
+                    else:
+                        self.late_conflicts[e] = [Issue("episodes", e, None, "content_hash",
+                                                        "episode id was committed concurrently with different "
+                                                        "content")]
+                ep, tu, ev = (_drop(t, list(existing)) for t in (ep, tu, ev))
+                _remove_uncommitted(self.lake, turn_actions, event_actions)
+                if ep.num_rows == 0:
+                    return []
+                turn_actions = self.lake.write_files("turns", tu)
+                event_actions = self.lake.write_files("gateway_events", ev) if ev.num_rows else []
+            self.lake.commit("turns", list(turn_actions))
+            if event_actions:
+                self.lake.commit("gateway_events", list(event_actions))
+            self.lake.append("episodes", ep)
+        committed: list[str] = ep["episode_id"].to_pylist()
+        self.committed += len(committed)
+        return committed
 
     # -- tasks and runs --------------------------------------------------------------------------------------
     def write_tasks(self, tasks: pa.Table | Sequence[Mapping[str, Any]]) -> int:
