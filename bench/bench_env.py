@@ -82,6 +82,19 @@ def main() -> None:
     rec_s = time.perf_counter() - t0
     print(f"| recorder per step, committing every episode (what `trajlake rollout` does) | "
           f"{rec_s / steps * 1e6:.0f} µs | - |")
+    rnd = make_policy("mini-swe", "random", "r-v1")
+    long_recs = [play_episode(env, rnd, run_id="bench-r", task_id=t["task_id"], task_version=t["task_version"],
+                              seed=0, task_view=view) for t in env.tasks[:6]]
+    long_steps = sum(sum(1 for t in r.turns if t["actor"] == "policy") for r in long_recs)
+    lake3 = open_lake(tmp / "lake3", create=True)
+    t0 = time.perf_counter()
+    with LakeWriter(lake3, handle_signals=False) as w:
+        for r in long_recs:
+            w.write_batch([r.episode], r.turns, r.events, check_existing=False).raise_if_rejected()
+            w.flush()
+    rec_s = time.perf_counter() - t0
+    print(f"| recorder per step, committing every episode, random policy ({len(long_recs)} episodes / "
+          f"{long_steps} steps) | {rec_s / long_steps * 1e6:.0f} µs | < 1000 µs |")
     env.close()
     for workers in (1, 2):
         d = tmp / f"lake{workers}"

@@ -138,6 +138,9 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
     success = bool(comps.get("resolved", 0.0) >= 1.0)
     reason = last.termination_reason or ("budget_steps" if last.truncated else "submitted")
     error_class = _episode_error_class(success, last, statuses)
+    if policy.needs_oracle and not success:
+        # The known fix did not solve the task: the task or the environment is broken, not the model.
+        error_class = "ENV_BUG"
     episode = {
         "episode_id": ep_id, "run_id": run_id, "task_id": r.task_id, "task_version": r.task_version, "split": split,
         "env_id": env.env_id, "env_version": env.env_version, "env_image_digest": env.image_digest, "env_seed": seed,
