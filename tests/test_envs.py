@@ -190,7 +190,7 @@ def test_worker_crash_loses_nothing_and_resume_completes(tmp_path: Path) -> None
 
     lake = tmp_path / "lake"
     args = [sys.executable, "-m", "trajlake", "--lake", str(lake), "rollout", "--policy", "heuristic", "--split",
-            "dev", "--seeds", "0-1", "--run-id", "crash"]
+            "dev", "--seeds", "0-1", "--run-id", "crash", "--commit-every", "0"]
     p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline:

@@ -253,6 +253,8 @@ def rollout(
     max_policy_lag: Annotated[int | None, typer.Option(help="Most versions a worker may lag the latest "
                                                            "published one before it moves up (between episodes).")] = None,
     engine: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
+    commit_every: Annotated[float, typer.Option(help="Seconds between a worker's commits (0: after every "
+                                                     "episode); a crash loses at most that much work.")] = 5.0,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
 
@@ -267,7 +269,8 @@ def rollout(
         raise TrajlakeError("--fault-rate must be between 0 and 1")
     cfg = RolloutConfig(lake=str(state.lake_path), run_id=run_id or f"{policy}-{split}", env=env, policy=policy,
                         split=split, seeds=_parse_seeds(seeds), workers=max(1, workers), fault_rate=fault_rate,
-                        fault_seed=fault_seed, policy_version=policy_version, max_policy_lag=max_policy_lag)
+                        fault_seed=fault_seed, policy_version=policy_version, max_policy_lag=max_policy_lag,
+                        commit_every_s=commit_every)
     from trajlake.envs import make_policy
 
     make_policy(env, policy, "check")  # fail fast on unknown env/policy names

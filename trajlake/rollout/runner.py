@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import json
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -261,6 +262,9 @@ class RolloutConfig:
     fault_seed: int = 0
     policy_version: str | None = None
     max_policy_lag: int | None = None
+    commit_every_s: float = 5.0
+    """A worker commits its finished episodes at least this often (0: after every episode). A crash loses at
+    most the uncommitted ones, which the resumed run plays again."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -268,7 +272,9 @@ class RolloutConfig:
 class RolloutSummary:
     planned: int = 0
     skipped_existing: int = 0
+    played: int = 0
     written: int = 0
+    """Episodes of this run newly committed to the lake (counted in the lake after the workers finished)."""
     successes: int = 0
     failed_items: list[str] = field(default_factory=list)
 
@@ -286,8 +292,7 @@ class _Worker:
         self.versions = PolicyVersions(Path(cfg.lake), cfg.policy)
         self.policy = make_policy(cfg.env, cfg.policy, self._current_version())
         self.task_view = task_view_fn(self.env, oracle=self.policy.needs_oracle)
-        self.writer = LakeWriter(open_lake(cfg.lake), max_turn_rows=10**9, max_age_seconds=10**9,
-                                 handle_signals=False)
+        self.writer = LakeWriter(open_lake(cfg.lake), max_age_seconds=cfg.commit_every_s, handle_signals=False)
         self.faults = FaultInjector(cfg.fault_rate, cfg.fault_seed)
 
     def _current_version(self) -> str:
@@ -307,7 +312,8 @@ class _Worker:
                            split=self.cfg.split, faults=self.faults, task_view=self.task_view)
         res = self.writer.write_batch([rec.episode], rec.turns, rec.events or None, check_existing=False)
         res.raise_if_rejected()
-        self.writer.flush()  # commit every episode: a crash loses at most the one in flight
+        if self.cfg.commit_every_s <= 0:
+            self.writer.flush()
         return rec.episode["episode_id"], bool(rec.episode["success"])
 
     def close(self) -> None:
@@ -321,6 +327,8 @@ _WORKER: _Worker | None = None
 def _init_worker(cfg: RolloutConfig) -> None:
     global _WORKER
     _WORKER = _Worker(cfg)
+    # Pool workers leave through multiprocessing's exit path: commit what the writer still buffers.
+    mp_util.Finalize(_WORKER, _WORKER.close, exitpriority=10)
 
 
 def _run_item(item: WorkItem) -> tuple[str, bool, str | None]:
@@ -382,12 +390,16 @@ def run_rollout(cfg: RolloutConfig, engine: str = "local",
         if err is not None:
             summary.failed_items.append(f"{ep}: {err}")
         else:
-            summary.written += 1
+            summary.played += 1
             summary.successes += int(ok)
         if progress:
             progress(n, len(todo))
     if engine != "ray" and cfg.workers <= 1 and _WORKER is not None:
         _WORKER.close()
+    summary.written = len(existing_episode_ids(cfg.lake, cfg.run_id)) - len(done)
+    if summary.written < summary.played:
+        summary.failed_items.append(f"{summary.played - summary.written} played episode(s) were not committed; "
+                                    f"run the same command again to resume")
     return summary
 
 
