@@ -147,24 +147,37 @@ def compact(
 @app.command()
 def ingest(
     files: Annotated[list[Path], typer.Argument(help="Input files.", exists=False)],
-    input_format: Annotated[str, typer.Option("--format", help="Input format: trajlake-jsonl.")] = "trajlake-jsonl",
+    input_format: Annotated[str, typer.Option("--format", help="Input format: trajlake-jsonl, openai-chat, "
+                                                              "swe-agent, inspect or openhands.")] = "trajlake-jsonl",
+    run_id: Annotated[str | None, typer.Option(help="Run id of imported episodes (default: derived from the "
+                                                    "file).")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="A local tokenizer.json: fill token ids and loss masks "
+                                                        "of imported text.")] = None,
     skip_invalid: Annotated[bool, typer.Option(help="Write the valid episodes of a file that has invalid "
                                                     "ones (still exits 1).")] = False,
 ) -> None:
     """Import episodes. The whole file is validated first; by default any invalid episode means nothing of
     that file is written. Re-importing the same file is a no-op."""
+    from trajlake.io.importers import FORMATS, import_file
     from trajlake.io.jsonl import ingest_jsonl
     from trajlake.record.writer import LakeWriter
 
-    if input_format != "trajlake-jsonl":
-        raise TrajlakeError(f"--format {input_format!r} is not supported; supported: trajlake-jsonl")
+    if input_format != "trajlake-jsonl" and input_format not in FORMATS:
+        raise TrajlakeError(f"--format {input_format!r} is not supported; supported: trajlake-jsonl, "
+                            f"{', '.join(FORMATS)}")
+    if input_format == "trajlake-jsonl" and (run_id or tokenizer):
+        raise TrajlakeError("--run-id and --tokenizer apply to the importers, not to trajlake-jsonl (which "
+                            "carries its own run ids and token ids)")
     lk = _lake()
     failed = False
     with LakeWriter(lk) as w:
         for f in files:
             if not f.is_file():
                 raise TrajlakeError(f"{f}: no such file")
-            s = ingest_jsonl(w, f, skip_invalid=skip_invalid)
+            if input_format == "trajlake-jsonl":
+                s = ingest_jsonl(w, f, skip_invalid=skip_invalid)
+            else:
+                s = import_file(w, f, input_format, run_id=run_id, tokenizer=tokenizer, skip_invalid=skip_invalid)
             typer.echo(f"{f}: {s.episodes_written} episode(s) written, {s.duplicates} already present, "
                        f"{len({i.episode_id for i in s.rejected})} rejected; {s.tasks_written} task(s), {s.runs_written} run(s)")
             for issue in s.rejected[:20]:
