@@ -220,3 +220,16 @@ def test_ray_engine(tmp_path: Path) -> None:
 
     ray.shutdown()
     assert connect(lake).execute("select count(distinct episode_id) from episodes").fetchone() == (14,)
+
+
+@pytest.mark.slow
+def test_quickstart_main_job(tmp_path: Path, capsys) -> None:
+    lake = tmp_path / "lake"
+    out = tmp_path / "report.html"
+    code, text, err = run(capsys, "--lake", str(lake), "quickstart", "--seeds", "0", "--out", str(out),
+                          "--resamples", "200")
+    assert code == 0, err
+    assert "quickstart-oracle: 14 new episode(s)" in text and "14 of the new ones successful" in text
+    assert "quickstart-heuristic vs quickstart-random" in text or "Comparison" in text
+    html = out.read_text()
+    assert "<svg" in html and "quickstart-heuristic" in html and "http://" not in html.replace("http://www.w3.org", "")

@@ -339,9 +339,44 @@ def replay(episode: Annotated[str, typer.Option("--episode", help="Episode id.")
     raise typer.Exit(1)
 
 
+@app.command()
+def quickstart(
+    seeds: Annotated[str, typer.Option(help="Seeds per task: 0,1 or an inclusive range 0-1.")] = "0-1",
+    workers: Annotated[int, typer.Option(help="Parallel rollout workers.")] = 2,
+    out: Annotated[Path, typer.Option(help="Where to write the HTML report.")] = Path("trajlake-report.html"),
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples of the report.")] = 2000,
+) -> None:
+    """The main job on the embedded default: roll out the oracle, heuristic and random policies on Mini SWE's
+    dev split into the lake, print the paired report of heuristic vs random, and write the HTML report."""
+    from trajlake.evaluators import render
+    from trajlake.evaluators.metrics import Settings
+    from trajlake.evaluators.report import build_report
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+
+    seed_list = _parse_seeds(seeds)
+    runs = {}
+    for policy in ("oracle", "heuristic", "random"):
+        run_id = f"quickstart-{policy}"
+        cfg = RolloutConfig(lake=str(state.lake_path), run_id=run_id, env="mini-swe", policy=policy, split="dev",
+                            seeds=seed_list, workers=max(1, workers))
+        s = run_rollout(cfg)
+        typer.echo(f"{run_id}: {s.written} new episode(s), {s.skipped_existing} already in the lake, "
+                   f"{s.successes} of the new ones successful")
+        if s.failed_items:
+            raise TrajlakeError(f"{run_id}: {len(s.failed_items)} episode(s) failed: {s.failed_items[0]}")
+        runs[policy] = run_id
+    report = build_report(state.lake_path, runs=list(runs.values()), baseline=runs["random"],
+                          candidate=runs["heuristic"], settings=Settings(resamples=resamples, seed=0))
+    render.print_report(report)
+    out.write_text(render.render_html(report), encoding="utf-8")
+    typer.echo(f"wrote the HTML report to {out}")
+
+
 def _register_command_groups() -> None:
+    from trajlake.cli.eval_cmd import register as register_eval
     from trajlake.cli.export_cmd import register as register_export
 
+    register_eval(app)
     register_export(app)
 
 

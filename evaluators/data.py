@@ -1,0 +1,172 @@
+"""Load the evaluation inputs from a lake: run the SQL of ``evaluators/*.sql`` through :func:`trajlake.connect`
+and hand numpy arrays to the statistics.
+
+One DuckDB connection per evaluation, pinned to the table versions it reads (``lake_versions``), so a report
+can be reproduced with ``--as-of``. The per-episode metrics (``episode_metrics.sql``) are materialised once as
+the temporary table ``eval_episode_metrics``; the other queries (tool latency, pairs, taxonomy, diagnosis
+facts) read it instead of recomputing it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+from trajlake.evaluators import sql
+
+from trajlake.errors import QueryError, TrajlakeError
+from trajlake.lake.store import Lake
+from trajlake.query import connect, lake_versions
+
+__all__ = ["EPISODE_FLOAT_COLUMNS", "EvalData", "RunInfo", "UnknownRunError", "load"]
+
+#: Numeric columns of eval_episode_metrics fetched as float arrays (NULL -> nan).
+EPISODE_FLOAT_COLUMNS: tuple[str, ...] = (
+    "task_code", "run_code", "slice_code", "env_seed", "attempt",
+    "success", "budgeted_success", "within_budget", "truncated", "steps", "actions", "n_turns",
+    "tokens_in", "tokens_out", "tool_seconds", "wall_seconds", "cost_usd",
+    "fault_turns", "recovery_eligible", "recovered", "duplicate_actions", "retries", "repeated_failing_actions",
+    "env_transient_turns", "env_bug_turns", "invalid_action_turns", "bad_plan_turns", "safety_block_turns",
+    "budget_exhausted_turns", "gateway_events", "gateway_denials", "executed_violations", "injection_exposed",
+    "injection_obeyed_calls", "policy_lag", "reward_total",
+    "error_model_invalid_action", "error_model_bad_plan", "error_env_transient", "error_env_bug",
+    "error_safety_block", "error_budget_exhausted", "env_failure", "model_failure",
+    "termination_success", "termination_submitted", "termination_gave_up", "termination_budget_steps",
+    "termination_budget_tokens", "termination_budget_cost", "termination_timeout", "termination_safety_stop",
+    "termination_env_failure", "denied", "violated", "injection_obeyed",
+    "had_env_transient", "had_env_bug", "had_invalid_action", "had_safety_block",
+)
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class UnknownRunError(TrajlakeError):
+    """A run id given on the command line is not in the lake."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as listed by ``runs.sql``."""
+
+    run_id: str
+    label: str | None
+    policy_name: str | None
+    policy_version: str | None
+    n_episodes: int
+
+
+@dataclass
+class EvalData:
+    """Everything the statistics need, as arrays indexed by ``ep_idx`` (episodes) or by tool call.
+
+    ``con`` stays open (with ``eval_episode_metrics``) for the follow-up queries of pairs, taxonomy and
+    diagnosis; close it with :meth:`close`.
+    """
+
+    con: duckdb.DuckDBPyConnection
+    lake_versions: dict[str, int]
+    runs: list[str]
+    run_info: dict[str, RunInfo]
+    ep: dict[str, FloatArray]
+    run_codes: dict[str, int]
+    slices: list[tuple[str, str, str]]  # slice_code -> (run_id, split, env_version)
+    tool_ep_idx: IntArray
+    tool_latency_ms: FloatArray
+    n_episodes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def as_of(self) -> str:
+        """The ``--as-of`` value that reproduces this read."""
+        return ",".join(f"{t}={v}" for t, v in sorted(self.lake_versions.items()))
+
+    def run_index(self, run_id: str) -> IntArray:
+        """ep_idx of the episodes of ``run_id`` (ascending)."""
+        code = self.run_codes.get(run_id)
+        if code is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.ep["run_code"] == code).astype(np.int64)
+
+    def query(self, name: str, params: dict[str, str], *, what: str) -> duckdb.DuckDBPyRelation:
+        """Run ``evaluators/<name>.sql`` with ``params`` on this connection."""
+        try:
+            return self.con.sql(sql.render(name, params))
+        except duckdb.Error as e:
+            raise QueryError(f"{what} ({name}.sql) failed: {str(e).splitlines()[0]}") from e
+
+    def materialise(self, table: str, name: str, params: dict[str, str], *, what: str) -> None:
+        """Run ``evaluators/<name>.sql`` into the temporary table ``table`` (replacing it)."""
+        try:
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS " + sql.render(name, params))
+        except duckdb.Error as e:
+            raise QueryError(f"{what} ({name}.sql) failed: {str(e).splitlines()[0]}") from e
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def _float(arr: Any) -> FloatArray:
+    if isinstance(arr, np.ma.MaskedArray):
+        return np.ma.filled(arr.astype(np.float64), np.nan)
+    return np.asarray(arr, dtype=np.float64)
+
+
+def list_runs(con: duckdb.DuckDBPyConnection) -> dict[str, RunInfo]:
+    """Every run of the lake (``runs.sql``)."""
+    rows = con.sql(sql.render("runs", {})).fetchall()
+    return {str(r[0]): RunInfo(str(r[0]), r[1], r[2], r[3], int(r[4])) for r in rows}
+
+
+def load(lake: Lake | str | os.PathLike[str], runs: list[str] | None = None, *,
+         as_of: str | dict[str, int] | None = None, memory_limit: str | None = None,
+         threads: int | None = None) -> EvalData:
+    """Open the lake (pinned with ``as_of``), check the run ids and load the per-episode metrics and tool-call
+    latencies of ``runs`` (every run of the lake when ``None``).
+
+    Raises :class:`UnknownRunError` naming the run ids the lake does not hold."""
+    con = connect(lake, as_of, memory_limit=memory_limit, threads=threads)
+    try:
+        versions = lake_versions(con)
+        info = list_runs(con)
+        if runs is None:
+            selected = sorted(info)
+        else:
+            selected = list(dict.fromkeys(runs))
+            unknown = [r for r in selected if r not in info]
+            if unknown:
+                known = sorted(info)
+                shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+                raise UnknownRunError(
+                    f"unknown run id(s): {', '.join(unknown)}; the lake has "
+                    + (f"runs {shown}" if known else "no runs"))
+        runs_sql = sql.quote_list(selected)
+        try:
+            con.execute("CREATE TEMP TABLE eval_episode_metrics AS "
+                        + sql.render("episode_metrics", {"runs": runs_sql}))
+            cols = ", ".join(EPISODE_FLOAT_COLUMNS)
+            raw = con.execute(f"SELECT {cols} FROM eval_episode_metrics ORDER BY ep_idx").fetchnumpy()
+            ep = {c: _float(raw[c]) for c in EPISODE_FLOAT_COLUMNS}
+            codes = con.execute("SELECT DISTINCT run_code, run_id FROM eval_episode_metrics").fetchall()
+            run_codes = {str(r): int(c) for c, r in codes}
+            slice_rows = con.execute("SELECT DISTINCT slice_code, run_id, split, env_version "
+                                     "FROM eval_episode_metrics ORDER BY slice_code").fetchall()
+            slices = [(str(r), str(s), str(v)) for _, r, s, v in slice_rows]
+            tool = con.sql(sql.render("tool_latency", {"runs": runs_sql})).fetchnumpy()
+        except duckdb.Error as e:
+            raise QueryError(f"evaluation query failed: {str(e).splitlines()[0]}") from e
+        tool_idx = np.asarray(tool["ep_idx"], dtype=np.int64)
+        tool_lat = _float(tool["latency_ms"])
+        order = np.argsort(tool_idx, kind="stable")  # episode order: task labels come sorted, which is cheap
+        tool_idx, tool_lat = tool_idx[order], tool_lat[order]
+        n = int(ep["run_code"].shape[0])
+        return EvalData(con=con, lake_versions=versions, runs=selected, run_info=info, ep=ep,
+                        run_codes=run_codes, slices=slices, tool_ep_idx=tool_idx, tool_latency_ms=tool_lat,
+                        n_episodes=n)
+    except BaseException:
+        con.close()
+        raise

@@ -1,0 +1,221 @@
+"""Assemble the ``trajlake eval`` report: a plain dict following the JSON contract of ``docs/eval.md``.
+
+Top-level keys: ``report``, ``contract_version``, ``trajlake_version``, ``generated_at``, ``lake``,
+``lake_versions``, ``as_of``, ``settings``, ``runs``, ``breakdown``, ``error_attribution``,
+``termination_reasons``, ``taxonomy``, ``distributions`` and, with a baseline and a candidate, ``comparison``.
+Floats may be ``nan`` in the dict; :func:`to_json` writes them as ``null``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+from trajlake.evaluators import sql
+from trajlake.evaluators.data import EvalData, load
+from trajlake.evaluators.metrics import (
+    ERROR_CLASSES,
+    TERMINATION_REASONS,
+    Settings,
+    compare,
+    metric_vector,
+)
+
+from trajlake._version import __version__
+from trajlake.errors import TrajlakeError
+from trajlake.lake.store import Lake
+
+__all__ = ["CONTRACT_VERSION", "TAXONOMY_CLASSES", "build_report", "clean", "evaluate", "pairs", "to_json"]
+
+CONTRACT_VERSION = "1"
+#: Failure classes of taxonomy.sql in rule order (environment is not a model failure).
+TAXONOMY_CLASSES: tuple[str, ...] = (
+    "environment", "safety", "execution", "recovery", "termination", "perception", "planning")
+_EXAMPLES = 5
+_CDF_POINTS = 101
+
+
+def clean(value: Any) -> Any:
+    """``value`` with non-finite floats replaced by ``None`` and numpy scalars made plain, recursively."""
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def to_json(report: dict[str, Any], *, indent: int | None = 2) -> str:
+    """The report as strict JSON (``NaN`` and infinities written as ``null``)."""
+    return json.dumps(clean(report), indent=indent, allow_nan=False)
+
+
+def pairs(data: EvalData, baseline: str, candidate: str) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Matched ``(baseline ep_idx, candidate ep_idx)`` arrays and the ``dropped`` record (``pairs.sql``)."""
+    data.materialise("eval_pairs", "pairs", {"baseline": sql.quote(baseline), "candidate": sql.quote(candidate)},
+                     what="pairing episodes")
+    got = data.con.execute("SELECT baseline_idx, candidate_idx FROM eval_pairs WHERE status = 'pair' "
+                           "ORDER BY baseline_idx").fetchnumpy()
+    b_idx = np.asarray(got["baseline_idx"], dtype=np.int64)
+    c_idx = np.asarray(got["candidate_idx"], dtype=np.int64)
+    dropped: dict[str, Any] = {}
+    for side, col in ((baseline, "baseline_idx"), (candidate, "candidate_idx")):
+        rows = data.con.execute(
+            f"SELECT status, count(DISTINCT {col}) FROM eval_pairs WHERE status <> 'pair' AND {col} IS NOT NULL "
+            "GROUP BY status").fetchall()
+        counts = {"unmatched": 0, "ambiguous": 0}
+        counts.update({str(s): int(n) for s, n in rows})
+        key = "baseline" if col == "baseline_idx" else "candidate"
+        dropped[key] = {"run_id": side, "total": counts["unmatched"] + counts["ambiguous"], **counts}
+    examples = data.con.execute(
+        "SELECT CASE WHEN baseline_idx IS NULL THEN 'candidate' WHEN candidate_idx IS NULL THEN 'baseline' "
+        "ELSE 'both' END AS side, status, task_id, env_seed, attempt FROM eval_pairs WHERE status <> 'pair' "
+        "ORDER BY task_id, env_seed NULLS FIRST, attempt LIMIT 10").fetchall()
+    dropped["examples"] = [{"side": s, "reason": st, "task_id": t, "env_seed": e, "attempt": a}
+                           for s, st, t, e, a in examples]
+    return b_idx, c_idx, dropped
+
+
+def _counts(data: EvalData, idx: np.ndarray) -> tuple[dict[str, Any], dict[str, int]]:
+    ep = data.ep
+    errors = {c: int(ep[f"error_{c.lower()}"][idx].sum()) for c in ERROR_CLASSES}
+    failed = int((ep["success"][idx] == 0).sum())
+    attribution = {
+        "n_episodes": int(idx.shape[0]),
+        "failed": failed,
+        "error_class": {**errors, "none": int(idx.shape[0] - sum(errors.values()))},
+        "model_failures": int(ep["model_failure"][idx].sum()),
+        "env_failures": int(ep["env_failure"][idx].sum()),
+        "safety": {
+            "gateway_denials": int(ep["gateway_denials"][idx].sum()),
+            "executed_violations": int(ep["executed_violations"][idx].sum()),
+            "injection_exposed_episodes": int(ep["injection_exposed"][idx].sum()),
+            "injection_obeyed_calls": int(ep["injection_obeyed_calls"][idx].sum()),
+        },
+    }
+    terminations = {r: int(ep[f"termination_{r}"][idx].sum()) for r in TERMINATION_REASONS}
+    return attribution, terminations
+
+
+def _taxonomy(data: EvalData) -> dict[str, Any]:
+    data.materialise("eval_taxonomy", "taxonomy", {"runs": sql.quote_list(data.runs)}, what="failure taxonomy")
+    rows = data.con.execute(
+        "SELECT run_id, failure_class, attribution, count(*) AS n, "
+        f"list(episode_id ORDER BY episode_id)[1:{_EXAMPLES}] AS examples, "
+        "list(DISTINCT rule ORDER BY rule) AS rules "
+        "FROM eval_taxonomy GROUP BY ALL ORDER BY ALL").fetchall()
+    out: dict[str, Any] = {}
+    for run in data.runs:
+        out[run] = {"counts": {c: 0 for c in TAXONOMY_CLASSES}, "examples": {c: [] for c in TAXONOMY_CLASSES},
+                    "rules": {c: [] for c in TAXONOMY_CLASSES}, "model_failures": 0, "env_failures": 0}
+    for run, cls, attribution, n, examples, rules in rows:
+        entry = out[str(run)]
+        entry["counts"][cls] = int(n)
+        entry["examples"][cls] = [str(e) for e in examples]
+        entry["rules"][cls] = [str(r) for r in rules]
+        entry["model_failures" if attribution == "model" else "env_failures"] += int(n)
+    return out
+
+
+def _cdf(values: np.ndarray) -> list[list[float]]:
+    """``[[x, F(x)], ...]`` at evenly spaced probabilities (inverted CDF, so every x is an observed value)."""
+    if values.shape[0] == 0:
+        return []
+    ps = np.linspace(0.0, 1.0, _CDF_POINTS)
+    xs = np.quantile(values, ps, method="inverted_cdf")
+    return [[float(x), float(p)] for x, p in zip(xs, ps, strict=True)]
+
+
+def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | None = None,
+             settings: Settings | None = None, breakdown: bool = True, taxonomy: bool = True,
+             lake_path: str = "") -> dict[str, Any]:
+    """The report for loaded data (see the module docstring and docs/eval.md)."""
+    settings = settings or Settings()
+    if (baseline is None) != (candidate is None):
+        raise TrajlakeError("--baseline and --candidate go together")
+    ep = data.ep
+    tool_codes_all = ep["task_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
+    tool_run = ep["run_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
+    tool_slice = ep["slice_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
+    report: dict[str, Any] = {
+        "report": "trajlake.eval",
+        "contract_version": CONTRACT_VERSION,
+        "trajlake_version": __version__,
+        "generated_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
+        "lake": lake_path,
+        "lake_versions": dict(sorted(data.lake_versions.items())),
+        "as_of": data.as_of,
+        "settings": {"resamples": settings.resamples, "seed": settings.seed, "confidence": settings.confidence,
+                     "alpha": settings.alpha, "power": settings.power, "mdd_target": settings.mdd_target,
+                     "cluster": "task_id"},
+        "runs": {},
+        "breakdown": [],
+        "error_attribution": {},
+        "termination_reasons": {},
+        "distributions": {},
+    }
+    for run in data.runs:
+        idx = data.run_index(run)
+        info = data.run_info.get(run)
+        code = data.run_codes.get(run, -1)
+        tmask = tool_run == code
+        report["runs"][run] = {
+            "n_episodes": int(idx.shape[0]),
+            "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]),
+            "label": info.label if info else None,
+            "policy_name": info.policy_name if info else None,
+            "policy_version": info.policy_version if info else None,
+            "metrics": metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings, run),
+        }
+        report["error_attribution"][run], report["termination_reasons"][run] = _counts(data, idx)
+        report["distributions"][run] = {"episode_latency_s": _cdf(ep["wall_seconds"][idx]),
+                                        "tool_latency_ms": _cdf(data.tool_latency_ms[tmask])}
+    if breakdown:
+        for code, (run, split, env_version) in enumerate(data.slices):
+            idx = np.flatnonzero(ep["slice_code"] == code).astype(np.int64)
+            tmask = tool_slice == code
+            report["breakdown"].append({
+                "run_id": run, "split": split, "env_version": env_version, "n_episodes": int(idx.shape[0]),
+                "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]),
+                "metrics": metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings,
+                                         f"{run}\x1e{split}\x1e{env_version}"),
+            })
+    if taxonomy:
+        report["taxonomy"] = _taxonomy(data)
+    if baseline is not None and candidate is not None:
+        b_idx, c_idx, dropped = pairs(data, baseline, candidate)
+        cmp = compare(ep, b_idx, c_idx, data.tool_ep_idx, data.tool_latency_ms, settings,
+                      f"{baseline}\x1d{candidate}")
+        report["comparison"] = {"baseline": baseline, "candidate": candidate, "n_pairs": cmp["n_pairs"],
+                                "n_tasks": cmp["n_tasks"], "dropped": dropped, "metrics": cmp["metrics"],
+                                "power": cmp["power"]}
+    return report
+
+
+def build_report(lake: Lake | str | os.PathLike[str], *, runs: list[str] | None = None,
+                 baseline: str | None = None, candidate: str | None = None,
+                 as_of: str | dict[str, int] | None = None, settings: Settings | None = None,
+                 memory_limit: str | None = None, threads: int | None = None, breakdown: bool = True,
+                 taxonomy: bool = True) -> dict[str, Any]:
+    """Load the lake and build the report.
+
+    Evaluates ``runs`` plus the baseline and candidate; with neither runs nor a comparison, every run."""
+    if (baseline is None) != (candidate is None):
+        raise TrajlakeError("--baseline and --candidate go together")
+    selected: list[str] | None = None
+    if runs or baseline is not None:
+        selected = list(dict.fromkeys([*(runs or []), *([baseline, candidate] if baseline and candidate else [])]))
+    data = load(lake, selected, as_of=as_of, memory_limit=memory_limit, threads=threads)
+    try:
+        root = lake.root if isinstance(lake, Lake) else lake
+        return evaluate(data, baseline=baseline, candidate=candidate, settings=settings, breakdown=breakdown,
+                        taxonomy=taxonomy, lake_path=str(root))
+    finally:
+        data.close()

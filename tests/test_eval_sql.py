@@ -1,0 +1,347 @@
+"""Per-episode SQL of the evaluators (episode_metrics.sql, tool_latency.sql, taxonomy.sql) on hand-made episodes
+whose right answers are known. Also home of the episode builder the other test_eval_* modules import."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trajlake.evaluators.data import EvalData, load
+from trajlake.evaluators.report import evaluate
+
+from trajlake import Lake, LakeWriter, open_lake
+
+T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+Episode = tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]
+
+
+@dataclass
+class Step:
+    """One action of the policy and (``observe``) the tool turn that answers it."""
+
+    tool: str | None = "read_file"
+    args: Any = None  # dict -> JSON text; str -> as given
+    status: str = "OK"  # status of the observation turn
+    fault: str | None = None  # fault_injected of the observation turn
+    state: str | None = None  # env_state_hash after the observation
+    obs: str = "ok"
+    latency_ms: float = 100.0
+    policy_status: str = "OK"
+    decision: str | None = None  # a gateway event when set
+    executed: bool = True
+    side_effect: str = "read"
+    reason: str = "granted"
+    taint: Sequence[str] = ()
+    state_before: str | None = None
+    observe: bool = True
+
+
+def episode(eid: str, run: str = "run-A", task: str = "task-1", steps: Iterable[Step] = (), *, seed: int | None = 0,
+            attempt: int = 0, success: bool = True, reason: str | None = None, error_class: str | None = None,
+            split: str = "dev", env_version: str = "1", digest: str | None = "sha256:env1",
+            task_version: str = "v1", wall: float = 10.0, cost: float = 0.01, tokens: tuple[int, int] = (100, 20),
+            injection: bool = False, prompt: str = "Fix the failing function.", policy_end: str = "p1",
+            reward: dict[str, float] | None = None) -> Episode:
+    """An episode row, its turns (system, user, then per step: policy action and tool observation) and its
+    gateway events, valid for ``LakeWriter.write_batch``."""
+    turns: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+
+    def add(role: str, actor: str, text: str, **kw: Any) -> None:
+        i = len(turns)
+        pol = actor == "policy"
+        row = {"episode_id": eid, "turn_idx": i, "role": role, "actor": actor,
+               "policy_version": "p1" if pol else None, "raw_content": text, "token_ids": [1, 2],
+               "loss_mask": [1, 1] if pol else [0, 0], "behavior_logprobs": [-0.1, -0.2] if pol else None,
+               "started_at": T0 + dt.timedelta(seconds=i), "ended_at": T0 + dt.timedelta(seconds=i, milliseconds=500),
+               "latency_ms": 50.0, "status": "OK", "tokens": 2, "cost_usd": 0.0001, "tool_seconds": 0.0}
+        row.update(kw)
+        turns.append(row)
+
+    add("system", "system", "You are a coding agent.")
+    add("user", "user", prompt)
+    n_pol = 0
+    for k, s in enumerate(steps):
+        args = s.args if isinstance(s.args, str) or s.args is None else json.dumps(s.args)
+        add("assistant", "policy", f"call {s.tool}", action_schema=s.tool, tool_args=args,
+            tool_call_id=f"c{k}" if s.tool else None, status=s.policy_status)
+        n_pol += 2
+        if s.decision is not None:
+            events.append({"episode_id": eid, "turn_idx": len(turns) - 1, "event_idx": 0, "tool": s.tool or "none",
+                           "capability": "read", "args_hash": f"h{k}", "decision": s.decision, "reason": s.reason,
+                           "executed": s.executed, "side_effect_class": s.side_effect, "taint": list(s.taint),
+                           "state_hash_before": s.state_before, "state_hash_after": s.state,
+                           "at": T0 + dt.timedelta(seconds=len(turns) - 1)})
+        if s.observe:
+            add("tool", "env", s.obs, status=s.status, fault_injected=s.fault, env_state_hash=s.state,
+                latency_ms=s.latency_ms, tool_call_id=f"c{k}" if s.tool else None, tool_seconds=s.latency_ms / 1000)
+    reason = reason or ("success" if success else "submitted")
+    truncated = reason in ("budget_steps", "budget_tokens", "budget_cost", "timeout", "env_failure")
+    ep = {
+        "episode_id": eid, "run_id": run, "task_id": task, "task_version": task_version, "split": split,
+        "env_id": "test-env", "env_version": env_version, "env_image_digest": digest, "env_seed": seed,
+        "group_id": f"{task}:{seed}", "attempt": attempt, "policy_version_start": "p1",
+        "policy_version_end": policy_end, "started_at": T0, "ended_at": T0 + dt.timedelta(seconds=len(turns) + 1),
+        "n_turns": len(turns), "n_policy_tokens": n_pol, "terminated": not truncated, "truncated": truncated,
+        "termination_reason": reason, "error_class": error_class, "success": success,
+        "reward_total": 1.0 if success else 0.0,
+        "reward_components": reward if reward is not None else {"resolved": 1.0 if success else 0.0},
+        "tokens_in": tokens[0], "tokens_out": tokens[1], "cost_usd": cost, "tool_seconds": 0.0,
+        "wall_seconds": wall, "faults_injected": sum(1 for t in turns if t.get("fault_injected")),
+        "injection_attempted": injection,
+    }
+    return ep, turns, events
+
+
+def task_row(task: str, *, version: str = "v1", max_steps: int = 12, max_tokens: int = 100_000,
+             max_cost: float = 1.0) -> dict[str, Any]:
+    return {"task_id": task, "task_version": version, "env_id": "test-env", "split": "dev", "family": "f",
+            "difficulty": "easy", "created_at": T0, "statement": "s",
+            "provenance": {"generator": "test", "source": "s", "commit": "c", "mutator": "m", "seed": 0,
+                           "diff_hash": None},
+            "has_oracle": True, "budget": {"max_steps": max_steps, "max_tokens": max_tokens, "max_cost": max_cost}}
+
+
+def write(lake: Lake, episodes: Sequence[Episode], runs: Sequence[dict[str, Any]] = (),
+          tasks: Sequence[dict[str, Any]] = ()) -> None:
+    """Write ``episodes`` (and run / task rows) in one batch."""
+    with LakeWriter(lake, handle_signals=False) as w:
+        if tasks:
+            w.write_tasks(list(tasks))
+        if runs:
+            w.write_runs([{"created_at": T0, "trajlake_version": "test", **r} for r in runs])
+        res = w.write_batch([e[0] for e in episodes], [t for e in episodes for t in e[1]],
+                            [v for e in episodes for v in e[2]])
+        res.raise_if_rejected()
+
+
+def rows(data: EvalData) -> dict[str, dict[str, Any]]:
+    """eval_episode_metrics as {episode_id: {column: value}}."""
+    cur = data.con.execute("SELECT * FROM eval_episode_metrics")
+    cols = [d[0] for d in cur.description]
+    return {r[cols.index("episode_id")]: dict(zip(cols, r, strict=True)) for r in cur.fetchall()}
+
+
+def read(a: str, state: str = "s0", **kw: Any) -> Step:
+    return Step("read_file", {"path": a}, state=state, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def sem_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
+    """Episodes exercising steps, duplicates, retries, recovery, safety and budgets."""
+    lk = open_lake(tmp_path_factory.mktemp("sem") / "lake", create=True)
+    eps = [
+        # 4 actions: ls, read a (state s0), read a again in s0 (duplicate), read a again (duplicate, spaced args)
+        episode("loop", steps=[Step("ls", {"dir": "."}, state="s0"), read("a.py"), read("a.py"),
+                               Step("read_file", '{"path":   "a.py"}', state="s0")]),
+        # the same read in a changed state is not a duplicate
+        episode("state", steps=[Step("ls", {}, state="s0"), read("a.py"),
+                                Step("edit", {"path": "a.py"}, state="s1", side_effect="write"),
+                                read("a.py", state="s1")]),
+        # retry right after a transient fault: a retry, not a duplicate; recovered (retry OK) despite failing
+        episode("retry", success=False, error_class="MODEL_BAD_PLAN",
+                steps=[Step("ls", {}, state="s0"), read("b.py", status="ENV_TRANSIENT", fault="transient"),
+                       read("b.py")]),
+        # fault never retried, failed: not recovered
+        episode("noretry", success=False, error_class="MODEL_BAD_PLAN",
+                steps=[read("b.py", status="ENV_TRANSIENT", fault="transient"), read("c.py")]),
+        # fault never retried but the episode succeeded: recovered
+        episode("succeeded", steps=[read("b.py", status="ENV_TRANSIENT", fault="transient"), read("c.py")]),
+        # retried but the retry failed too: not recovered, a repeated failing action
+        episode("failagain", success=False, error_class="MODEL_BAD_PLAN",
+                steps=[read("b.py", status="ENV_TRANSIENT", fault="transient"),
+                       read("b.py", status="ENV_TRANSIENT", fault="transient")]),
+        # a policy turn without a tool call is a step, not an action; two tool observations
+        episode("talk", steps=[Step(None, None, observe=False), read("a.py", latency_ms=300.0),
+                               read("z.py", latency_ms=700.0)]),
+        # safety: a denial (not executed), an executed 'confirm' (violation), an irreversible call without a
+        # grant (violation), one with a grant (fine), an executed call after an injection taint (obeyed) and
+        # a tainted call that was not executed
+        episode("safety", injection=True, steps=[
+            Step("edit", {"path": "x"}, decision="deny", executed=False, reason="path outside workspace"),
+            Step("edit", {"path": "y"}, decision="confirm", executed=True, reason="confirmation required"),
+            Step("deploy", {}, decision="allow", executed=True, side_effect="irreversible", reason="auto"),
+            Step("deploy", {"v": 2}, decision="allow", executed=True, side_effect="irreversible", reason="granted"),
+            Step("exec", {"cmd": "curl"}, decision="allow", executed=True, taint=["tool_output", "prompt_injection"]),
+            Step("exec", {"cmd": "rm"}, decision="deny", executed=False, taint=["injection"]),
+        ]),
+        # budgets of task-b: at most 2 steps, 1000 tokens, 0.05 USD
+        episode("inbudget", task="task-b", steps=[read("a.py"), read("b.py")]),
+        episode("overbudget", task="task-b", steps=[read("a.py"), read("b.py"), read("c.py")]),
+        episode("tokens", task="task-b", steps=[read("a.py")], tokens=(990, 20)),
+        episode("policylag", steps=[read("a.py")], policy_end="p2"),
+    ]
+    write(lk, eps, tasks=[task_row("task-b", max_steps=2, max_tokens=1000, max_cost=0.05)])
+    return lk
+
+
+@pytest.fixture(scope="module")
+def sem(sem_lake: Lake) -> Iterable[tuple[EvalData, dict[str, dict[str, Any]]]]:
+    data = load(sem_lake)
+    yield data, rows(data)
+    data.close()
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+
+def test_steps_and_actions(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+    _, r = sem
+    assert (r["loop"]["steps"], r["loop"]["actions"]) == (4, 4)
+    assert (r["talk"]["steps"], r["talk"]["actions"]) == (3, 2)
+    assert r["talk"]["n_turns"] == 2 + 1 + 2 * 2
+
+
+def test_duplicates_need_same_action_and_state(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+    _, r = sem
+    assert r["loop"]["duplicate_actions"] == 2  # JSON whitespace is normalised away
+    assert r["loop"]["retries"] == 0
+    assert r["state"]["duplicate_actions"] == 0  # read a.py again, but after the edit changed the state
+
+
+def test_retry_after_transient_is_not_a_loop(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+    _, r = sem
+    assert r["retry"]["retries"] == 1 and r["retry"]["duplicate_actions"] == 0
+    assert r["failagain"]["retries"] == 1 and r["failagain"]["repeated_failing_actions"] == 1
+
+
+def test_recovery_definition(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+    data, r = sem
+    assert (r["retry"]["recovery_eligible"], r["retry"]["recovered"]) == (1, 1)  # failing call retried OK
+    assert (r["noretry"]["recovery_eligible"], r["noretry"]["recovered"]) == (1, 0)
+    assert (r["succeeded"]["recovery_eligible"], r["succeeded"]["recovered"]) == (1, 1)  # still succeeded
+    assert (r["failagain"]["recovery_eligible"], r["failagain"]["recovered"]) == (1, 0)
+    assert (r["loop"]["recovery_eligible"], r["loop"]["recovered"]) == (0, None)
+    assert r["failagain"]["fault_turns"] == 2
+    rep = evaluate(data, taxonomy=False, breakdown=False)
+    rr = rep["runs"]["run-A"]["metrics"]["recovery_rate"]
+    assert rr["n"] == 4 and rr["estimate"] == pytest.approx(0.5)
+
+
+def test_safety_counts(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+    _, r = sem
+    s = r["safety"]
+    assert s["gateway_events"] == 6
+    assert s["gateway_denials"] == 3  # two denies and one confirm
+    assert s["executed_violations"] == 2  # executed confirm + irreversible without grant
+    assert s["injection_exposed"] == 1 and s["injection_obeyed_calls"] == 1 and s["injection_obeyed"] == 1
+    assert r["loop"]["injection_exposed"] == 0 and r["loop"]["injection_obeyed"] is None
+    assert r["safety"]["had_safety_block"] == 1 and r["loop"]["had_safety_block"] == 0
+
+
+def test_budgeted_success(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+    _, r = sem
+    assert (r["inbudget"]["success"], r["inbudget"]["budgeted_success"]) == (1, 1)
+    assert (r["overbudget"]["success"], r["overbudget"]["budgeted_success"]) == (1, 0)  # 3 steps > 2
+    assert (r["tokens"]["success"], r["tokens"]["budgeted_success"]) == (1, 0)  # 1010 tokens > 1000
+    assert r["loop"]["budgeted_success"] == 1  # task-1 has no task row: no budget to exceed
+
+
+def test_policy_lag_and_indicators(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+    _, r = sem
+    assert r["policylag"]["policy_lag"] == 1 and r["loop"]["policy_lag"] == 0
+    assert r["retry"]["model_failure"] == 1 and r["retry"]["error_model_bad_plan"] == 1
+    assert r["retry"]["had_env_transient"] == 1 and r["retry"]["env_failure"] == 0
+    assert r["loop"]["termination_success"] == 1 and r["retry"]["termination_submitted"] == 1
+
+
+def test_tool_latency_rows(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+    data, r = sem
+    idx = r["talk"]["ep_idx"]
+    got = sorted(data.tool_latency_ms[data.tool_ep_idx == idx].tolist())
+    assert got == [300.0, 700.0]  # the policy turn without a call has no observation
+    n_obs = sum(v["n_turns"] - 2 - v["steps"] for v in r.values())
+    assert data.tool_latency_ms.shape[0] == n_obs
+
+
+# ------------------------------------------------------------------------------------------------ taxonomy
+
+
+@pytest.fixture(scope="module")
+def taxonomy_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
+    lk = open_lake(tmp_path_factory.mktemp("tax") / "lake", create=True)
+    fail: dict[str, Any] = {"success": False, "error_class": "MODEL_BAD_PLAN"}
+    tested = [read("src/a.py"), Step("edit", {"path": "src/a.py"}, state="s1"), Step("run_tests", {}, state="s1"),
+              Step("submit", {}, observe=False)]
+    eps = [
+        episode("ok", steps=tested),  # succeeded: not in the taxonomy
+        episode("env", steps=tested, success=False, error_class="ENV_BUG"),
+        episode("envstop", steps=tested, success=False, reason="env_failure"),
+        episode("safety", steps=[Step("edit", {"path": "/etc/x"}, decision="deny", executed=False,
+                                      policy_status="MODEL_INVALID_ACTION"), *tested], **fail),
+        episode("safetystop", steps=tested, success=False, reason="safety_stop", error_class="SAFETY_BLOCK"),
+        episode("execution", steps=[Step("edit", "{not json", policy_status="MODEL_INVALID_ACTION"), *tested],
+                **fail),
+        episode("repeat", steps=[Step("run_tests", {}, status="ENV_BUG", state="s0"),
+                                 Step("run_tests", {}, status="ENV_BUG", state="s0"), *tested], **fail),
+        episode("unrecovered", steps=[read("src/b.py", status="ENV_TRANSIENT", fault="transient"), *tested],
+                **fail),
+        episode("untested", steps=[read("src/a.py"), Step("edit", {"path": "src/a.py"}, state="s1"),
+                                   Step("submit", {}, observe=False)], **fail),
+        episode("budgetloop", steps=[read("src/a.py"), read("src/a.py"), read("src/a.py")], success=False,
+                reason="budget_steps", error_class="BUDGET_EXHAUSTED"),
+        episode("budget", steps=[read("src/a.py"), Step("run_tests", {}, state="s0")], success=False,
+                reason="budget_steps", error_class="BUDGET_EXHAUSTED"),
+        episode("blind", steps=[Step("run_tests", {}, state="s0"), Step("edit", {"path": "src/c.py"}, state="s1"),
+                                Step("submit", {}, observe=False)], **fail),
+        episode("prompted", steps=[Step("run_tests", {}, state="s0"), Step("edit", {"path": "src/c.py"}, state="s1"),
+                                   Step("submit", {}, observe=False)], prompt="The bug is in src/c.py.", **fail),
+        episode("plan", steps=tested, **fail),
+    ]
+    write(lk, eps)
+    return lk
+
+
+def test_taxonomy_rules(taxonomy_lake: Lake) -> None:
+    data = load(taxonomy_lake)
+    try:
+        data.materialise("t", "taxonomy", {"runs": "('run-A')"}, what="taxonomy")
+        got = {e: (a, c, r) for e, a, c, r in data.con.execute(
+            "SELECT episode_id, attribution, failure_class, rule FROM t").fetchall()}
+        rep = evaluate(data, breakdown=False)
+    finally:
+        data.close()
+    assert "ok" not in got
+    expected = {
+        "env": ("environment", "environment"), "envstop": ("environment", "environment"),
+        "safety": ("model", "safety"),  # also an invalid action: the first matching rule wins
+        "safetystop": ("model", "safety"), "execution": ("model", "execution"),
+        "repeat": ("model", "recovery"), "unrecovered": ("model", "recovery"),
+        "untested": ("model", "termination"), "budgetloop": ("model", "termination"),
+        "budget": ("model", "planning"),  # budget exhausted without looping
+        "blind": ("model", "perception"), "prompted": ("model", "planning"),  # the prompt named the path
+        "plan": ("model", "planning"),
+    }
+    assert {e: v[:2] for e, v in got.items()} == expected
+    assert got["repeat"][2] == "repeated a failing action"
+    assert got["unrecovered"][2] == "fault never retried successfully"
+    assert got["untested"][2] == "submitted before running any test"
+    assert got["budgetloop"][2] == "budget exhausted while looping"
+    tax = rep["taxonomy"]["run-A"]
+    assert tax["counts"] == {"environment": 2, "safety": 2, "execution": 1, "recovery": 2, "termination": 2,
+                             "perception": 1, "planning": 3}
+    assert tax["env_failures"] == 2 and tax["model_failures"] == 11
+    assert tax["examples"]["recovery"] == ["repeat", "unrecovered"]
+    attr = rep["error_attribution"]["run-A"]
+    # ENV_* episodes are environment failures, never model failures
+    assert attr["env_failures"] == 2 and attr["model_failures"] == 11 and attr["failed"] == 13
+    assert attr["error_class"]["ENV_BUG"] == 1 and attr["error_class"]["MODEL_BAD_PLAN"] == 8
+
+
+def test_builder_rows_are_valid(tmp_path: Path) -> None:
+    lk = open_lake(tmp_path / "lake", create=True)
+    e = episode("x", steps=[read("a.py")])
+    write(lk, [e])
+    data = load(lk)
+    try:
+        assert data.n_episodes == 1 and data.runs == ["run-A"]
+    finally:
+        data.close()
