@@ -24,6 +24,7 @@ import deltalake
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake._version import __version__
@@ -324,7 +325,7 @@ class Lake:
                 d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
                                            partition_by=list(td.partition_by) or None)
                 return self.delta(name).version()
-            except Exception as e:  # CommitFailedError and friends: reload and try again
+            except CommitFailedError as e:  # another writer won the version: reload and try again
                 last = e
                 time.sleep(min(0.5, 0.01 * (attempt + 1)))
         raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {last}")

@@ -202,16 +202,6 @@ def row_bytes(table: pa.Table, table_name: str) -> list[bytes]:
     return [b if isinstance(b, bytes) else b"" for b in row_bytes_array(table, table_name).to_pylist()]
 
 
-def _sha256_each(arr: pa.Array) -> list[str]:
-    bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1] if len(arr) else \
-        np.zeros(1, np.int64)
-    data = bufs[2]
-    mv = memoryview(data) if data is not None else memoryview(b"")
-    sha = hashlib.sha256
-    return [sha(mv[offsets[i]:offsets[i + 1]]).hexdigest() for i in range(len(arr))]
-
-
 def hash_rows(table: pa.Table, table_name: str) -> list[str]:
     """sha256 hex digest of each row's canonical encoding (equal to hashing ``row_bytes_array``).
 
