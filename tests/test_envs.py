@@ -233,3 +233,21 @@ def test_quickstart_main_job(tmp_path: Path, capsys) -> None:
     assert "quickstart-heuristic vs quickstart-random" in text or "Comparison" in text
     html = out.read_text()
     assert "<svg" in html and "quickstart-heuristic" in html and "http://" not in html.replace("http://www.w3.org", "")
+
+
+@pytest.mark.slow
+def test_oracle_policy_solves_every_task() -> None:
+    """Oracle replay of every task succeeds (a task whose oracle fails would be ENV_BUG and must not ship)."""
+    e = make_env("mini-swe", split=None)
+    try:
+        oracle = make_policy("mini-swe", "oracle", "oracle-v1")
+        view = task_view_fn(e, oracle=True)
+        failed = []
+        for task in e.tasks:
+            rec = play_episode(e, oracle, run_id="all", task_id=task["task_id"], task_version=task["task_version"],
+                               seed=0, task_view=view)
+            if not rec.episode["success"] or rec.episode["error_class"] is not None:
+                failed.append(task["task_id"])
+        assert len(e.tasks) == 80 and failed == []
+    finally:
+        e.close()
