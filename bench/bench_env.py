@@ -80,7 +80,7 @@ def main() -> None:
             w.write_batch([r.episode], r.turns, r.events, check_existing=False).raise_if_rejected()
             w.flush()
     rec_s = time.perf_counter() - t0
-    print(f"| recorder per step, committing every episode (what `trajlake rollout` does) | "
+    print(f"| recorder per step, committing every episode (`--commit-every 0`) | "
           f"{rec_s / steps * 1e6:.0f} µs | - |")
     rnd = make_policy("mini-swe", "random", "r-v1")
     long_recs = [play_episode(env, rnd, run_id="bench-r", task_id=t["task_id"], task_version=t["task_version"],
