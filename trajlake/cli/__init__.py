@@ -373,11 +373,13 @@ def quickstart(
 
 
 def _register_command_groups() -> None:
+    from trajlake.cli.browse_cmd import register as register_browse
     from trajlake.cli.eval_cmd import register as register_eval
     from trajlake.cli.export_cmd import register as register_export
 
     register_eval(app)
     register_export(app)
+    register_browse(app)
 
 
 _register_command_groups()
