@@ -78,6 +78,8 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
         "autoinstall_known_extensions": False,
         "autoload_known_extensions": False,
         "extension_directory": _extension_dir(lk),
+        # spill files of large queries go next to the extensions, never into the caller's working directory
+        "temp_directory": str(pathlib.Path(_extension_dir(lk)).parent / "duckdb_tmp"),
     }
     if memory_limit:
         config["memory_limit"] = memory_limit
