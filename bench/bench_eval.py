@@ -1,13 +1,15 @@
 """Evaluation benchmark (issue 4): ``trajlake eval --baseline A --candidate B --format json`` against the bare SQL
 aggregates of the same metrics on the same files, both through DuckDB over the lake's views with a memory limit.
 
-    python bench/bench_eval.py [--episodes 1000000] [--tasks 2000] [--out bench/out/eval] [--memory-limit 4GB]
-                               [--resamples 2000] [--repeat 2] [--skip-generate]
+    python bench/bench_eval.py [--episodes 1000000] [--tasks 2000] [--batch 50000] [--per-process 250000]
+                               [--out bench/out/eval] [--memory-limit 4GB] [--resamples 2000] [--repeat 2]
+                               [--skip-generate] [--generate-only] [--skip-profile]
 
 1. Generates a lake of two runs (A, B) over the same tasks x seeds, EPISODES episodes in all with 20 turns each
    (system, user, then 9 policy actions each answered by a tool turn) and one gateway event per episode, written
-   with ``LakeWriter.write_batch`` in big vectorised batches with 2-token token lists. Actions repeat (loops),
-   transient faults are injected and sometimes retried, runs differ in skill, so every metric has data.
+   with ``LakeWriter.write_batch`` in big vectorised batches with 2-token token lists (one commit per batch,
+   PER_PROCESS episodes per writer process). Actions repeat (loops), transient faults are injected and sometimes
+   retried, runs differ in skill, so every metric has data.
 2. Times, each in a fresh process (so peak RSS is the process's own): the bare SQL (per-run point estimates of
    the metric vector: the per-episode query ``evaluators/episode_metrics.sql`` aggregated with avg / ratios /
    quantile_disc, and the tool-call latency quantiles), and the CLI ``trajlake eval`` with the comparison, the
@@ -22,7 +24,6 @@ import datetime as dt
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -182,29 +183,50 @@ def make_batch(rng: np.random.Generator, run: str, skill: float, first: int, n: 
     return episodes, turns, events
 
 
-def generate(out: Path, episodes: int, n_tasks: int, batch: int) -> dict[str, float]:
-    """Write the two runs; returns timings."""
-    shutil.rmtree(out, ignore_errors=True)
-    lake = open_lake(out, create=True)
-    per_run = episodes // len(RUNS)
-    rng = np.random.default_rng(0)
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def write_chunk(lake_path: str, run_index: int, first: int, count: int, batch: int, n_tasks: int) -> None:
+    """Write episodes ``first .. first + count - 1`` of run ``RUNS[run_index]`` (one commit per batch)."""
+    run, skill = RUNS[run_index]
+    lake = open_lake(lake_path)
     t0 = time.perf_counter()
-    gen_s = 0.0
-    # one commit per write_batch call: the buffer holds exactly one batch
     with LakeWriter(lake, max_turn_rows=batch * TURNS, max_buffer_bytes=2 << 30, max_age_seconds=3600,
                     handle_signals=False) as w:
+        for start in range(first, first + count, batch):
+            rng = np.random.default_rng([run_index, start])  # the data do not depend on the chunking
+            ep, tu, ev = make_batch(rng, run, skill, start, min(batch, first + count - start), n_tasks)
+            w.write_batch(ep, tu, ev).raise_if_rejected()
+            print(f"  {run}: episodes up to {start + ep.num_rows:,} buffered "
+                  f"({time.perf_counter() - t0:.0f} s, RSS {_rss_mib():,.0f} MiB)", flush=True)
+
+
+def generate(out: Path, episodes: int, n_tasks: int, batch: int, per_process: int) -> dict[str, float]:
+    """Write the two runs, ``per_process`` episodes per child process (each child's memory is its own, so a
+    writer that grows over many commits cannot take the machine down); returns seconds and peak RSS."""
+    shutil.rmtree(out, ignore_errors=True)
+    lake = open_lake(out, create=True)
+    with LakeWriter(lake, handle_signals=False) as w:
         w.write_runs([{"run_id": r, "created_at": T0, "label": r[-1], "policy_name": "bench-agent",
                        "policy_version": "p1"} for r, _ in RUNS])
-        for run, skill in RUNS:
-            for first in range(0, per_run, batch):
-                g = time.perf_counter()
-                ep, tu, ev = make_batch(rng, run, skill, first, min(batch, per_run - first), n_tasks)
-                gen_s += time.perf_counter() - g
-                res = w.write_batch(ep, tu, ev)
-                res.raise_if_rejected()
-                print(f"  {run}: {first + ep.num_rows:,} / {per_run:,} episodes "
-                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    return {"seconds": time.perf_counter() - t0, "generate_seconds": gen_s}
+    per_run = episodes // len(RUNS)
+    t0 = time.perf_counter()
+    peak = 0
+    for r_i, (run, _) in enumerate(RUNS):
+        for first in range(0, per_run, per_process):
+            code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_eval; "
+                    f"bench_eval.write_chunk({str(out)!r}, {r_i}, {first}, {min(per_process, per_run - first)}, "
+                    f"{batch}, {n_tasks})")
+            _, rss, text = _child(code)
+            peak = max(peak, rss)
+            print(text.rstrip() + f"\n  {run}: {first + min(per_process, per_run - first):,} / {per_run:,} "
+                  f"committed ({time.perf_counter() - t0:.0f} s, child peak RSS {rss / 1024:,.0f} MiB)",
+                  flush=True)
+    return {"seconds": time.perf_counter() - t0, "peak_rss_kib": float(peak)}
 
 
 BARE_SQL = """
@@ -305,6 +327,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=1_000_000)
     ap.add_argument("--tasks", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=50_000, help="episodes per write_batch call")
+    ap.add_argument("--per-process", type=int, default=250_000, help="episodes written per child process")
     ap.add_argument("--out", type=Path, default=Path("bench/out/eval"))
     ap.add_argument("--memory-limit", default="4GB")
     ap.add_argument("--resamples", type=int, default=2000)
@@ -319,11 +342,10 @@ def main() -> None:
           f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())} at start")
     if not a.skip_generate:
         print(f"generating {a.episodes:,} episodes x {TURNS} turns into {lake}")
-        g = generate(lake, a.episodes, a.tasks, a.batch)
-        print(f"  wrote {a.episodes:,} episodes / {a.episodes * TURNS:,} turns in {g['seconds']:.0f} s "
-              f"(data generation {g['generate_seconds']:.0f} s of it): "
-              f"{a.episodes * TURNS / g['seconds']:,.0f} turns/s; peak RSS "
-              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB")
+        g = generate(lake, a.episodes, a.tasks, a.batch, a.per_process)
+        print(f"  wrote {a.episodes:,} episodes / {a.episodes * TURNS:,} turns in {g['seconds']:.0f} s: "
+              f"{a.episodes * TURNS / g['seconds']:,.0f} turns/s; writer peak RSS "
+              f"{g['peak_rss_kib'] / 1024:,.0f} MiB")
     size = sum(f.stat().st_size for f in lake.rglob("*") if f.is_file() and "_trajlake" not in f.parts)
     print(f"lake: {size / 2**20:,.0f} MiB of tables on disk")
     if a.generate_only:

@@ -107,6 +107,7 @@ class EvalData:
             raise QueryError(f"{what} ({name}.sql) failed: {str(e).splitlines()[0]}") from e
 
     def close(self) -> None:
+        """Close the DuckDB connection (and drop its temporary tables)."""
         self.con.close()
 
 

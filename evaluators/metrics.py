@@ -103,6 +103,7 @@ class MetricSpec:
 
 def _m(name: str, column: str, description: str, unit: str = "", better: Literal["higher", "lower", ""] = "",
        **kw: Any) -> MetricSpec:
+    """A mean metric."""
     return MetricSpec(name, "mean", column, description, unit, better, **kw)
 
 

@@ -50,6 +50,7 @@ def num(x: Any) -> str:
 
 
 def pval(p: Any) -> str:
+    """A p-value with 4 decimals (``<1e-4`` below that); ``n/a`` when missing."""
     if p is None or (isinstance(p, float) and not math.isfinite(p)):
         return "n/a"
     return "<1e-4" if p < 1e-4 else f"{p:.4f}"
@@ -198,6 +199,7 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def _color(i: int) -> str:
+    """The plot colour of the ``i``-th run."""
     return svg.PALETTE[i % len(svg.PALETTE)]
 
 
@@ -289,12 +291,14 @@ def diagnosis_lines(d: dict[str, Any]) -> list[str]:
 
 
 def print_diagnosis(d: dict[str, Any], console: Console | None = None) -> None:
+    """The diagnosis on the terminal (:func:`diagnosis_lines`)."""
     con = console or Console(width=max(120, Console().width))
     for line in diagnosis_lines(d):
         con.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def render_diagnosis_markdown(d: dict[str, Any]) -> str:
+    """The diagnosis as Markdown: the path as a numbered list with the evidence, then the conclusion."""
     lines = [f"# trajlake diagnose: {_md_escape(d['candidate'])} vs {_md_escape(d['baseline'])}", ""]
     body = diagnosis_lines(d)
     lines += [f"- {_md_escape(x)}" for x in body[1:4]] + [""]

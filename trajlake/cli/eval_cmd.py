@@ -21,6 +21,8 @@ __all__ = ["DiagnoseFormat", "ReportFormat", "diagnose_command", "eval_command",
 
 
 class ReportFormat(enum.StrEnum):
+    """Output formats of ``trajlake eval``."""
+
     table = "table"
     json = "json"
     markdown = "markdown"
@@ -28,6 +30,8 @@ class ReportFormat(enum.StrEnum):
 
 
 class DiagnoseFormat(enum.StrEnum):
+    """Output formats of ``trajlake diagnose``."""
+
     table = "table"
     json = "json"
     markdown = "markdown"
@@ -46,6 +50,7 @@ ConfidenceOpt = Annotated[float, typer.Option(help="Confidence level of every in
 
 
 def _lake_path() -> Path:
+    """The lake of the global ``--lake`` option (imported late: ``trajlake.cli`` imports this module)."""
     from trajlake.cli import state
 
     return state.lake_path
