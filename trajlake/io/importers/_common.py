@@ -441,3 +441,37 @@ def clean_str(s: str) -> str:
 def clean_components(comps: Mapping[str, float]) -> dict[str, float]:
     """Reward components without non-finite values."""
     return {clean_str(k): float(v) for k, v in comps.items() if math.isfinite(v)}
+
+
+def load_json_line(raw: bytes, loc: Loc) -> dict[str, Any]:
+    """One line of a JSONL file as a JSON object; UTF-8 and JSON errors fail at ``loc``."""
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        loc.fail("*", f"line is not valid UTF-8 (byte {e.start})")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        loc.fail("*", f"invalid JSON: {e.msg} at column {e.colno}")
+    except RecursionError:
+        loc.fail("*", "invalid JSON: nested too deeply")
+    return as_obj(obj, loc, "line")
+
+
+def jsonl_records(path: Path, parse: Callable[[dict[str, Any], Loc, str], EpisodeSpec]
+                  ) -> Callable[[], Iterator[Record]]:
+    """Records of a JSONL file with one episode per non-empty line, parsed lazily by ``parse(obj, loc, label)``."""
+
+    def records() -> Iterator[Record]:
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if not raw.strip():
+                    continue
+                loc = Loc(f"{path}:{lineno}")
+
+                def one(raw: bytes = raw, loc: Loc = loc, lineno: int = lineno) -> EpisodeSpec:
+                    return parse(load_json_line(raw, loc), loc, f"line {lineno}")
+
+                yield Record(loc.where, one)
+
+    return records

@@ -8,8 +8,6 @@ legacy function. Tool-call ``arguments`` are JSON text, sometimes encoded twice.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,6 @@ from trajlake.io.importers._common import (
     SYNTHETIC_EPOCH,
     EpisodeSpec,
     Loc,
-    Record,
     RunInfo,
     Source,
     TaskSpec,
@@ -27,6 +24,8 @@ from trajlake.io.importers._common import (
     canonical_json,
     decode_arguments,
     id_str,
+    jsonl_records,
+    load_json_line,
     opt_int,
     opt_list,
     opt_obj,
@@ -39,20 +38,6 @@ from trajlake.io.importers._common import (
 )
 
 FORMAT = "openai-chat"
-
-
-def _load_line(raw: bytes, loc: Loc) -> dict[str, Any]:
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        loc.fail("*", f"line is not valid UTF-8 (byte {e.start})")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        loc.fail("*", f"invalid JSON: {e.msg} at column {e.colno}")
-    except RecursionError:
-        loc.fail("*", "invalid JSON: nested too deeply")
-    return as_obj(obj, loc, "line")
 
 
 def _base_time(obj: dict[str, Any], loc: Loc) -> Any:
@@ -160,7 +145,7 @@ def open_source(path: Path) -> Source:
         for lineno, raw in enumerate(fh, start=1):
             if raw.strip():
                 try:  # run-level facts come from the first line; its problems are reported with its record
-                    obj = _load_line(raw, Loc(f"{path}:{lineno}"))
+                    obj = load_json_line(raw, Loc(f"{path}:{lineno}"))
                     loc = Loc(f"{path}:{lineno}")
                     run.created_at = _base_time(obj, loc) or SYNTHETIC_EPOCH
                     model = obj.get("model")
@@ -169,16 +154,6 @@ def open_source(path: Path) -> Source:
                     pass
                 break
 
-    def records() -> Iterator[Record]:
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                loc = Loc(f"{path}:{lineno}")
-
-                def parse(raw: bytes = raw, loc: Loc = loc, lineno: int = lineno) -> EpisodeSpec:
-                    return parse_conversation(_load_line(raw, loc), loc, f"line {lineno}")
-
-                yield Record(loc.where, parse)
+    records = jsonl_records(path, parse_conversation)
 
     return Source(format_version="unknown", run=run, records=records)

@@ -10,8 +10,6 @@ actions with ``action``/``args``/``tool_call_metadata``, observations with ``obs
 from __future__ import annotations
 
 import datetime as dt
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,6 @@ from trajlake.io.importers._common import (
     SYNTHETIC_EPOCH,
     EpisodeSpec,
     Loc,
-    Record,
     RunInfo,
     Source,
     TaskSpec,
@@ -29,6 +26,8 @@ from trajlake.io.importers._common import (
     canonical_json,
     decode_arguments,
     id_str,
+    jsonl_records,
+    load_json_line,
     opt_bool,
     opt_int,
     opt_list,
@@ -68,20 +67,6 @@ def map_error(error: str) -> tuple[bool, bool, str, str | None]:
         if any(n in low for n in needles):
             return outcome
     return _OTHER_ERROR
-
-
-def _load_line(raw: bytes, loc: Loc) -> dict[str, Any]:
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        loc.fail("*", f"line is not valid UTF-8 (byte {e.start})")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        loc.fail("*", f"invalid JSON: {e.msg} at column {e.colno}")
-    except RecursionError:
-        loc.fail("*", "invalid JSON: nested too deeply")
-    return as_obj(obj, loc, "line")
 
 
 def _resolved(obj: dict[str, Any], loc: Loc) -> bool | None:
@@ -292,7 +277,7 @@ def open_source(path: Path) -> Source:
             if raw.strip():
                 try:  # run-level facts come from the first line; its problems are reported with its record
                     loc = Loc(f"{path}:{lineno}")
-                    obj = _load_line(raw, loc)
+                    obj = load_json_line(raw, loc)
                     md = opt_obj(obj, "metadata", loc, "metadata") or {}
                     llm = opt_obj(md, "llm_config", loc, "metadata.llm_config") or {}
                     run.created_at = opt_time(md, "start_time", loc, "metadata.start_time") or SYNTHETIC_EPOCH
@@ -309,16 +294,6 @@ def open_source(path: Path) -> Source:
                     pass
                 break
 
-    def records() -> Iterator[Record]:
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                loc = Loc(f"{path}:{lineno}")
-
-                def parse(raw: bytes = raw, loc: Loc = loc, lineno: int = lineno) -> EpisodeSpec:
-                    return parse_instance(_load_line(raw, loc), loc, f"line {lineno}")
-
-                yield Record(loc.where, parse)
+    records = jsonl_records(path, parse_instance)
 
     return Source(format_version=version, run=run, records=records)
