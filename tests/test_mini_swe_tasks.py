@@ -27,6 +27,7 @@ from trajlake.envs.mini_swe.library import (
     function_key,
     list_libraries,
     load_library,
+    parse_python,
 )
 from trajlake.envs.mini_swe.mutate import MUTATORS, mutate_library
 from trajlake.envs.mini_swe.patching import PatchError, apply_diff, make_diff, reverse_diff
@@ -330,3 +331,36 @@ def test_every_task_fails_mutated_and_resolves_with_oracle(tmp_path: Path) -> No
     elapsed = time.monotonic() - start
     print(f"re-validated {len(TASKS)} tasks in {elapsed:.1f}s")
     assert not problems, "\n".join(problems)
+
+
+def test_parse_python_is_safe_from_many_threads() -> None:
+    # CPython 3.11's ast.parse fails under this load with "AST constructor recursion depth mismatch"
+    # (gh-106905; it broke a CI run of check_tasks). The collector and a tiny switch interval make thread switches
+    # happen inside the AST conversion, which reproduced the failure every time with plain ast.parse.
+    import gc
+    import sys
+
+    source = (Path(mutate_library.__code__.co_filename)).read_text()
+
+    class Finaliser:
+        def __del__(self) -> None:
+            time.sleep(0)
+
+    def work(_: int) -> int:
+        for _ in range(40):
+            junk = [Finaliser() for _ in range(50)]
+            for j in junk:
+                j.self = j  # type: ignore[attr-defined]  # a cycle, so the collector runs the finalisers
+            del junk
+            parse_python(source)
+        return 1
+
+    old_interval, old_threshold = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    gc.set_threshold(50, 1, 1)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            assert sum(pool.map(work, range(16))) == 16
+    finally:
+        sys.setswitchinterval(old_interval)
+        gc.set_threshold(*old_threshold)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,13 +85,25 @@ def function_key(nodeid: str) -> str:
     return head if bracket else nodeid
 
 
+# CPython 3.11 (up to at least 3.11.7) keeps the AST converter's recursion counter in shared module state, so two
+# threads parsing at once can fail with "SystemError: AST constructor recursion depth mismatch" (gh-106905).
+# The task builder and checker parse from worker threads; one lock makes that safe and costs microseconds.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse`` that is safe to call from several threads at once."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
+
+
 def find_test_functions(source: str, path: str) -> dict[str, tuple[int, int]]:
     """Map ``path::name`` (or ``path::Class::name``) of each test function to its 1-based line span.
 
     The span includes decorators. Classes named ``Test*`` contribute their ``test*`` methods.
     """
     spans: dict[str, tuple[int, int]] = {}
-    tree = ast.parse(source)
+    tree = parse_python(source)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
             spans[f"{path}::{node.name}"] = _span(node)
@@ -112,7 +125,7 @@ def filter_test_source(source: str, path: str, keep: set[str]) -> str:
     Functions are removed by line span, so the remaining code keeps its formatting. A ``Test*`` class
     that loses all of its tests is removed as a whole.
     """
-    tree = ast.parse(source)
+    tree = parse_python(source)
     drop: list[tuple[int, int]] = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):

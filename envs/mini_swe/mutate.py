@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .library import Library
+from .library import Library, parse_python
 from .patching import make_diff, reverse_diff
 
 __all__ = [
@@ -585,7 +585,7 @@ MUTATORS: dict[str, MutatorSpec] = {
 
 # ------------------------------------------------------------------------------------------ the driver
 def _candidates(source: str, mutator: str) -> tuple[ast.Module, _Source, list[_Candidate]]:
-    tree = ast.parse(source)
+    tree = parse_python(source)
     src = _Source(source)
     return tree, src, MUTATORS[mutator].sites(_collect(tree), src)
 
@@ -618,7 +618,7 @@ def mutate_source(source: str, mutator: str, rng: random.Random) -> SourceMutati
         for splices in edit.options:
             text = _splice(src.data, splices)
             try:
-                if ast.dump(ast.parse(text)) != expected:
+                if ast.dump(parse_python(text)) != expected:
                     continue
             except SyntaxError:
                 continue

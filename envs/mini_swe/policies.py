@@ -10,6 +10,7 @@ import random
 import re
 from typing import Any
 
+from trajlake.envs.mini_swe.library import parse_python
 from trajlake.envs.mini_swe.patching import parse_patch
 
 from trajlake.rollout.policy import Policy, PolicyOutput, TaskView
@@ -97,7 +98,7 @@ class HeuristicPolicy(_Scripted):
         assert self.task is not None
         text = self.task.statement.lower()
         try:
-            tree = ast.parse(source)
+            tree = parse_python(source)
         except SyntaxError:
             return None
         lines = source.splitlines()

@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .library import parse_python
+
 __all__ = ["TargetInfo", "describe_target", "exception_hints", "make_statement"]
 
 _DUNDER_PHRASES: dict[str, str] = {
@@ -202,7 +204,7 @@ def _subject(qualname: str) -> str:
 
 def describe_target(source: str, qualname: str) -> TargetInfo:
     """Subject phrase, documented contract and helper note for the function ``qualname`` in ``source``."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     functions = _functions(tree)
     helper_note = None
     target = qualname
