@@ -261,12 +261,33 @@ budgeted AS (
         (coalesce(error_class IN ('ENV_TRANSIENT', 'ENV_BUG'), false) OR termination_reason = 'env_failure')
             AS is_env_failure
     FROM ep
+),
+-- Integer keys, ranked on narrow inputs (sorting the wide rows above would cost far more).
+ep_keys AS (
+    SELECT
+        episode_id,
+        (row_number() OVER (ORDER BY run_id, task_id, env_seed, attempt, episode_id) - 1)::BIGINT AS ep_idx
+    FROM episodes
+    WHERE run_id IN {{runs}}
+),
+task_codes AS (
+    SELECT task_id, (row_number() OVER (ORDER BY task_id) - 1)::BIGINT AS task_code
+    FROM (SELECT DISTINCT task_id FROM episodes WHERE run_id IN {{runs}})
+),
+run_codes AS (
+    SELECT run_id, (row_number() OVER (ORDER BY run_id) - 1)::BIGINT AS run_code
+    FROM (SELECT DISTINCT run_id FROM episodes WHERE run_id IN {{runs}})
+),
+slice_codes AS (
+    SELECT run_id, split, env_version,
+           (row_number() OVER (ORDER BY run_id, split, env_version) - 1)::BIGINT AS slice_code
+    FROM (SELECT DISTINCT run_id, split, env_version FROM episodes WHERE run_id IN {{runs}})
 )
 SELECT
-    (row_number() OVER (ORDER BY run_id, task_id, env_seed, attempt, episode_id) - 1)::BIGINT AS ep_idx,
-    (dense_rank() OVER (ORDER BY task_id) - 1)::BIGINT AS task_code,
-    (dense_rank() OVER (ORDER BY run_id) - 1)::BIGINT AS run_code,
-    (dense_rank() OVER (ORDER BY run_id, split, env_version) - 1)::BIGINT AS slice_code,
+    ep_idx,
+    task_code,
+    run_code,
+    slice_code,
     episode_id,
     run_id,
     task_id,
@@ -342,3 +363,7 @@ SELECT
     (coalesce(error_class = 'SAFETY_BLOCK', false) OR safety_block_turns > 0 OR gateway_denials > 0)::INTEGER
         AS had_safety_block
 FROM budgeted
+JOIN ep_keys USING (episode_id)
+JOIN task_codes USING (task_id)
+JOIN run_codes USING (run_id)
+JOIN slice_codes USING (run_id, split, env_version)
