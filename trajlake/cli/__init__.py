@@ -267,7 +267,7 @@ def rollout(
                                                            "published one before it moves up (between episodes).")] = None,
     engine: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
     commit_every: Annotated[float, typer.Option(help="Seconds between a worker's commits (0: after every "
-                                                     "episode); a crash loses at most that much work.")] = 5.0,
+                                                     "episode); a crash loses at most that much work.")] = 30.0,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
 

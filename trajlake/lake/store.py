@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -112,6 +113,25 @@ class Lake:
 
     def __init__(self, root: Path):
         self.root = root
+        # The commit path keeps one DeltaTable per table and refreshes it incrementally (reads only the new log
+        # entries, ~1-2 ms) instead of replaying the whole log for each commit (~6-20 ms, growing with versions).
+        self._commit_tables: dict[str, deltalake.DeltaTable] = {}
+        self._commit_tables_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root}  # the cached tables and the lock stay in this process
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"])  # type: ignore[misc]
+
+    def _latest(self, name: str) -> deltalake.DeltaTable:
+        """The table at its newest version, for committing (caller holds ``_commit_tables_lock``)."""
+        d = self._commit_tables.get(name)
+        if d is None:
+            d = self._commit_tables[name] = self.delta(name)
+        else:
+            d.update_incremental()
+        return d
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
@@ -225,6 +245,12 @@ class Lake:
                 raise TrajlakeError(f"--as-of: {tname} has versions 0..{current[tname]}, not {ver}")
         return {name: out.get(name, current[name]) for name in TABLES}
 
+    def latest_add_actions(self, name: str) -> pa.Table:
+        """The live files of ``name`` at its newest version (``DeltaTable.get_add_actions(flatten=True)``), from
+        the incrementally refreshed table of the commit path."""
+        with self._commit_tables_lock:
+            return pa.table(self._latest(name).get_add_actions(flatten=True))
+
     def files(self, name: str, version: int | None = None,
               partition_filters: list[tuple[str, str, Any]] | None = None) -> list[DataFile]:
         """Live data files of ``name`` at ``version`` (the table's own file list)."""
@@ -315,19 +341,22 @@ class Lake:
         td = table_def(name)
         last: Exception | None = None
         for attempt in range(retries):
-            d = self.delta(name)
-            if expect_present:
-                live = {f.path for f in self.files(name)}
-                gone = [p for p in expect_present if p not in live]
-                if gone:
-                    raise ConcurrentChangeError(f"{name}: {len(gone)} file(s) were removed concurrently: {gone[0]}")
-            try:
-                d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
-                                           partition_by=list(td.partition_by) or None)
-                return self.delta(name).version()
-            except CommitFailedError as e:  # another writer won the version: reload and try again
-                last = e
-                time.sleep(min(0.5, 0.01 * (attempt + 1)))
+            with self._commit_tables_lock:
+                d = self._latest(name)
+                if expect_present:
+                    live = {f.path for f in self.files(name)}
+                    gone = [p for p in expect_present if p not in live]
+                    if gone:
+                        raise ConcurrentChangeError(
+                            f"{name}: {len(gone)} file(s) were removed concurrently: {gone[0]}")
+                try:
+                    d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
+                                               partition_by=list(td.partition_by) or None)
+                    d.update_incremental()
+                    return d.version()
+                except CommitFailedError as e:  # another writer won the version: refresh and try again
+                    last = e
+            time.sleep(min(0.5, 0.01 * (attempt + 1)))
         raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {last}")
 
     def append(self, name: str, table: pa.Table) -> int:

@@ -100,6 +100,8 @@ class _Collector:
 
     def add(self, table: str, ep_ids: list[str | None], turn_idx: list[int | None] | None,
             rows: np.ndarray, field: str, message: str) -> None:
+        if not rows.any():
+            return
         for r in np.flatnonzero(rows):
             ep = ep_ids[r]
             ti = turn_idx[r] if turn_idx is not None else None
@@ -145,12 +147,12 @@ def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None 
     c.add("episodes", ep_ids, None, term & trunc, "terminated", "terminated and truncated are both true")
     c.add("episodes", ep_ids, None, ~term & ~trunc, "terminated",
           "an episode ends either terminated (task semantics) or truncated (budget/infrastructure)")
-    reasons = episodes["termination_reason"].to_pylist()
-    bad_reason = np.array([
-        (tm and r not in TERMINATED_REASONS) or (tr and not tm and r not in TRUNCATED_REASONS)
-        if r is not None else False for r, tm, tr in zip(reasons, term, trunc, strict=True)
-    ], dtype=bool)
-    c.add("episodes", ep_ids, None, bad_reason, "termination_reason",
+    reason = episodes["termination_reason"]
+    has_reason = _bool(reason.is_valid())
+    term_ok = _bool(pc.is_in(reason, value_set=_enum_values(tuple(sorted(TERMINATED_REASONS)))))
+    trunc_ok = _bool(pc.is_in(reason, value_set=_enum_values(tuple(sorted(TRUNCATED_REASONS)))))
+    c.add("episodes", ep_ids, None, has_reason & ((term & ~term_ok) | (trunc & ~term & ~trunc_ok)),
+          "termination_reason",
           "reason does not match terminated/truncated (budgets, timeout and env_failure are truncations)")
     c.add("episodes", ep_ids, None, _bool(pc.less(episodes["ended_at"], episodes["started_at"])),
           "ended_at", "ended_at is before started_at")
@@ -160,7 +162,6 @@ def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None 
     c.add("episodes", ep_ids, None, dup, "episode_id", "episode id appears more than once in the batch")
 
     # --- turns: token-level arrays
-    n = turns.num_rows
     tok, mask, lp = turns["token_ids"], turns["loss_mask"], turns["behavior_logprobs"]
     tok_len = _np(pc.list_value_length(tok).fill_null(-1))
     mask_len = _np(pc.list_value_length(mask).fill_null(-1))
@@ -170,13 +171,8 @@ def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None 
           "length differs from token_ids")
     c.add("turns", t_ep, t_idx, (lp_len >= 0) & (tok_len != lp_len), "behavior_logprobs",
           "length differs from token_ids")
-    mask_arr = mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
-    flat = _np(pc.list_flatten(mask_arr)).astype(np.int64)
-    parents = _np(pc.list_parent_indices(mask_arr)).astype(np.int64)
-    bad_vals = np.zeros(n, dtype=bool)
-    bad_vals[parents[(flat != 0) & (flat != 1)]] = True
+    bad_vals, mask_sum = _mask_stats(mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask)
     c.add("turns", t_ep, t_idx, bad_vals, "loss_mask", "values must be 0 or 1")
-    mask_sum = np.bincount(parents, weights=(flat == 1), minlength=n).astype(np.int64) if n else np.zeros(0, np.int64)
     is_policy = _bool(pc.equal(turns["actor"], "policy"))
     c.add("turns", t_ep, t_idx, (mask_sum > 0) & ~is_policy, "loss_mask",
           "only policy turns may carry loss_mask 1 (tool, system, user and env text is 0)")
@@ -187,63 +183,97 @@ def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None 
     for f in ("latency_ms", "tokens", "cost_usd", "tool_seconds"):
         c.add("turns", t_ep, t_idx, _bool(pc.less(turns[f], 0)), f, "must not be negative")
 
-    # --- turns against their episode: contiguity, order, counts, time bounds
-    ep_pos = {e: i for i, e in enumerate(ep_ids) if e is not None}
-    t_start = _np(turns["started_at"].cast(pa.int64()).fill_null(0))
-    t_end = _np(turns["ended_at"].cast(pa.int64()).fill_null(0))
-    e_start = _np(episodes["started_at"].cast(pa.int64()).fill_null(0))
-    e_end = _np(episodes["ended_at"].cast(pa.int64()).fill_null(0))
-    e_run = episodes["run_id"].to_pylist()
-    t_run = turns["run_id"].to_pylist()
-    rows_of: dict[str, list[int]] = defaultdict(list)
-    for r, e in enumerate(t_ep):
-        if e is None:
-            continue
-        if e not in ep_pos:
-            c.by_episode[e].append(Issue("turns", e, t_idx[r], "episode_id",
-                                         "turn belongs to no episode of this batch", source))
-            continue
-        rows_of[e].append(r)
-    n_turns = episodes["n_turns"].to_pylist()
-    n_pol = episodes["n_policy_tokens"].to_pylist()
-    for e, i in ep_pos.items():
-        rows = sorted(rows_of.get(e, []), key=lambda r: _or(t_idx[r], -1))
-        idx = [t_idx[r] for r in rows]
-        if idx != list(range(len(rows))):
-            c.by_episode[e].append(Issue("turns", e, None, "turn_idx",
-                                         f"turn_idx must be 0..{len(rows) - 1} without gaps or repeats", source))
-        if n_turns[i] is not None and n_turns[i] != len(rows):
-            c.by_episode[e].append(Issue("episodes", e, None, "n_turns",
-                                         f"says {n_turns[i]} but the batch has {len(rows)} turns", source))
-        pol = int(sum(int(mask_sum[r]) for r in rows))
-        if n_pol[i] is not None and n_pol[i] != pol:
-            c.by_episode[e].append(Issue("episodes", e, None, "n_policy_tokens",
-                                         f"says {n_pol[i]} but the turns' loss masks sum to {pol}", source))
-        prev = None
-        for r in rows:
-            if t_run[r] is not None and t_run[r] != e_run[i]:
-                c.by_episode[e].append(Issue("turns", e, t_idx[r], "run_id", "differs from the episode's run_id",
-                                             source))
-            if prev is not None and t_start[r] < prev:
-                c.by_episode[e].append(Issue("turns", e, t_idx[r], "started_at",
-                                             "turns are not in time order (started before the previous turn)", source))
-            if t_start[r] < e_start[i] or t_end[r] > e_end[i]:
-                c.by_episode[e].append(Issue("turns", e, t_idx[r], "started_at",
-                                             "turn lies outside the episode's started_at..ended_at", source))
-            prev = t_start[r]
+    # --- turns against their episode: contiguity, order, counts, time bounds (vectorised: no loop per row)
+    n_ep = episodes.num_rows
+    # position of each turn's episode in this batch (-1: no episode id, or an id the batch does not have)
+    has_ep = _bool(turns["episode_id"].is_valid())
+    pos = np.where(has_ep, _np(pc.index_in(turns["episode_id"], value_set=episodes["episode_id"]).fill_null(-1)),
+                   -1).astype(np.int64)
+    c.add("turns", t_ep, t_idx, has_ep & (pos < 0), "episode_id", "turn belongs to no episode of this batch")
+    ep_valid = _bool(episodes["episode_id"].is_valid())
+    rows = np.flatnonzero(pos >= 0)
+    p = pos[rows]
+    ti = _np(turns["turn_idx"].fill_null(-1)).astype(np.int64)[rows]
+    order = np.lexsort((ti, p))  # by episode, then turn_idx: the order the contiguity and time checks need
+    rows, p, ti = rows[order], p[order], ti[order]
+    count = np.bincount(p, minlength=n_ep)
+    first = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64) if n_ep else np.zeros(0, np.int64)
+    rank = np.arange(rows.shape[0], dtype=np.int64) - first[p]
+    gaps = np.bincount(p, weights=(ti != rank), minlength=n_ep) > 0
+    for i in np.flatnonzero(gaps & ep_valid):
+        c.by_episode[ep_ids[i]].append(Issue("turns", ep_ids[i], None, "turn_idx",
+                                             f"turn_idx must be 0..{count[i] - 1} without gaps or repeats", source))
+    n_turns = _np(episodes["n_turns"].fill_null(-1)).astype(np.int64)
+    for i in np.flatnonzero((n_turns >= 0) & (n_turns != count) & ep_valid):
+        c.by_episode[ep_ids[i]].append(Issue("episodes", ep_ids[i], None, "n_turns",
+                                             f"says {n_turns[i]} but the batch has {count[i]} turns", source))
+    pol = np.bincount(p, weights=mask_sum[rows], minlength=n_ep).astype(np.int64)
+    n_pol = _np(episodes["n_policy_tokens"].fill_null(-1)).astype(np.int64)
+    for i in np.flatnonzero((n_pol >= 0) & (n_pol != pol) & ep_valid):
+        c.by_episode[ep_ids[i]].append(Issue("episodes", ep_ids[i], None, "n_policy_tokens",
+                                             f"says {n_pol[i]} but the turns' loss masks sum to {pol[i]}", source))
+    if rows.shape[0]:
+        e_run = episodes["run_id"].take(pa.array(p))
+        t_run = turns["run_id"].take(pa.array(rows))
+        run_bad = _bool(pc.and_(t_run.is_valid(), pc.not_equal(t_run, e_run).fill_null(True)))
+        t_start = _np(turns["started_at"].cast(pa.int64()).fill_null(0))[rows]
+        t_end = _np(turns["ended_at"].cast(pa.int64()).fill_null(0))[rows]
+        e_start = _np(episodes["started_at"].cast(pa.int64()).fill_null(0))[p]
+        e_end = _np(episodes["ended_at"].cast(pa.int64()).fill_null(0))[p]
+        earlier = np.zeros(rows.shape[0], dtype=bool)
+        earlier[1:] = (t_start[1:] < t_start[:-1]) & (p[1:] == p[:-1])
+        outside = (t_start < e_start) | (t_end > e_end)
+        for bad, field, message in (
+                (run_bad, "run_id", "differs from the episode's run_id"),
+                (earlier, "started_at", "turns are not in time order (started before the previous turn)"),
+                (outside, "started_at", "turn lies outside the episode's started_at..ended_at")):
+            for k in np.flatnonzero(bad & ep_valid[p]):
+                r = int(rows[k])
+                c.by_episode[t_ep[r]].append(Issue("turns", t_ep[r], t_idx[r], field, message, source))
 
     if events is not None and events.num_rows:
         ev_ep: list[str | None] = events["episode_id"].to_pylist()
         ev_idx: list[int | None] = events["turn_idx"].to_pylist()
         _common_checks(events, "gateway_events", c, ev_ep, ev_idx)
-        for r, e in enumerate(ev_ep):
-            if e is not None and e not in ep_pos:
-                c.by_episode[e].append(Issue("gateway_events", e, ev_idx[r], "episode_id",
-                                             "event belongs to no episode of this batch", source))
-            elif e is not None and not 0 <= _or(ev_idx[r], 0) < _or(n_turns[ep_pos[e]], 1 << 31):
-                c.by_episode[e].append(Issue("gateway_events", e, ev_idx[r], "turn_idx",
-                                             "refers to a turn the episode does not have", source))
+        ev_has = _bool(events["episode_id"].is_valid())
+        ev_pos = np.where(ev_has, _np(pc.index_in(events["episode_id"], value_set=episodes["episode_id"])
+                                      .fill_null(-1)), -1).astype(np.int64)
+        c.add("gateway_events", ev_ep, ev_idx, ev_has & (ev_pos < 0), "episode_id",
+              "event belongs to no episode of this batch")
+        limit = np.where(n_turns >= 0, n_turns, 1 << 31)[np.maximum(ev_pos, 0)]
+        ti_ev = _np(events["turn_idx"].fill_null(0)).astype(np.int64)
+        c.add("gateway_events", ev_ep, ev_idx, (ev_pos >= 0) & ((ti_ev < 0) | (ti_ev >= limit)), "turn_idx",
+              "refers to a turn the episode does not have")
     return BatchReport(dict(c.by_episode))
+
+
+def _mask_stats(mask: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Per turn: whether its loss mask has a value other than 0/1 (or a null), and its number of 1s.
+
+    Works on the list's offsets and flat values with segment sums (``np.add.reduceat``), one pass over the
+    tokens; the common case, an int8 mask of 0s and 1s, needs no temporary array per token."""
+    n = len(mask)
+    if n == 0:
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
+    offsets = np.asarray(mask.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    v = mask.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False)  # int8, or float with NaN for nulls
+    offsets -= lo
+    valid = _bool(mask.is_valid())
+    lengths = np.diff(offsets)
+    nonempty = lengths > 0
+    starts = offsets[:-1][nonempty]  # empty lists add nothing, so each segment ends where the next one starts
+
+    def per_turn(x: np.ndarray) -> np.ndarray:
+        out = np.zeros(n, dtype=np.int64)
+        if starts.shape[0]:
+            out[nonempty] = np.add.reduceat(x, starts, dtype=np.int64)
+        return np.where(valid, out, 0)
+
+    if v.dtype == np.int8 and bool((v.view(np.uint8) <= 1).all()):
+        return np.zeros(n, dtype=bool), per_turn(v)
+    binary = (v == 0) | (v == 1)
+    return per_turn(~binary) > 0, per_turn(v == 1)
 
 
 def _or(v: int | None, default: int) -> int:

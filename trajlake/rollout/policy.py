@@ -7,13 +7,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 BYTE_TOKENIZER_ID = "trajlake-bytes-v1"
 _BYTE_OFFSET = 3  # ids 0..2 are reserved (pad, bos, eos)
 
 
-def byte_tokenize(text: str) -> list[int]:
-    """A fixed, dependency-free tokenizer for scripted policies: one id per UTF-8 byte (offset by 3)."""
-    return [b + _BYTE_OFFSET for b in text.encode("utf-8")]
+def byte_tokenize(text: str) -> npt.NDArray[np.int32]:
+    """A fixed, dependency-free tokenizer for scripted policies: one id per UTF-8 byte (offset by 3).
+
+    Returns an int32 array: the recorder turns arrays into Arrow list columns without a Python int per token."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32) + _BYTE_OFFSET
 
 
 def byte_detokenize(ids: Sequence[int]) -> str:
@@ -28,11 +33,11 @@ class PolicyOutput:
     """The action text sent to the environment."""
     policy_version: str
     """Version of the policy that produced it (episode-sticky)."""
-    token_ids: Sequence[int] | None = None
+    token_ids: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None
     """Token ids of the generated text, when the policy has them."""
-    loss_mask: Sequence[int] | None = None
+    loss_mask: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None
     """1 on tokens the policy produced and may learn from (same length as token_ids)."""
-    behavior_logprobs: Sequence[float] | None = None
+    behavior_logprobs: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None
     """Behaviour log-probabilities per token, when the policy has them."""
     tokenizer_id: str | None = None
     prompt_tokens: int = 0
@@ -74,5 +79,5 @@ class Policy(abc.ABC):
         """Wrap an action of a scripted policy: byte tokens with loss mask 1 and no log-probs."""
         ids = byte_tokenize(action)
         return PolicyOutput(action=action, policy_version=self.policy_version, token_ids=ids,
-                            loss_mask=[1] * len(ids), behavior_logprobs=None, tokenizer_id=BYTE_TOKENIZER_ID,
+                            loss_mask=np.ones(ids.shape[0], dtype=np.int8), behavior_logprobs=None, tokenizer_id=BYTE_TOKENIZER_ID,
                             prompt_tokens=len(prompt.encode("utf-8")))

@@ -14,14 +14,20 @@ import json
 import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
 from trajlake.rollout.faults import FaultInjector
 from trajlake.rollout.policy import BYTE_TOKENIZER_ID, Policy, byte_tokenize
+
+if TYPE_CHECKING:
+    from trajlake.record.writer import LakeWriter
 
 MODEL_STATUSES = frozenset({"MODEL_INVALID_ACTION", "MODEL_BAD_PLAN", "SAFETY_BLOCK"})
 
@@ -41,6 +47,27 @@ class EpisodeRecord:
     episode: dict[str, Any]
     turns: list[dict[str, Any]]
     events: list[dict[str, Any]]
+
+
+def _array(values: Any, dtype: type[np.generic]) -> np.ndarray | None:
+    """A policy's per-token values as a 1-D array (lists are converted once here, arrays pass through)."""
+    return None if values is None else np.asarray(values, dtype=dtype).reshape(-1)
+
+
+def _n_tokens(ids: Any) -> int:
+    return 0 if ids is None else len(ids)
+
+
+def write_records(writer: LakeWriter, records: Sequence[EpisodeRecord], *, wait: bool = False) -> None:
+    """Write finished episodes in one ``write_batch`` (their ids are new: no early duplicate look-up); with
+    ``wait``, commit them before returning. Raises ValidationError naming any episode the writer rejected."""
+    if not records:
+        return
+    res = writer.write_batch([r.episode for r in records], [t for r in records for t in r.turns],
+                             [e for r in records for e in r.events] or None, check_existing=False)
+    if wait:
+        writer.flush()
+    res.raise_if_rejected()
 
 
 def _hash_text(s: str) -> str:
@@ -75,7 +102,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
 
     obs_ids = byte_tokenize(r.observation)
     now = utcnow()
-    add_turn(role="user", actor="user", raw_content=r.observation, token_ids=obs_ids, loss_mask=[0] * len(obs_ids),
+    add_turn(role="user", actor="user", raw_content=r.observation, token_ids=obs_ids,
+             loss_mask=np.zeros(obs_ids.shape[0], dtype=np.int8),
              tokenizer_id=BYTE_TOKENIZER_ID, observation_hash=_hash_text(r.observation), env_state_hash=r.state_hash,
              started_at=start, ended_at=max(now, start), latency_ms=(now - start).total_seconds() * 1000, status="OK",
              tokens=len(obs_ids), cost_usd=0.0, tool_seconds=0.0)
@@ -92,17 +120,17 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         action = out.action
         tool = _tool_name(action)
         key = f"{ep_id}#{step_idx}"
-        tokens_out += len(out.token_ids or [])
+        n_out = 0 if out.token_ids is None else len(out.token_ids)
+        tokens_out += n_out
         tokens_in += out.prompt_tokens
         cost += out.cost_usd
         pol_idx = add_turn(role="assistant", actor="policy", policy_version=pv, raw_content=action,
-                           token_ids=list(out.token_ids) if out.token_ids is not None else None,
-                           loss_mask=list(out.loss_mask) if out.loss_mask is not None else None,
-                           behavior_logprobs=list(out.behavior_logprobs) if out.behavior_logprobs is not None else None,
+                           token_ids=_array(out.token_ids, np.int32), loss_mask=_array(out.loss_mask, np.int8),
+                           behavior_logprobs=_array(out.behavior_logprobs, np.float32),
                            tokenizer_id=out.tokenizer_id, action_schema=tool, tool_call_id=f"call-{step_idx}",
                            tool_args=_tool_args(action), idempotency_key=key, started_at=t0, ended_at=t1,
                            latency_ms=(t1 - t0).total_seconds() * 1000, status="OK",
-                           tokens=len(out.token_ids or []), cost_usd=out.cost_usd, tool_seconds=0.0)
+                           tokens=n_out, cost_usd=out.cost_usd, tool_seconds=0.0)
         fault = faults.decide(ep_id, step_idx)
         if fault is not None:
             # The call never reaches the environment: its state is unchanged, the agent sees an error.
@@ -110,9 +138,9 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
                              truncated=False, status="ENV_TRANSIENT", cost_usd=0.0,
                              state_hash=last.state_hash if last else r.state_hash, tool=tool, fault_injected=fault)
             # Budgets still count the policy's turn: a faulty environment cannot extend an episode forever.
-            res = _count_budget_on_fault(env, res, len(out.token_ids or []), out.cost_usd)
+            res = _count_budget_on_fault(env, res, n_out, out.cost_usd)
         else:
-            res = env.step(action, key, tokens=len(out.token_ids or []), cost_usd=out.cost_usd)
+            res = env.step(action, key, tokens=n_out, cost_usd=out.cost_usd)
         t2 = utcnow()
         statuses.append(res.status)
         if res.status in MODEL_STATUSES:
@@ -121,7 +149,7 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
             events.append({**ev, "episode_id": ep_id, "run_id": run_id, "turn_idx": pol_idx, "event_idx": j})
         obs_ids = byte_tokenize(res.observation)
         add_turn(role="tool", actor="env", raw_content=res.observation, token_ids=obs_ids,
-                 loss_mask=[0] * len(obs_ids), tokenizer_id=BYTE_TOKENIZER_ID, action_schema=res.tool,
+                 loss_mask=np.zeros(obs_ids.shape[0], dtype=np.int8), tokenizer_id=BYTE_TOKENIZER_ID, action_schema=res.tool,
                  tool_call_id=f"call-{step_idx}", observation_hash=_hash_text(res.observation),
                  env_state_hash=res.state_hash, started_at=t1, ended_at=t2,
                  latency_ms=(t2 - t1).total_seconds() * 1000, status=res.status, tokens=len(obs_ids),
@@ -147,7 +175,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "env_id": env.env_id, "env_version": env.env_version, "env_image_digest": env.image_digest, "env_seed": seed,
         "group_id": f"{r.task_id}:{r.task_version}:{seed}:{env.env_version}", "attempt": attempt,
         "policy_version_start": pv, "policy_version_end": pv, "started_at": start, "ended_at": end,
-        "n_turns": len(turns), "n_policy_tokens": sum(sum(t["loss_mask"] or []) for t in turns),
+        "n_turns": len(turns),
+        "n_policy_tokens": sum(int(np.sum(t["loss_mask"])) for t in turns if t.get("loss_mask") is not None),
         "terminated": last.terminated, "truncated": last.truncated, "termination_reason": reason,
         "error_class": error_class, "success": success, "reward_total": float(sum(comps.values())),
         "reward_components": comps, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost_usd": cost,
@@ -224,7 +253,7 @@ def replay_log_from_rows(episode: dict[str, Any], turns: Sequence[dict[str, Any]
         if pol["actor"] == "policy" and obs is not None:
             if not obs.get("fault_injected"):
                 steps.append(LoggedStep(action=pol["raw_content"] or "", idempotency_key=pol.get("idempotency_key"),
-                                        state_hash=obs["env_state_hash"], tokens=len(pol.get("token_ids") or []),
+                                        state_hash=obs["env_state_hash"], tokens=_n_tokens(pol.get("token_ids")),
                                         cost_usd=float(pol.get("cost_usd") or 0.0)))
                 turn_of_step.append(pol["turn_idx"])
             i += 2
@@ -262,9 +291,11 @@ class RolloutConfig:
     fault_seed: int = 0
     policy_version: str | None = None
     max_policy_lag: int | None = None
-    commit_every_s: float = 5.0
-    """A worker commits its finished episodes at least this often (0: after every episode). A crash loses at
-    most the uncommitted ones, which the resumed run plays again."""
+    commit_every_s: float = 30.0
+    """A worker commits its finished episodes about this often (0: after every episode). A crash loses at most
+    the uncommitted ones, which the resumed run plays again. Each commit adds a version to three Delta tables
+    and costs ~0.1 s whatever its size, so frequent commits from many workers grow the log that every reader
+    replays and cost more per step (docs/benchmarks.md)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -292,7 +323,12 @@ class _Worker:
         self.versions = PolicyVersions(Path(cfg.lake), cfg.policy)
         self.policy = make_policy(cfg.env, cfg.policy, self._current_version())
         self.task_view = task_view_fn(self.env, oracle=self.policy.needs_oracle)
-        self.writer = LakeWriter(open_lake(cfg.lake), max_age_seconds=cfg.commit_every_s, handle_signals=False)
+        # The worker hands its finished episodes to the writer in one batch per commit (validation has a fixed
+        # cost per call that a 3-step episode cannot amortise); the writer then commits in the background while
+        # the next episodes play. Both buffers hold only unacknowledged episodes, which a resumed run replays.
+        self.writer = LakeWriter(open_lake(cfg.lake), max_age_seconds=0.0, handle_signals=False)
+        self.pending: list[EpisodeRecord] = []
+        self.pending_since: float | None = None
         self.faults = FaultInjector(cfg.fault_rate, cfg.fault_seed)
 
     def _current_version(self) -> str:
@@ -310,15 +346,24 @@ class _Worker:
         rec = play_episode(self.env, self.policy, run_id=self.cfg.run_id, task_id=item.task_id,
                            task_version=item.task_version, seed=item.seed, attempt=item.attempt,
                            split=self.cfg.split, faults=self.faults, task_view=self.task_view)
-        res = self.writer.write_batch([rec.episode], rec.turns, rec.events or None, check_existing=False)
-        res.raise_if_rejected()
-        if self.cfg.commit_every_s <= 0:
-            self.writer.flush()
+        self.pending.append(rec)
+        self.pending_since = self.pending_since if self.pending_since is not None else time.monotonic()
+        if time.monotonic() - self.pending_since >= self.cfg.commit_every_s:
+            self.hand_over()
         return rec.episode["episode_id"], bool(rec.episode["success"])
 
+    def hand_over(self) -> None:
+        """Give the pending episodes to the writer in one batch, which commits them (in the background unless
+        ``commit_every_s`` is 0: then before this returns)."""
+        batch, self.pending, self.pending_since = self.pending, [], None
+        write_records(self.writer, batch, wait=self.cfg.commit_every_s <= 0)
+
     def close(self) -> None:
-        self.writer.close()
-        self.env.close()
+        try:
+            self.hand_over()
+        finally:
+            self.writer.close()
+            self.env.close()
 
 
 _WORKER: _Worker | None = None
@@ -465,4 +510,4 @@ def _code_version() -> str:
 
 
 __all__ = ["EpisodeRecord", "RolloutConfig", "RolloutSummary", "WorkItem", "play_episode", "replay_log_from_rows",
-           "run_rollout"]
+           "run_rollout", "write_records"]
