@@ -149,3 +149,22 @@ def test_recorder_api_validates_on_finish(lake: Lake) -> None:
         ep.add_turn("assistant", "x", token_ids=[1, 2], loss_mask=[1])
         with pytest.raises(ValidationError, match="loss_mask"):
             ep.finish(terminated=True, truncated=False, termination_reason="success", success=True)
+
+
+def test_numpy_token_arrays_convert_like_lists() -> None:
+    # The rollout recorder passes token ids, masks and log-probs as numpy arrays (no Python int per token).
+    import numpy as np
+
+    _, turns = make_episode(n_steps=3)
+    turns[2]["token_ids"], turns[2]["loss_mask"] = [], []
+    turns[3]["behavior_logprobs"] = None
+    as_arrays = [{**t, **{k: np.asarray(t[k], dtype=dt_) for k, dt_ in
+                          (("token_ids", np.int64), ("loss_mask", np.int8), ("behavior_logprobs", np.float64))
+                          if t.get(k) is not None}} for t in turns]
+    assert to_table(as_arrays, "turns").equals(to_table(turns, "turns"))
+    mixed = [as_arrays[0], *turns[1:]]  # arrays in some rows, lists in others
+    assert to_table(mixed, "turns").equals(to_table(turns, "turns"))
+    for bad, why in ((np.array([1.5]), "truncated"), (np.array([2**40]), "not in range")):
+        with pytest.raises(ValidationError, match=why) as e:
+            to_table([{**as_arrays[0], "token_ids": bad}], "turns")
+        assert "turns.token_ids" in str(e.value)
