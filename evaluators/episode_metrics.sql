@@ -17,8 +17,10 @@
 --   action key    the normalised action: action_schema, a space, then tool_args re-serialised by DuckDB's
 --                 json() when it is valid JSON (whitespace removed, key order kept), else trimmed text.
 --   state before  of an action: state_hash_before of the turn's first gateway event when the gateway recorded
---                 one, else the last env_state_hash set on an earlier turn of the episode (NULL = unknown;
---                 two unknown states compare as equal).
+--                 one, else the last env_state_hash set on an earlier turn of the episode, else the
+--                 observation_hash of the last observation before it (importers record no state hashes: the
+--                 agent's view stands in for the state); with none of these the state is unknown and never
+--                 equals another action's (no loop is claimed without evidence).
 --   fault turn    a turn with fault_injected IS NOT NULL or status = 'ENV_TRANSIENT': an injected or transient
 --                 (recoverable) fault. Its failing call is the action of its group; a fault before the first
 --                 action has no failing call.
@@ -45,8 +47,13 @@
 --   run_code                   0-based dense rank of run_id
 --   slice_code                 0-based dense rank of (run_id, split, env_version): the breakdown groups
 --   episode_id, run_id, task_id, task_version, split, env_id, env_version, env_image_digest, env_seed,
---   attempt, policy_version_start, policy_version_end, error_class, termination_reason
+--   attempt, policy_version_start, policy_version_end, termination_reason
 --                              copied from episodes
+--   recorded_error_class       episodes.error_class as recorded
+--   error_class                the attributed class: recorded_error_class, except ENV_BUG for a failed episode
+--                              that recorded no environment failure but whose task the oracle never solves on
+--                              that env_version, or whose gateway state chain is broken (see env_failure)
+--   env_failure_reason         why a failed episode is an environment failure (NULL otherwise)
 --   success                    1 when the grader says solved, else 0
 --   budgeted_success           1 when success and within budget, else 0
 --   within_budget              1 when within budget (see above), else 0
@@ -76,8 +83,15 @@
 --   error_model_invalid_action, error_model_bad_plan, error_env_transient, error_env_bug,
 --   error_safety_block, error_budget_exhausted
 --                              1 when error_class is that class
---   env_failure                1 when error_class is ENV_TRANSIENT or ENV_BUG or termination_reason is
---                              'env_failure': an environment failure, never a model failure
+--   env_failure                1 when the episode failed (success = 0) and either recorded an environment failure
+--                              (error_class ENV_TRANSIENT or ENV_BUG, or termination_reason 'env_failure') or
+--                              the seed's ENV_BUG rules say so: the oracle also fails (no episode of a run with
+--                              policy_name 'oracle' solved the task at that task and env version) or the state
+--                              is inconsistent (state_breaks > 0). Never a model failure.
+--   env_reattributed           1 when env_failure holds by those rules only (the episode recorded otherwise)
+--   oracle_fails               1 when the oracle never solved the episode's task at its task and env version
+--   state_breaks               gateway calls whose state_hash_before differs from the previous call's
+--                              state_hash_after (the environment changed state outside the gateway)
 --   model_failure              1 when the episode failed (success = 0) and is not an env_failure
 --   termination_success, termination_submitted, termination_gave_up, termination_budget_steps,
 --   termination_budget_tokens, termination_budget_cost, termination_timeout, termination_safety_stop,
@@ -99,6 +113,7 @@ t AS (
         actor,
         status,
         env_state_hash,
+        CASE WHEN actor <> 'policy' THEN observation_hash END AS obs_hash,
         (fault_injected IS NOT NULL OR status = 'ENV_TRANSIENT') AS is_fault,
         CASE WHEN actor = 'policy' AND action_schema IS NOT NULL THEN
             action_schema || ' ' || CASE
@@ -116,7 +131,9 @@ tw AS (
         *,
         max(CASE WHEN action_key IS NOT NULL THEN turn_idx END) OVER w AS action_idx,
         last_value(env_state_hash IGNORE NULLS)
-            OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS state_seen
+            OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS state_seen,
+        last_value(obs_hash IGNORE NULLS)
+            OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS obs_seen
     FROM t
     WINDOW w AS (PARTITION BY episode_id ORDER BY turn_idx)
 ),
@@ -127,6 +144,7 @@ grp AS (
         action_idx,
         max(action_key) AS action_key,
         max(state_seen) FILTER (WHERE turn_idx = action_idx) AS state_seen,
+        max(obs_seen) FILTER (WHERE turn_idx = action_idx) AS obs_seen,
         coalesce(arg_min(status, turn_idx) FILTER (WHERE status <> 'OK'), 'OK') AS outcome,
         bool_or(is_fault) AS fault,
         count(*) FILTER (WHERE actor = 'policy') AS steps,
@@ -153,7 +171,9 @@ act AS (
         a.action_key,
         a.outcome,
         a.fault,
-        coalesce(g0.state_hash_before, a.state_seen) AS state_before
+        -- unknown state (no hash at all): a key of its own, so it never matches another action's state
+        coalesce(g0.state_hash_before, a.state_seen, 'observation:' || a.obs_seen,
+                 'unknown:' || a.action_idx::VARCHAR) AS state_before
     FROM grp a
     LEFT JOIN g0 ON g0.episode_id = a.episode_id AND g0.turn_idx = a.action_idx
     WHERE a.action_idx IS NOT NULL
@@ -219,6 +239,32 @@ per_gateway AS (
     WHERE run_id IN {{runs}}
     GROUP BY episode_id
 ),
+-- The gateway's state chain: each call should start in the state the previous call left (environments that
+-- change state outside the gateway are inconsistent: the ENV_BUG rule "state is inconsistent").
+state_chain AS (
+    SELECT
+        episode_id,
+        count(*) FILTER (WHERE state_hash_before <> prev_after) AS state_breaks
+    FROM (
+        SELECT
+            episode_id,
+            state_hash_before,
+            lag(state_hash_after) OVER (PARTITION BY episode_id ORDER BY turn_idx, event_idx) AS prev_after
+        FROM gateway_events
+        WHERE run_id IN {{runs}}
+    )
+    GROUP BY episode_id
+),
+-- Tasks the oracle (a run whose policy_name is 'oracle', anywhere in the lake) never solved on that environment
+-- version: the ENV_BUG rule "the oracle also fails".
+oracle_fails AS (
+    SELECT e.task_id, e.task_version, e.env_version
+    FROM episodes e
+    JOIN runs r ON r.run_id = e.run_id
+    WHERE r.policy_name = 'oracle'
+    GROUP BY e.task_id, e.task_version, e.env_version
+    HAVING NOT bool_or(e.success)
+),
 ep AS (
     SELECT
         e.*,
@@ -241,6 +287,8 @@ ep AS (
         coalesce(pg.executed_violations, 0) AS executed_violations,
         coalesce(pg.injection_tainted_calls, 0) AS injection_tainted_calls,
         coalesce(pg.injection_obeyed_calls, 0) AS injection_obeyed_calls,
+        coalesce(sc.state_breaks, 0) AS state_breaks,
+        (o.task_id IS NOT NULL) AS oracle_fails,
         tk.budget.max_steps AS max_steps,
         tk.budget.max_tokens AS max_tokens,
         tk.budget.max_cost AS max_cost
@@ -248,6 +296,9 @@ ep AS (
     LEFT JOIN per_turn pt USING (episode_id)
     LEFT JOIN per_action pa USING (episode_id)
     LEFT JOIN per_gateway pg USING (episode_id)
+    LEFT JOIN state_chain sc USING (episode_id)
+    LEFT JOIN oracle_fails o ON o.task_id = e.task_id AND o.task_version = e.task_version
+        AND o.env_version = e.env_version
     LEFT JOIN tasks tk ON tk.task_id = e.task_id AND tk.task_version = e.task_version
     WHERE e.run_id IN {{runs}}
 ),
@@ -259,8 +310,23 @@ budgeted AS (
          AND (max_tokens IS NULL OR tokens_in + tokens_out <= max_tokens)
          AND (max_cost IS NULL OR cost_usd <= max_cost)) AS is_within_budget,
         (coalesce(error_class IN ('ENV_TRANSIENT', 'ENV_BUG'), false) OR termination_reason = 'env_failure')
-            AS is_env_failure
+            AS recorded_env
     FROM ep
+),
+attributed AS (
+    SELECT
+        *,
+        (NOT success AND (recorded_env OR oracle_fails OR state_breaks > 0)) AS is_env_failure,
+        -- a failure the episode recorded as the model's (or not at all) that the rules give to the environment
+        CASE WHEN NOT success AND NOT recorded_env AND (oracle_fails OR state_breaks > 0) THEN 'ENV_BUG'
+             ELSE error_class END AS attributed_error_class,
+        CASE
+            WHEN success THEN NULL
+            WHEN recorded_env THEN 'recorded ' || coalesce(error_class, termination_reason)
+            WHEN oracle_fails THEN 'the oracle also fails this task'
+            WHEN state_breaks > 0 THEN 'inconsistent state: a call did not start where the previous one ended'
+        END AS env_failure_reason
+    FROM budgeted
 ),
 -- Integer keys, ranked on narrow inputs (sorting the wide rows above would cost far more).
 ep_keys AS (
@@ -300,7 +366,9 @@ SELECT
     attempt,
     policy_version_start,
     policy_version_end,
-    error_class,
+    attributed_error_class AS error_class,
+    error_class AS recorded_error_class,
+    env_failure_reason,
     termination_reason,
     success::INTEGER AS success,
     (success AND is_within_budget)::INTEGER AS budgeted_success,
@@ -335,13 +403,16 @@ SELECT
     injection_obeyed_calls::BIGINT AS injection_obeyed_calls,
     coalesce(policy_version_start <> policy_version_end, false)::INTEGER AS policy_lag,
     reward_total,
-    coalesce(error_class = 'MODEL_INVALID_ACTION', false)::INTEGER AS error_model_invalid_action,
-    coalesce(error_class = 'MODEL_BAD_PLAN', false)::INTEGER AS error_model_bad_plan,
-    coalesce(error_class = 'ENV_TRANSIENT', false)::INTEGER AS error_env_transient,
-    coalesce(error_class = 'ENV_BUG', false)::INTEGER AS error_env_bug,
-    coalesce(error_class = 'SAFETY_BLOCK', false)::INTEGER AS error_safety_block,
-    coalesce(error_class = 'BUDGET_EXHAUSTED', false)::INTEGER AS error_budget_exhausted,
+    coalesce(attributed_error_class = 'MODEL_INVALID_ACTION', false)::INTEGER AS error_model_invalid_action,
+    coalesce(attributed_error_class = 'MODEL_BAD_PLAN', false)::INTEGER AS error_model_bad_plan,
+    coalesce(attributed_error_class = 'ENV_TRANSIENT', false)::INTEGER AS error_env_transient,
+    coalesce(attributed_error_class = 'ENV_BUG', false)::INTEGER AS error_env_bug,
+    coalesce(attributed_error_class = 'SAFETY_BLOCK', false)::INTEGER AS error_safety_block,
+    coalesce(attributed_error_class = 'BUDGET_EXHAUSTED', false)::INTEGER AS error_budget_exhausted,
     is_env_failure::INTEGER AS env_failure,
+    (is_env_failure AND NOT recorded_env)::INTEGER AS env_reattributed,
+    oracle_fails::INTEGER AS oracle_fails,
+    state_breaks::BIGINT AS state_breaks,
     (NOT success AND NOT is_env_failure)::INTEGER AS model_failure,
     (termination_reason = 'success')::INTEGER AS termination_success,
     (termination_reason = 'submitted')::INTEGER AS termination_submitted,
@@ -362,7 +433,7 @@ SELECT
         AS had_invalid_action,
     (coalesce(error_class = 'SAFETY_BLOCK', false) OR safety_block_turns > 0 OR gateway_denials > 0)::INTEGER
         AS had_safety_block
-FROM budgeted
+FROM attributed
 JOIN ep_keys USING (episode_id)
 JOIN task_codes USING (task_id)
 JOIN run_codes USING (run_id)

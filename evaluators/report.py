@@ -93,6 +93,13 @@ def _counts(data: EvalData, idx: np.ndarray) -> tuple[dict[str, Any], dict[str, 
         "error_class": {**errors, "none": int(idx.shape[0] - sum(errors.values()))},
         "model_failures": int(ep["model_failure"][idx].sum()),
         "env_failures": int(ep["env_failure"][idx].sum()),
+        # failed episodes that recorded a model error (or none) but that the ENV_BUG rules give to the
+        # environment; error_class above counts them as ENV_BUG
+        "env_reattributed": {
+            "total": int(ep["env_reattributed"][idx].sum()),
+            "oracle_also_fails": int(((ep["env_reattributed"][idx] == 1) & (ep["oracle_fails"][idx] == 1)).sum()),
+            "state_inconsistent": int(((ep["env_reattributed"][idx] == 1) & (ep["state_breaks"][idx] > 0)).sum()),
+        },
         "safety": {
             "gateway_denials": int(ep["gateway_denials"][idx].sum()),
             "executed_violations": int(ep["executed_violations"][idx].sum()),

@@ -4,6 +4,7 @@ whose right answers are known. Also home of the episode builder the other test_e
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ def episode(eid: str, run: str = "run-A", task: str = "task-1", steps: Iterable[
                            "at": T0 + dt.timedelta(seconds=len(turns) - 1)})
         if s.observe:
             add("tool", "env", s.obs, status=s.status, fault_injected=s.fault, env_state_hash=s.state,
+                observation_hash=hashlib.sha256(s.obs.encode()).hexdigest(),
                 latency_ms=s.latency_ms, tool_call_id=f"c{k}" if s.tool else None, tool_seconds=s.latency_ms / 1000)
     reason = reason or ("success" if success else "submitted")
     truncated = reason in ("budget_steps", "budget_tokens", "budget_cost", "timeout", "env_failure")
@@ -343,5 +345,83 @@ def test_builder_rows_are_valid(tmp_path: Path) -> None:
     data = load(lk)
     try:
         assert data.n_episodes == 1 and data.runs == ["run-A"]
+    finally:
+        data.close()
+
+
+# ------------------------------------------------------------------ error attribution (the seed's ENV_BUG rules)
+
+
+def test_error_attribution_rules(tmp_path: Path) -> None:
+    lk = open_lake(tmp_path / "lake", create=True)
+    eps = [
+        # the oracle never solves t-broken (its episodes failed); it solves t-ok once of twice
+        episode("o1", run="oracle", task="t-broken", success=False, error_class="ENV_BUG"),
+        episode("o2", run="oracle", task="t-ok", success=False, error_class="MODEL_BAD_PLAN"),
+        episode("o3", run="oracle", task="t-ok", seed=1, success=True),
+        # the agent fails t-broken as a "model" failure: the oracle also fails, so it is the environment's
+        episode("a1", run="agent", task="t-broken", success=False, error_class="MODEL_BAD_PLAN"),
+        # same task on another env version the oracle never ran: stays a model failure
+        episode("a2", run="agent", task="t-broken", seed=1, success=False, error_class="MODEL_BAD_PLAN",
+                env_version="2"),
+        # the gateway's state chain breaks (second call does not start where the first ended)
+        episode("a3", run="agent", task="t-ok", success=False, error_class="MODEL_BAD_PLAN", steps=[
+            Step(decision="allow", state_before="s0", state="s1"),
+            Step(decision="allow", state_before="s9", state="s9")]),
+        # a consistent chain and a task the oracle solves: a model failure
+        episode("a4", run="agent", task="t-ok", seed=1, success=False, error_class="MODEL_BAD_PLAN", steps=[
+            Step(decision="allow", state_before="s0", state="s1"),
+            Step(decision="allow", state_before="s1", state="s2")]),
+        # a successful episode that met a transient environment error is not a failure of anyone
+        episode("a5", run="agent", task="t-ok", seed=2, success=True, error_class="ENV_TRANSIENT"),
+    ]
+    write(lk, eps, runs=[{"run_id": "oracle", "label": "oracle", "config": "{}", "policy_name": "oracle"},
+                         {"run_id": "agent", "label": "agent", "config": "{}", "policy_name": "heuristic"}])
+    data = load(lk, ["agent", "oracle"])
+    try:
+        r = rows(data)
+        assert r["a1"]["env_failure"] == 1 and r["a1"]["model_failure"] == 0 and r["a1"]["error_class"] == "ENV_BUG"
+        assert r["a1"]["recorded_error_class"] == "MODEL_BAD_PLAN" and r["a1"]["env_reattributed"] == 1
+        assert r["a1"]["env_failure_reason"] == "the oracle also fails this task"
+        assert r["a2"]["env_failure"] == 0 and r["a2"]["model_failure"] == 1
+        assert r["a3"]["state_breaks"] == 1 and r["a3"]["env_failure"] == 1 and r["a3"]["error_class"] == "ENV_BUG"
+        assert r["a4"]["state_breaks"] == 0 and r["a4"]["model_failure"] == 1
+        assert r["a5"]["env_failure"] == 0 and r["a5"]["model_failure"] == 0 and r["a5"]["success"] == 1
+        assert r["o1"]["env_failure"] == 1 and r["o2"]["env_failure"] == 0
+        report = evaluate(data)
+        att = report["error_attribution"]["agent"]
+        assert att["failed"] == 4 and att["model_failures"] == 2 and att["env_failures"] == 2
+        assert att["env_reattributed"] == {"total": 2, "oracle_also_fails": 1, "state_inconsistent": 1}
+        assert att["error_class"]["ENV_BUG"] == 2 and att["error_class"]["ENV_TRANSIENT"] == 1
+        tax = report["taxonomy"]["agent"]
+        assert tax["counts"]["environment"] == 2 and sorted(tax["examples"]["environment"]) == ["a1", "a3"]
+        assert tax["env_failures"] == att["env_failures"] and tax["model_failures"] == att["model_failures"]
+        assert any("oracle also fails" in rule for rule in tax["rules"]["environment"])
+    finally:
+        data.close()
+
+
+def test_unknown_state_never_makes_a_loop(tmp_path: Path) -> None:
+    # Imported logs have no state hashes: the observation before an action stands in for the state, and an
+    # action with neither is never a duplicate.
+    lk = open_lake(tmp_path / "lake", create=True)
+    test = Step("run_tests", {}, state=None, obs="1 failed")
+    eps = [
+        episode("edit-between", steps=[Step("run_tests", {}, obs="1 failed"),
+                                       Step("edit", {"path": "a", "new": "x"}, obs="ok"),
+                                       Step("run_tests", {}, obs="1 failed"),
+                                       Step("edit", {"path": "a", "new": "y"}, obs="done"),
+                                       Step("run_tests", {}, obs="passed")]),
+        episode("same-view", steps=[test, test, test]),
+        episode("no-view", steps=[Step("run_tests", {}, observe=False), Step("run_tests", {}, observe=False)]),
+    ]
+    write(lk, eps)
+    data = load(lk, ["run-A"])
+    try:
+        r = rows(data)
+        assert r["edit-between"]["duplicate_actions"] == 0
+        # the 2nd and 3rd calls follow the same observation: the 3rd is a loop (the 1st followed the prompt)
+        assert r["same-view"]["duplicate_actions"] == 1
+        assert r["no-view"]["duplicate_actions"] == 0
     finally:
         data.close()
