@@ -226,8 +226,10 @@ def paired_difference(
     baseline`` this is :func:`clustered_mean` of ``d``; the test statistic ``t = mean(d) / SE`` is referred
     to Student t with ``C-1`` df, ``p = 2 * P(T_{C-1} > |t|)``. Pairing removes the task-difficulty component
     shared by both arms, which is why it is far more powerful than comparing two clustered means.
-    If ``SE == 0`` (identical differences in every task) ``p`` is 1 when the difference is 0 and 0 otherwise;
-    with fewer than two clusters ``p`` is ``nan``. With one pair per task this equals ``scipy.stats.ttest_rel``.
+    If ``SE == 0`` (the same difference in every task) the t statistic is undefined: ``p`` is 1 when the
+    difference is 0, else the exact sign test over the clusters, ``min(1, 2 * 0.5**C)`` (all C tasks moved the
+    same way; never 0, so a handful of tasks cannot look certain). With fewer than two clusters ``p`` is
+    ``nan``. With one pair per task this equals ``scipy.stats.ttest_rel``.
     """
     _check_confidence(confidence)
     b = _float_1d("baseline", baseline)
@@ -238,7 +240,7 @@ def paired_difference(
     if not math.isfinite(est.se):
         p = _NAN
     elif est.se == 0.0:
-        p = 1.0 if est.estimate == 0.0 else 0.0
+        p = 1.0 if est.estimate == 0.0 else min(1.0, 2.0 * 0.5 ** n_clusters)
     else:
         p = float(2.0 * stats.t.sf(abs(est.estimate / est.se), n_clusters - 1))
     return PairedComparison(est.estimate, est.se, est.ci_low, est.ci_high, p, est.n, est.n_clusters)

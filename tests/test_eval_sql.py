@@ -425,3 +425,34 @@ def test_unknown_state_never_makes_a_loop(tmp_path: Path) -> None:
         assert r["no-view"]["duplicate_actions"] == 0
     finally:
         data.close()
+
+
+def test_few_tasks_never_look_certain_and_pass_k_uses_tasks_with_k_attempts(tmp_path: Path) -> None:
+    lk = open_lake(tmp_path / "lake", create=True)
+    eps = []
+    for t in range(3):  # the baseline fails 3 tasks, the candidate solves them: every task moved the same way
+        eps.append(episode(f"b{t}", run="base", task=f"t{t}", success=False, error_class="MODEL_BAD_PLAN"))
+        eps.append(episode(f"c{t}", run="cand", task=f"t{t}", success=True))
+    # a third run: 3 tasks with 3 attempts (1, 2, 3 solved) and one task with a single attempt
+    for t in range(3):
+        for s in range(3):
+            eps.append(episode(f"k{t}-{s}", run="multi", task=f"t{t}", seed=s, success=s <= t))
+    eps.append(episode("k3-0", run="multi", task="t3", success=True))
+    write(lk, eps)
+    data = load(lk, ["base", "cand", "multi"])
+    try:
+        report = evaluate(data, baseline="base", candidate="cand")
+    finally:
+        data.close()
+    cmp = report["comparison"]["metrics"]
+    assert cmp["success"]["p_value"] == pytest.approx(0.25)  # McNemar: 3 discordant pairs
+    for name in ("model_failure_rate", "termination_rate_success", "error_rate_model_bad_plan"):
+        assert cmp[name]["p_value"] == pytest.approx(0.25), name  # binary: the same exact test, never 0
+        assert cmp[name]["p_holm"] >= cmp[name]["p_value"]
+    steps = cmp["steps"]  # equal in every pair: outside the Holm family
+    assert steps["diff"] == 0 and steps["p_holm"] == 1.0 and not steps["holm_family"]
+    multi = report["runs"]["multi"]["metrics"]
+    # pass@2 over the 3 tasks with 3 attempts: 1 - C(n-c,2)/C(n,2) for c = 1, 2, 3 -> 2/3, 1, 1
+    assert multi["pass@2"]["n_clusters"] == 3
+    assert multi["pass@2"]["estimate"] == pytest.approx((2 / 3 + 1 + 1) / 3)
+    assert multi["success"]["n_clusters"] == 4  # pass@1 is success, over every task

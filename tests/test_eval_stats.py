@@ -126,7 +126,11 @@ def test_paired_difference_sign_and_antisymmetry(demo4: Lake, demo_report: dict[
 
 def test_holm_over_the_vector(demo_report: dict[str, Any]) -> None:
     m = demo_report["comparison"]["metrics"]
-    names = [n for n in m if m[n]["p_value"] is not None and math.isfinite(m[n]["p_value"])]
+    # metrics equal in every pair cannot be rejected: outside the family, p_holm 1
+    degenerate = [n for n in m if m[n]["diff"] == 0 and m[n]["se"] == 0]
+    assert degenerate and all(m[n]["p_holm"] == 1.0 and not m[n]["holm_family"] for n in degenerate)
+    names = [n for n in m if m[n]["p_value"] is not None and math.isfinite(m[n]["p_value"]) and n not in degenerate]
+    assert all(m[n]["holm_family"] for n in names)
     p = np.array([m[n]["p_value"] for n in names])
     # direct step-down: sort, scale by (m - i), running max, cap at 1
     order = np.argsort(p, kind="stable")
