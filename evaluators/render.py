@@ -151,10 +151,14 @@ def report_tables(report: dict[str, Any]) -> list[TextTable]:
 
 def _header(report: dict[str, Any]) -> list[str]:
     pins = report["as_of"]
+    st = report["settings"]
+    cmp = report.get("comparison")
+    select = (f"--baseline {cmp['baseline']} --candidate {cmp['candidate']} " if cmp else "") + "".join(
+        f"--run {r} " for r in report["runs"])
     return [f"lake: {report['lake']}",
             "read table versions: " + ", ".join(f"{t}={v}" for t, v in report["lake_versions"].items()),
-            f"reproduce with: --as-of {pins} --seed {report['settings']['seed']} "
-            f"--resamples {report['settings']['resamples']}"]
+            f"reproduce with: {select}--as-of {pins} --seed {st['seed']} --resamples {st['resamples']} "
+            f"--confidence {st['confidence']} --mdd-target {st['mdd_target']}"]
 
 
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:

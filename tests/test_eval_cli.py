@@ -97,7 +97,17 @@ def test_markdown_table_and_out_file(capsys: pytest.CaptureFixture[str], demo_la
     assert code == 0 and "## Metrics per run" in out and "| success |" in out and "--as-of episodes=" in out
     code, out, _ = run(capsys, "--lake", lake, "eval", "--run", "demo-B1", "--resamples", "200", "--no-breakdown",
                        "--no-taxonomy")
-    assert code == 0 and "reproduce with: --as-of" in out and "cost_per_success" in out
+    assert code == 0 and "reproduce with: --run demo-B1 --as-of" in out and "cost_per_success" in out
+    assert "--confidence 0.95" in out
+    table = tmp_path / "new" / "r.txt"  # the terminal tables to a file (its folder is created)
+    code, out, err = run(capsys, "--lake", lake, "eval", "--run", "demo-B1", "--resamples", "200", "--out",
+                         str(table))
+    assert code == 0 and out == "" and "wrote report" in err and "cost_per_success" in table.read_text()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    code, out, err = run(capsys, "--lake", lake, "eval", "--run", "demo-B1", "--resamples", "200", "--out",
+                         str(blocked / "r.txt"))
+    assert code == 1 and err.startswith("error: cannot write") and len(err.strip().splitlines()) == 1
     target = tmp_path / "r.json"
     code, out, err = run(capsys, "--lake", lake, "eval", "--run", "demo-B1", "-f", "json", "--out", str(target),
                          "--resamples", "200")

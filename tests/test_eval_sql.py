@@ -456,3 +456,17 @@ def test_few_tasks_never_look_certain_and_pass_k_uses_tasks_with_k_attempts(tmp_
     assert multi["pass@2"]["n_clusters"] == 3
     assert multi["pass@2"]["estimate"] == pytest.approx((2 / 3 + 1 + 1) / 3)
     assert multi["success"]["n_clusters"] == 4  # pass@1 is success, over every task
+
+
+def test_duckdb_memory_limit_defaults_to_half_the_memory(sem_lake: Lake) -> None:
+    import duckdb
+    from trajlake.evaluators.data import default_memory_limit
+
+    query = "SELECT current_setting('memory_limit')"
+    data = load(sem_lake)
+    try:
+        got = data.con.execute(query).fetchone()
+    finally:
+        data.close()
+    assert got == duckdb.connect(config={"memory_limit": default_memory_limit()}).execute(query).fetchone()
+    assert got != duckdb.connect().execute(query).fetchone()  # not DuckDB's own default (80%)

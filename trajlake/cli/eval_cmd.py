@@ -44,7 +44,8 @@ AsOfOpt = Annotated[str | None, typer.Option(
     "timestamp.")]
 ResamplesOpt = Annotated[int, typer.Option(help="Task-cluster bootstrap resamples (ratios, tails).", min=1)]
 SeedOpt = Annotated[int, typer.Option(help="Seed of the bootstraps (reports are reproducible given it).")]
-MemoryOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")]
+MemoryOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB (default: half of the "
+                                                      "machine's memory).")]
 ThreadsOpt = Annotated[int | None, typer.Option(help="DuckDB threads (default: all cores).", min=1)]
 ConfidenceOpt = Annotated[float, typer.Option(help="Confidence level of every interval.", min=0.5, max=0.999)]
 
@@ -121,11 +122,13 @@ def eval_command(
     elif fmt == ReportFormat.html:
         _write(render.render_html(report), out or DEFAULT_HTML, "HTML report")
     elif out is not None:
+        import io
+
         from rich.console import Console
 
-        with out.open("w", encoding="utf-8") as fh:
-            render.print_report(report, Console(file=fh, width=160, color_system=None))
-        typer.echo(f"wrote report to {out}", err=True)
+        buf = io.StringIO()
+        render.print_report(report, Console(file=buf, width=160, color_system=None))
+        _write(buf.getvalue(), out, "report")
     else:
         render.print_report(report)
 
