@@ -153,6 +153,9 @@ METRICS: tuple[MetricSpec, ...] = (
        "lower", binary=True),
 )
 
+#: Mean metrics of 0/1 columns: their intervals are clipped to [0, 1] in the per-run vectors.
+_SHARES = frozenset(s.name for s in METRICS if s.kind == "mean" and s.binary)
+
 #: Metric names the JSON contract guarantees (docs/eval.md); never rename these.
 CONTRACT_METRICS: tuple[str, ...] = (
     "success", "steps", "cost_per_success", "recovery_rate", "episode_latency_p50", "episode_latency_p99",
@@ -260,6 +263,10 @@ def metric_vector(ep: dict[str, FloatArray], idx: IntArray, tool_latency: FloatA
         out[f"pass@{k}"] = _estimate(task_mean(pass_at_k(n_t[enough], c_t[enough], k), confidence=conf), "task_t")
         out[f"pass^{k}"] = _estimate(task_mean(pass_hat_k(n_t[enough], c_t[enough], k), confidence=conf),
                                      "task_t")
+    # A t interval of a share can leave [0, 1] with few tasks; the share itself cannot.
+    for name, v in out.items():
+        if name in _SHARES or name.startswith("pass"):
+            v["ci_low"], v["ci_high"] = max(0.0, v["ci_low"]), min(1.0, v["ci_high"])
     return out
 
 

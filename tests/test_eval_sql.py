@@ -456,6 +456,10 @@ def test_few_tasks_never_look_certain_and_pass_k_uses_tasks_with_k_attempts(tmp_
     assert multi["pass@2"]["n_clusters"] == 3
     assert multi["pass@2"]["estimate"] == pytest.approx((2 / 3 + 1 + 1) / 3)
     assert multi["success"]["n_clusters"] == 4  # pass@1 is success, over every task
+    # with 3-4 tasks the t interval of a share would leave [0, 1]; it is clipped to the range of a share
+    shares = [n for n in multi if n.startswith(("pass", "error_rate", "termination_rate")) or n == "success"]
+    assert all(0.0 <= multi[n]["ci_low"] <= multi[n]["ci_high"] <= 1.0 for n in shares if multi[n]["n_clusters"] > 1)
+    assert multi["success"]["ci_high"] == 1.0
 
 
 def test_duckdb_memory_limit_defaults_to_half_the_memory(sem_lake: Lake) -> None:
