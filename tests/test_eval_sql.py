@@ -474,3 +474,39 @@ def test_duckdb_memory_limit_defaults_to_half_the_memory(sem_lake: Lake) -> None
         data.close()
     assert got == duckdb.connect(config={"memory_limit": default_memory_limit()}).execute(query).fetchone()
     assert got != duckdb.connect().execute(query).fetchone()  # not DuckDB's own default (80%)
+
+
+def test_point_estimates_match_the_rows_and_breakdown_splits_env_versions(tmp_path: Path) -> None:
+    import numpy as np
+
+    lk = open_lake(tmp_path / "lake", create=True)
+    eps, walls, costs, succ, tool_lat = [], [], [], [], []
+    for t in range(6):
+        for s in range(3):
+            wall, cost, ok = 5.0 + 7 * t + s * 1.5, 0.01 * (t + 1) + 0.003 * s, (t + s) % 3 != 0
+            lats = [10.0 * (t + 1) + s, 300.0 + 50 * t * s]
+            eps.append(episode(f"e{t}-{s}", task=f"t{t}", seed=s, success=ok, wall=wall, cost=cost,
+                               env_version="1" if t < 3 else "2", split="dev" if s < 2 else "test",
+                               steps=[read(f"f{t}", latency_ms=x, state=f"s{i}") for i, x in enumerate(lats)]))
+            walls.append(wall)
+            costs.append(cost)
+            succ.append(ok)
+            tool_lat += lats
+    write(lk, eps)
+    data = load(lk, ["run-A"])
+    try:
+        report = evaluate(data)
+    finally:
+        data.close()
+    m = report["runs"]["run-A"]["metrics"]
+    for name, values, q in (("episode_latency_p50", walls, 0.5), ("episode_latency_p99", walls, 0.99),
+                            ("tool_latency_p50", tool_lat, 0.5), ("tool_latency_p99", tool_lat, 0.99)):
+        assert m[name]["estimate"] == pytest.approx(float(np.quantile(values, q, method="inverted_cdf"))), name
+    assert m["cost_per_success"]["estimate"] == pytest.approx(sum(costs) / sum(succ))
+    assert m["success"]["estimate"] == pytest.approx(sum(succ) / len(succ))
+    slices = {(b["split"], b["env_version"]): b for b in report["breakdown"] if b["run_id"] == "run-A"}
+    assert set(slices) == {("dev", "1"), ("dev", "2"), ("test", "1"), ("test", "2")}
+    assert slices[("dev", "2")]["n_episodes"] == 6 and slices[("test", "1")]["n_episodes"] == 3
+    w = [x for x, e in zip(walls, eps, strict=True) if e[0]["split"] == "test" and e[0]["env_version"] == "2"]
+    assert slices[("test", "2")]["metrics"]["episode_latency_p50"]["estimate"] == pytest.approx(
+        float(np.quantile(w, 0.5, method="inverted_cdf")))
