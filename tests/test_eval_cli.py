@@ -223,6 +223,12 @@ def diag_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
         + _run("cand_lag", fail=bad_plan, policy_end="p2")
         + _run("cand_reward", fail={**bad_plan, "reward": {"resolved": 0.0, "style": 0.2}})
         + _run("cand_plan", fail=bad_plan)
+        # the gateway denied an out-of-workspace edit in every failing episode
+        + _run("cand_denied", fail=bad_plan, fail_steps=[
+            Step("edit", {"path": "/etc/passwd"}, decision="deny", executed=False, reason="path outside workspace"),
+            *_tested()])
+        # the same steps, but a tool call took 9 s: only the tool-latency tail rose
+        + _run("cand_slow", fail=bad_plan, fail_steps=[read("src/a.py", latency_ms=9000.0), *_tested()[1:]])
     )
     runs = [{"run_id": r, "policy_name": "oracle" if r.startswith("oracle") else "agent"}
             for r in sorted({e[0]["run_id"] for e in eps})]
@@ -240,6 +246,8 @@ def diag_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
     ("cand_lag", "policy_lag", "policy_lag"),
     ("cand_reward", "reward_drift", "reward_drift"),
     ("cand_plan", "unexplained", "contamination"),
+    ("cand_denied", "policy_action_errors", "model_errors"),
+    ("cand_slow", "policy_behaviour", "behaviour"),
 ])
 def test_diagnose_branches(capsys: pytest.CaptureFixture[str], diag_lake: Lake, candidate: str, diagnosis: str,
                            last_node: str) -> None:
@@ -267,6 +275,12 @@ def test_diagnose_branches(capsys: pytest.CaptureFixture[str], diag_lake: Lake, 
     if candidate == "cand_env":
         t = d["path"][3]["tests"][0]
         assert t["name"] == "had_env_transient" and t["diff"] == pytest.approx(N_FAIL / N_TASKS)
+    if candidate == "cand_denied":  # fired by the safety blocks, not by schema errors
+        fired = {t["name"] for t in d["path"][-1]["tests"] if t.get("p_holm", 1.0) < 0.05}
+        assert any("safety" in n for n in fired) and not any("invalid" in n for n in fired), fired
+    if candidate == "cand_slow":  # fired by the tool-call P99 alone
+        fired = {t["name"] for t in d["path"][-1]["tests"] if t.get("p_holm", 1.0) < 0.05}
+        assert fired == {"tool_latency_p99"}, fired
     if candidate == "cand_plan":
         assert d["path"][-1]["result"] == "not_checkable"
         assert all(results[n] == "no" for n in ("env_failures", "model_errors", "behaviour", "policy_lag",
