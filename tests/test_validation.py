@@ -167,4 +167,7 @@ def test_numpy_token_arrays_convert_like_lists() -> None:
     for bad, why in ((np.array([1.5]), "truncated"), (np.array([2**40]), "not in range")):
         with pytest.raises(ValidationError, match=why) as e:
             to_table([{**as_arrays[0], "token_ids": bad}], "turns")
-        assert "turns.token_ids" in str(e.value)
+        assert "turns.token_ids" in str(e.value) and "ep-1" in str(e.value) and "turn 0" in str(e.value)
+    with pytest.raises(ValidationError, match="row 2: cannot convert") as e:
+        to_table([*turns[:2], {**turns[2], "tokens": "many"}], "turns")
+    assert "turn 2" in str(e.value) and "turns.tokens" in str(e.value)

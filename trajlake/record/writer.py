@@ -553,8 +553,24 @@ def to_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> 
             arr = _numpy_list_column(values, f.type) if pa.types.is_list(f.type) else None
             columns.append(arr if arr is not None else pa.array(values, type=f.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
-            raise ValidationError([Issue(name, None, None, f.name, f"cannot convert rows: {e}")]) from e
+            bad = _first_bad_row(values, f.type)  # the error path only: name the row that does not convert
+            r = rows[bad] if bad is not None else {}
+            raise ValidationError([Issue(name, r.get("episode_id"), r.get("turn_idx") if name != "episodes" else None,
+                                         f.name, f"row {bad}: cannot convert: {e}" if bad is not None
+                                         else f"cannot convert rows: {e}")]) from e
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _first_bad_row(values: list[Any], t: pa.DataType) -> int | None:
+    for i, v in enumerate(values):
+        try:
+            if isinstance(v, np.ndarray) and pa.types.is_list(t):
+                pa.array(v).cast(t.value_type)
+            else:
+                pa.array([v], type=t)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            return i
+    return None
 
 
 def _numpy_list_column(values: list[Any], t: pa.DataType) -> pa.Array | None:
