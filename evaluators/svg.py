@@ -162,8 +162,12 @@ def _axes(left: float, right: float, top: float, bottom: float, xt: list[float],
 def forest(rows: Sequence[tuple[str, Sequence[Interval]]], *, title: str, zero_line: bool = False) -> str:
     """Interval plot: one row per ``(metric, intervals)``, each row on its own x scale (metrics have different
     units); the numbers are printed at the right. ``zero_line`` marks 0 (for differences)."""
-    ml, mr, row_h, pad = 190, 230, 22, 6
-    w = 760
+    labels = [f"{it.label}: {fmt(it.estimate)}" + (f" [{fmt(it.low)}, {fmt(it.high)}]" if _ok(it.low, it.high)
+                                                   else "") for _, items in rows for it in items]
+    # the numbers at the right get the room they need (~6.5 px a character at font-size 11), so none is clipped
+    ml, row_h, pad = 190, 22, 6
+    mr = max(230, 16 + int(6.5 * max((len(t) for t in labels), default=0)))
+    w = 530 + mr
     n_items = sum(max(1, len(items)) for _, items in rows)
     h = 34 + n_items * row_h + pad * len(rows) + 10
     body = [_text(10, 18, title, extra='font-weight="bold" font-size="13"')]

@@ -3,6 +3,7 @@ pinning, one-line errors, and the diagnosis branches on constructed lakes."""
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import math
 import re
@@ -133,6 +134,10 @@ def test_html_is_self_contained_with_svg_plots(capsys: pytest.CaptureFixture[str
         w, h = (float(x) for x in re.search(r'viewBox="0 0 (\d+) (\d+)"', s).groups())  # type: ignore[union-attr]
         for cx, cy in re.findall(r'<circle cx="([-\d.]+)" cy="([-\d.]+)"', s):
             assert 0 <= float(cx) <= w and 0 <= float(cy) <= h
+    for s in svgs[1:3]:  # the interval plots: the numbers at the right fit (~6.5 px a character)
+        w = float(re.search(r'viewBox="0 0 (\d+) ', s).group(1))  # type: ignore[union-attr]
+        for x, text in re.findall(r'<text x="([-\d.]+)" y="[-\d.]+" text-anchor="start"[^>]*>([^<]*)</text>', s):
+            assert float(x) + 6.5 * len(html_lib.unescape(text)) <= w + 1, text
     assert "demo-B0" in svgs[0] and "frontier" in svgs[0]
     assert "polyline" in svgs[3]  # the CDF steps
     assert "episodes=" in html  # the versions read
