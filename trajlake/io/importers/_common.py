@@ -251,6 +251,20 @@ def decode_arguments(raw: Any) -> tuple[str | None, bool]:
     return canonical_json(raw), False
 
 
+def openai_tool_calls(m: Mapping[str, Any], loc: Loc, field: str) -> list[tuple[str | None, str, str | None, bool]]:
+    """A message's OpenAI-style ``tool_calls`` as ``(call id, function name, arguments, arguments valid)``."""
+    calls: list[tuple[str | None, str, str | None, bool]] = []
+    for j, c in enumerate(opt_list(m, "tool_calls", loc, f"{field}.tool_calls") or []):
+        cf = f"{field}.tool_calls[{j}]"
+        c = as_obj(c, loc, cf)
+        fn = as_obj(c.get("function"), loc, f"{cf}.function")
+        name = req_str(fn, "name", loc, f"{cf}.function.name")
+        args, ok = decode_arguments(fn.get("arguments"))
+        cid = id_str(c["id"], loc, f"{cf}.id") if c.get("id") is not None else None
+        calls.append((cid, name, args, ok))
+    return calls
+
+
 def canonical_json(v: Any) -> str:
     """Deterministic JSON text (sorted keys, no ASCII escaping)."""
     return json.dumps(v, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

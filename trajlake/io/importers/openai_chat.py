@@ -26,6 +26,7 @@ from trajlake.io.importers._common import (
     id_str,
     jsonl_records,
     load_json_line,
+    openai_tool_calls,
     opt_int,
     opt_list,
     opt_obj,
@@ -79,17 +80,8 @@ def parse_conversation(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
             weight = m.get("weight")
             if weight is not None and (isinstance(weight, bool) or weight not in (0, 1)):
                 loc.fail(f"{f}.weight", f"expected 0 or 1, got {weight!r}")
-            calls: list[tuple[str | None, str, str | None, bool]] = []
-            for j, c in enumerate(opt_list(m, "tool_calls", loc, f"{f}.tool_calls") or []):
-                cf = f"{f}.tool_calls[{j}]"
-                c = as_obj(c, loc, cf)
-                fn = as_obj(c.get("function"), loc, f"{cf}.function")
-                name = req_str(fn, "name", loc, f"{cf}.function.name")
-                args, ok = decode_arguments(fn.get("arguments"))
-                cid = id_str(c["id"], loc, f"{cf}.id") if c.get("id") is not None else None
-                calls.append((cid, name, args, ok))
-                if cid is not None:
-                    call_names[cid] = name
+            calls = openai_tool_calls(m, loc, f)
+            call_names.update((cid, name) for cid, name, _, _ in calls if cid is not None)
             fc = opt_obj(m, "function_call", loc, f"{f}.function_call")
             if fc is not None:
                 name = req_str(fc, "name", loc, f"{f}.function_call.name")

@@ -26,8 +26,8 @@ from trajlake.io.importers._common import (
     as_obj,
     canonical_json,
     command_name,
-    decode_arguments,
     id_str,
+    openai_tool_calls,
     opt_int,
     opt_list,
     opt_num,
@@ -152,7 +152,7 @@ def parse_traj(doc: dict[str, Any], path: Path, loc: Loc) -> EpisodeSpec:
         elif role == "assistant":
             action = opt_str(m, "action", loc, f"{f}.action")
             step_actions.append(action)
-            calls = _tool_calls(m, loc, f)
+            calls = openai_tool_calls(m, loc, f)
             if calls:
                 for k, (cid, name, args, ok) in enumerate(calls):
                     turns.append(TurnSpec("assistant", "policy", content if k == 0 else None, policy_version=model,
@@ -210,19 +210,6 @@ def parse_traj(doc: dict[str, Any], path: Path, loc: Loc) -> EpisodeSpec:
         cost_usd=max(0.0, cost) if cost is not None else 0.0, policy_version=model or "unknown",
         task=TaskSpec(statement=statement, family=FORMAT),
     )
-
-
-def _tool_calls(m: dict[str, Any], loc: Loc, f: str) -> list[tuple[str | None, str, str | None, bool]]:
-    calls = []
-    for j, c in enumerate(opt_list(m, "tool_calls", loc, f"{f}.tool_calls") or []):
-        cf = f"{f}.tool_calls[{j}]"
-        c = as_obj(c, loc, cf)
-        fn = as_obj(c.get("function"), loc, f"{cf}.function")
-        name = req_str(fn, "name", loc, f"{cf}.function.name")
-        args, ok = decode_arguments(fn.get("arguments"))
-        cid = id_str(c["id"], loc, f"{cf}.id") if c.get("id") is not None else None
-        calls.append((cid, name, args, ok))
-    return calls
 
 
 def _append_unsaved_steps(trajectory: list[Any], turns: list[TurnSpec], step_actions: list[str | None],
