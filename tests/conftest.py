@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,23 @@ def make_episode(episode_id: str = "ep-1", run_id: str = "run-1", n_steps: int =
     }
     ep.update(overrides)
     return ep, turns
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run ``trajlake ARGS...`` in this process; returns (exit code, stdout, stderr)."""
+    from trajlake.cli import main
+
+    old = sys.argv
+    sys.argv = ["trajlake", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.fixture

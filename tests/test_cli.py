@@ -12,23 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_episode
+from tests.conftest import run_cli as run
 from trajlake.io.jsonl import episode_to_json
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from trajlake.cli import main
-
-    old = sys.argv
-    sys.argv = ["trajlake", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ import html as html_lib
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import run_cli as run
 from tests.test_eval_sql import Step, episode, read, write
 from trajlake import Lake, open_lake
 from trajlake.cli import app
@@ -23,22 +23,6 @@ register(app)  # the CLI wiring of trajlake/cli/__init__.py, done here so the te
 CONTRACT = ("success", "steps", "cost_per_success", "recovery_rate", "episode_latency_p50", "episode_latency_p99",
             "tool_latency_p50", "tool_latency_p99", "duplicate_rate")
 TABLES = {"episodes", "turns", "tasks", "runs", "gateway_events"}
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from trajlake.cli import main
-
-    old = sys.argv
-    sys.argv = ["trajlake", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _num_or_null(v: Any) -> bool:
