@@ -409,11 +409,9 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
     names = [n for n, v in ordered.items() if not (v["diff"] == 0.0 and v["se"] == 0.0)]
     adjusted = holm_bonferroni(np.array([ordered[n]["p_value"] for n in names], dtype=np.float64))
     for v in ordered.values():
-        v["p_holm"] = 1.0 if v["diff"] == 0.0 and v["se"] == 0.0 else math.nan
-        v["holm_family"] = False
+        v["p_holm"], v["holm_family"] = 1.0, False
     for n, p in zip(names, adjusted, strict=True):
-        ordered[n]["p_holm"] = float(p)
-        ordered[n]["holm_family"] = True
+        ordered[n]["p_holm"], ordered[n]["holm_family"] = float(p), True
     succ = paired_difference(ep["success"][b_idx], ep["success"][c_idx], codes, confidence=conf)
     return {"n_pairs": int(b_idx.shape[0]), "n_tasks": int(np.unique(codes).shape[0]), "metrics": ordered,
             "power": power_line(succ.se, succ.n_clusters, settings)}

@@ -120,7 +120,7 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         action = out.action
         tool = _tool_name(action)
         key = f"{ep_id}#{step_idx}"
-        n_out = 0 if out.token_ids is None else len(out.token_ids)
+        n_out = _n_tokens(out.token_ids)
         tokens_out += n_out
         tokens_in += out.prompt_tokens
         cost += out.cost_usd
