@@ -374,12 +374,16 @@ def quickstart(
 
 def _register_command_groups() -> None:
     from trajlake.cli.browse_cmd import register as register_browse
+    from trajlake.cli.contamination_cmd import register as register_contamination
     from trajlake.cli.eval_cmd import register as register_eval
     from trajlake.cli.export_cmd import register as register_export
+    from trajlake.cli.reward_check_cmd import register as register_reward_check
 
     register_eval(app)
     register_export(app)
     register_browse(app)
+    register_contamination(app)
+    register_reward_check(app)
 
 
 _register_command_groups()
