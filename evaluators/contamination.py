@@ -8,8 +8,8 @@ Six checks, each answered per evaluation task (``docs/contamination.md``):
                      training side (turn contents of the training episodes, corpus files). Implemented as DuckDB
                      joins of 64-bit n-gram hashes: the training side is streamed through a hash join whose
                      build side is the (small) evaluation n-gram set, so it scales past memory. Score = share of
-                     a document's words covered by matched n-grams (max over the task's documents); n-grams that
-                     occur in the tasks of ``common_families`` or more template families are harness
+                     a document's n-grams found in training (max over the task's documents); n-grams that occur
+                     in the statements of ``common_families`` or more template families are the harness's
                      boilerplate and are ignored.
 - ``near_duplicate`` MinHash LSH (``datasketch``) over identifier-normalised shingles: every eval task against
                      the tasks of other splits, the corpus documents and the training turns of the roles in
@@ -452,24 +452,26 @@ def _exact(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list[EvalDocum
     for span_no, kind, source, ngrams, total in src_rows:
         sources.setdefault(int(span_no), []).append({"kind": kind, "source": source, "ngrams": int(ngrams)})
         n_sources[int(span_no)] = int(total)
-    doc_len = {i: len(normalise_words(d.text)) for i, d in enumerate(docs)}
+    # score: share of a document's (non-boilerplate) n-grams found in training; max over the task's documents
+    doc_ngrams = dict(con.execute("SELECT doc_no, count(*) FROM _eval_ng GROUP BY 1").fetchall())
+    matched: dict[int, int] = {}
+    for doc_no, _ in pos_rows:
+        matched[int(doc_no)] = matched.get(int(doc_no), 0) + 1
     per_task: dict[str, dict[str, Any]] = {t.task_id: {"score": 0.0, "longest_span_words": 0, "spans": [],
                                                        "documents": {}} for t in evals}
-    covered: dict[int, int] = {}
     for span_no, (doc_no, lo, hi) in enumerate(spans):
         d = docs[doc_no]
-        covered[doc_no] = covered.get(doc_no, 0) + (hi - lo + 1)
         rec = per_task[d.task_id]
         rec["spans"].append({"document": d.kind, "start_word": lo, "end_word": hi, "words": hi - lo + 1,
                              "text": " ".join(words[doc_no][lo:hi + 1]), "n_sources": n_sources.get(span_no, 0),
                              "sources": sources.get(span_no, [])})
         rec["longest_span_words"] = max(rec["longest_span_words"], hi - lo + 1)
-    for doc_no, c in covered.items():
+    for doc_no, c in matched.items():
         d = docs[doc_no]
-        share = c / doc_len[doc_no] if doc_len[doc_no] else 0.0
+        share = round(c / doc_ngrams[doc_no], 6)
         rec = per_task[d.task_id]
-        rec["documents"][d.kind] = round(share, 6)
-        rec["score"] = max(rec["score"], round(share, 6))
+        rec["documents"][d.kind] = share
+        rec["score"] = max(rec["score"], share)
     flagged = sorted(tid for tid, r in per_task.items() if r["spans"] and r["score"] > s.threshold)
     for t in evals:
         t.detail["exact_ngram"] = per_task[t.task_id]
@@ -490,12 +492,16 @@ def _minhash(tokens: list[str], s: ScanSettings) -> Any:
     return m
 
 
-def _task_tokens(task_id: str, statement: str, docs_of: dict[str, list[EvalDocument]]) -> list[str]:
-    toks = code_tokens(statement)
-    for d in docs_of.get(task_id, ()):
-        if d.kind == "gold_patch":
-            toks += code_tokens(d.text, code=True)
-    return toks
+_CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import |return\b|@\w)", re.MULTILINE)
+
+
+def looks_like_code(text: str) -> bool:
+    """Training documents carry no type: a text with Python definitions or returns is shingled as code."""
+    return _CODE_LINE.search(text) is not None
+
+
+def _doc_tokens(doc: EvalDocument) -> list[str]:
+    return code_tokens(doc.text, code=doc.code)
 
 
 def _near_duplicates(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list[EvalDocument],
@@ -516,11 +522,16 @@ def _near_duplicates(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list
     lsh = MinHashLSH(threshold=s.lsh_threshold, num_perm=s.num_perm)
     sketches: dict[str, Any] = {}
     meta: dict[str, dict[str, Any]] = {}
+    # other splits' tasks: their statements and gold patches, one sketch each
     for t in others:
-        key = f"task:{t.task_id}"
-        sketches[key] = _minhash(_task_tokens(t.task_id, t.statement, other_docs), s)
-        meta[key] = {"kind": "task", "source": t.task_id, "split": t.split, "family": t.family}
-        lsh.insert(key, sketches[key])
+        own = [EvalDocument(t.task_id, "statement", t.statement)] + [
+            d for d in other_docs.get(t.task_id, ()) if d.kind == "gold_patch"]
+        for d in own:
+            key = f"task:{t.task_id}:{d.kind}"
+            sketches[key] = _minhash(_doc_tokens(d), s)
+            meta[key] = {"kind": "task", "source": t.task_id, "document": d.kind, "split": t.split,
+                         "family": t.family}
+            lsh.insert(key, sketches[key])
     roles = list(s.near_dup_roles)
     n_train_docs = 0
     rel = con.execute("SELECT kind, source, text FROM _train_docs WHERE kind = 'corpus' OR role IN "
@@ -530,21 +541,22 @@ def _near_duplicates(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list
             key = f"{kind}:{source}"
             if key in sketches:
                 continue
-            sketches[key] = _minhash(code_tokens(text or ""), s)
+            sketches[key] = _minhash(code_tokens(text or "", code=looks_like_code(text or "")), s)
             meta[key] = {"kind": kind, "source": source}
             lsh.insert(key, sketches[key])
             n_train_docs += 1
     flagged: list[str] = []
     for t in evals:
-        m = _minhash(_task_tokens(t.task_id, t.statement, eval_docs), s)
-        hits = []
-        for key in lsh.query(m):
-            j = float(m.jaccard(sketches[key]))
-            if j >= s.lsh_threshold:
-                hits.append({**meta[key], "jaccard": round(j, 4)})
-        hits.sort(key=lambda h: (-h["jaccard"], h["source"]))
-        t.detail["near_duplicates"] = hits[:max(s.max_sources, 1) * 4]
-        if hits:
+        hits: dict[str, dict[str, Any]] = {}
+        for d in eval_docs.get(t.task_id, ()):
+            m = _minhash(_doc_tokens(d), s)
+            for key in lsh.query(m):
+                j = round(float(m.jaccard(sketches[key])), 4)
+                if j >= s.lsh_threshold and j > hits.get(key, {}).get("jaccard", -1.0):
+                    hits[key] = {**meta[key], "eval_document": d.kind, "jaccard": j}
+        found = sorted(hits.values(), key=lambda h: (-h["jaccard"], h["source"]))
+        t.detail["near_duplicates"] = found[:max(s.max_sources, 1) * 4]
+        if found:
             flagged.append(t.task_id)
     return {"status": "checked", "shingle": s.shingle, "num_perm": s.num_perm, "threshold": s.lsh_threshold,
             "seed": s.minhash_seed, "other_split_tasks": len(others), "training_documents": n_train_docs,

@@ -101,8 +101,8 @@ def contamination_command(
         "--corpus", help="Training corpus file (repeatable): JSONL with a 'text' field, Parquet with a 'text' "
         "column, or plain text (one document per line).")] = None,
     ngram: Annotated[int, typer.Option("--ngram", help="Words per n-gram of the exact scan.", min=1)] = 13,
-    threshold: Annotated[float, typer.Option(help="Flag a task whose n-gram score (share of a document's words "
-                                                  "covered by matches) is above this.")] = 0.0,
+    threshold: Annotated[float, typer.Option(help="Flag a task whose n-gram score (share of a document's n-grams "
+                                                  "found in training, max over its documents) is above this.")] = 0.0,
     common_families: Annotated[int, typer.Option(help="An n-gram in the statements of this many template "
                                                       "families is boilerplate and ignored.", min=2)] = 3,
     shingle: Annotated[int, typer.Option(help="Tokens per MinHash shingle.", min=1)] = 5,
