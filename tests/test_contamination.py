@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import run_cli
+from tests.conftest import run_cli
 from trajlake import LakeWriter, open_lake
 from trajlake.errors import TrajlakeError
 from trajlake.evaluators import contamination as cm
@@ -83,7 +83,7 @@ def build(root: Path, *, plant: bool) -> tuple[Any, dict[str, str], Path]:
     with LakeWriter(lake) as w:
         w.write_tasks(tasks)
         cutoff = {"data_cutoff": "2026-06-01"} if plant else {}
-        for run, split in (("train-run", "train"), ("eval-run", "hidden")):
+        for run in ("train-run", "eval-run"):
             w.write_runs([{"run_id": run, "created_at": LATE, "label": run, "config": json.dumps(cutoff),
                            "policy_name": "test", "policy_version": "p1"}])
         for i in range(1, 7):
@@ -219,7 +219,7 @@ def test_corpus_formats_and_errors(clean: Any, tmp_path: Path) -> None:
             if t["exact_ngram"]["spans"]}
     assert srcs["e2"] == f"{tmp_path / 'c.parquet'}:2" and srcs["e3"] == f"{tmp_path / 'c.txt'}:2"
     (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n', encoding="utf-8")
-    with pytest.raises(TrajlakeError, match="bad.jsonl: JSONL records have no 'text' field"):
+    with pytest.raises(TrajlakeError, match=r"bad\.jsonl: JSONL records have no 'text' field"):
         scan(lake, eval_split="hidden", corpus=[tmp_path / "bad.jsonl"])
     with pytest.raises(TrajlakeError, match="no such file"):
         scan(lake, eval_split="hidden", corpus=[tmp_path / "missing.jsonl"])
