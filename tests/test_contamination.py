@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trajlake.evaluators import contamination as cm
+from trajlake.evaluators.contamination import EvalDocument, ScanSettings, code_tokens, scan
 
 from tests.conftest import run_cli
 from trajlake import LakeWriter, open_lake
 from trajlake.errors import TrajlakeError
-from trajlake.evaluators import contamination as cm
-from trajlake.evaluators.contamination import EvalDocument, ScanSettings, code_tokens, scan
 
 BOILERPLATE = ("Find and fix the cause. The public API must stay the same; you can run the visible tests with "
                "`python -m pytest -q`, though they may not cover this case.")
