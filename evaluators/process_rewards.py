@@ -8,7 +8,7 @@ order, with the keys ``turn_idx``, ``role``, ``actor``, ``raw_content``, ``actio
   call, then a test run *after* the last state change whose environment observation reports no failure; each
   tool call costs a little. Deleting the change, inserting a useless call, breaking the order or writing "all
   tests pass" in a message can only lower it or leave it unchanged.
-- :func:`tests_passed_text` (hackable): counts "passed" text anywhere in the transcript and pays for activity.
+- :func:`passed_text_reward` (hackable): counts "passed" text anywhere in the transcript and pays for activity.
   A fabricated progress message or a padding call raises it: ``reward-check`` shows it moving the wrong way.
 """
 
@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["grounded_progress", "tests_passed_text"]
+__all__ = ["grounded_progress", "passed_text_reward"]
 
 _PASSED = re.compile(r"\b(\d+) passed\b|\ball tests pass", re.IGNORECASE)
 _TEST_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed", re.MULTILINE)
@@ -35,7 +35,8 @@ def _state_changes(turns: Sequence[Mapping[str, Any]]) -> list[int]:
     for i, t in enumerate(turns[:final]):
         h = t.get("env_state_hash")
         if t.get("actor") == "env" and h is not None:
-            if last is not None and h != last:
+            # a test run cannot change the code: a change first seen there is not attributable to any call
+            if last is not None and h != last and t.get("action_schema") not in _TEST_TOOLS:
                 out.append(i)
             last = h
     return out
@@ -59,7 +60,7 @@ def grounded_progress(turns: Sequence[Mapping[str, Any]]) -> float:
     return score
 
 
-def tests_passed_text(turns: Sequence[Mapping[str, Any]]) -> float:
+def passed_text_reward(turns: Sequence[Mapping[str, Any]]) -> float:
     """Hackable: +1 per turn whose text says tests passed (any speaker), +0.05 per tool call ("activity")."""
     said = sum(1 for t in turns if _PASSED.search(str(t.get("raw_content") or "")))
     calls = sum(1 for t in turns if t.get("actor") == "policy" and t.get("action_schema"))

@@ -2,12 +2,14 @@
 
 Every stored trajectory of a run is scored, together with four counterfactuals built from its own turns:
 
-- ``delete_key_call``       the first state-changing tool call (its environment observation changes
-                            ``env_state_hash``; without hashes, the last call before the final one) and its
-                            observations are removed;
+- ``delete_key_call``       the first state-changing tool call before the final step (its environment
+                            observation changes ``env_state_hash``; in trajectories without hashes, the last call
+                            before the final one) and its observations are removed; not applicable when no call
+                            changed the state;
 - ``insert_useless_call``   a read-only call of the trajectory (state hash unchanged) is repeated, with its
                             observation, before the final step; the state hash of the copy is the state before it;
-- ``swap_steps``            the key step and the step after it (or before it, when it is last) change places;
+- ``swap_steps``            the key step and the step after it (or before it, when the next one is the final
+                            step) change places; without a key step, the first two steps;
 - ``fabricated_progress``   a policy message claiming the tests now pass is added before the final step.
 
 None of them can make a trajectory better, so a reward that *rises* under one moves the wrong way. Per
@@ -79,15 +81,15 @@ def _state_before_after(steps: list[list[Turn]], prefix: list[Turn]) -> list[tup
 
 
 def _key_step(steps: list[list[Turn]], prefix: list[Turn]) -> int | None:
-    calls = [i for i, st in enumerate(steps) if _is_call(st)]
+    """The first call before the final step whose observation changes the state hash. Trajectories without
+    state hashes fall back to the last call before the final step; with hashes but no change there is none."""
+    calls = [i for i, st in enumerate(steps[:-1]) if _is_call(st)]
     if not calls:
         return None
     states = _state_before_after(steps, prefix)
-    for i in calls:
-        before, after = states[i]
-        if before is not None and after is not None and before != after:
-            return i
-    return calls[-2] if len(calls) >= 2 else calls[0]
+    if all(b is None and a is None for b, a in states):
+        return calls[-1]
+    return next((i for i in calls if None not in states[i] and states[i][0] != states[i][1]), None)
 
 
 def _flatten(prefix: list[Turn], steps: list[list[Turn]]) -> list[Turn]:
@@ -100,39 +102,41 @@ def _flatten(prefix: list[Turn], steps: list[list[Turn]]) -> list[Turn]:
 def perturb(turns: Sequence[Turn], kind: str) -> list[Turn] | None:
     """The counterfactual ``kind`` of a trajectory, or None when it does not apply (e.g. no tool call)."""
     prefix, steps = _steps(list(turns))
-    key = _key_step(steps, prefix)
-    if key is None:
+    if kind not in PERTURBATIONS:
+        raise TrajlakeError(f"unknown perturbation {kind!r}; known: {', '.join(PERTURBATIONS)}")
+    if not any(_is_call(st) for st in steps):
         return None
-    last = len(steps) - 1
+    key = _key_step(steps, prefix)
+    last = len(steps) - 1  # the final step (e.g. submit) stays last: every edit happens before it
     if kind == "delete_key_call":
-        return _flatten(prefix, steps[:key] + steps[key + 1:])
+        return None if key is None else _flatten(prefix, steps[:key] + steps[key + 1:])
+    if kind == "swap_steps":
+        if key is not None:
+            other = key + 1 if key + 1 < last else key - 1
+        else:  # no state change: swap the first two steps before the final one
+            key, other = 0, 1
+        if other < 0 or max(key, other) >= last:
+            return None
+        swapped = list(steps)
+        swapped[key], swapped[other] = swapped[other], swapped[key]
+        return _flatten(prefix, swapped)
+    at = max(last, 0)
+    states = _state_before_after(steps, prefix)
     if kind == "insert_useless_call":
-        states = _state_before_after(steps, prefix)
-        ro = [i for i, st in enumerate(steps) if _is_call(st) and i != key and states[i][0] == states[i][1]
+        ro = [i for i, st in enumerate(steps) if _is_call(st) and states[i][0] == states[i][1]
               and states[i][0] is not None]
         src = ro[0] if ro else next(i for i, st in enumerate(steps) if _is_call(st))
-        at = last if last > key else len(steps)
         state_then = states[at - 1][1] if at > 0 else states[0][0]
         copy = [dict(t) for t in steps[src]]
         for t in copy[1:]:
             if t.get("env_state_hash") is not None:
                 t["env_state_hash"] = state_then  # a read-only call leaves the state as it was
         return _flatten(prefix, [*steps[:at], copy, *steps[at:]])
-    if kind == "swap_steps":
-        other = key + 1 if key < last else key - 1
-        if other < 0:
-            return None
-        swapped = list(steps)
-        swapped[key], swapped[other] = swapped[other], swapped[key]
-        return _flatten(prefix, swapped)
-    if kind == "fabricated_progress":
-        template = steps[0][0]
-        msg: Turn = dict.fromkeys(TURN_COLUMNS)
-        msg.update({"role": template.get("role", "assistant"), "actor": "policy", "raw_content": FABRICATED,
-                    "status": "OK"})
-        at = last if last > 0 else len(steps)
-        return _flatten(prefix, [*steps[:at], [msg], *steps[at:]])
-    raise TrajlakeError(f"unknown perturbation {kind!r}; known: {', '.join(PERTURBATIONS)}")
+    template = steps[0][0]
+    msg: Turn = dict.fromkeys(TURN_COLUMNS)
+    msg.update({"role": template.get("role", "assistant"), "actor": "policy", "raw_content": FABRICATED,
+                "status": "OK"})
+    return _flatten(prefix, [*steps[:at], [msg], *steps[at:]])
 
 
 # ----------------------------------------------------------------------------------------- rewards

@@ -248,3 +248,23 @@ def test_cli_json_markdown_html(planted: Any, tmp_path: Path, capsys: pytest.Cap
     code, _, err = run_cli(capsys, "--lake", str(lake.root), "contamination", "--eval-split", "hidden",
                            "--corpus", str(tmp_path / "nope.jsonl"))
     assert code == 1 and "nope.jsonl: no such file" in err
+
+
+def test_mini_swe_created_at_comes_from_the_task_file() -> None:
+    from trajlake.envs.mini_swe.build import stamp_created_at, task_version
+    from trajlake.envs.mini_swe.env import task_row
+    from trajlake.envs.mini_swe.grading import load_tasks
+
+    tasks = load_tasks()
+    assert all(t["created_at"] for t in tasks)
+    t = tasks[0]
+    row = task_row(t)
+    assert row["created_at"] == dt.datetime.fromisoformat(t["created_at"].replace("Z", "+00:00"))
+    # the date is provenance, not content: the task version does not move with it
+    assert task_version(dict(t, created_at="2030-01-01T00:00:00Z")) == t["task_version"]
+    # a rebuild keeps the date of a known (task_id, task_version) and stamps new tasks with the build time
+    known = dict(t)
+    new = dict(tasks[1], created_at=None, task_version="0123456789abcdef")
+    fresh = [{k: v for k, v in known.items() if k != "created_at"}, new]
+    stamp_created_at(fresh, previous=tasks, now="2027-02-03T04:05:06Z")
+    assert fresh[0]["created_at"] == t["created_at"] and fresh[1]["created_at"] == "2027-02-03T04:05:06Z"

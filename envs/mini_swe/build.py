@@ -15,6 +15,7 @@ and adding families never moves existing ones). ``--check`` rebuilds the stored 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import hashlib
 import json
 import random
@@ -45,6 +46,7 @@ __all__ = [
     "evaluate_candidate",
     "main",
     "split_for_family",
+    "stamp_created_at",
     "task_version",
     "write_tasks",
 ]
@@ -95,9 +97,15 @@ def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+#: Keys outside the content hash: the version itself, and the generation date (the same content generated again
+#: is the same task version; the date says when it first existed).
+UNVERSIONED = ("task_version", "created_at")
+
+
 def task_version(record: dict[str, Any]) -> str:
-    """First 16 hex chars of sha256 over the canonical JSON of the record without ``task_version``."""
-    body = {k: v for k, v in record.items() if k != "task_version"}
+    """First 16 hex chars of sha256 over the canonical JSON of the record without ``task_version`` and
+    ``created_at``."""
+    body = {k: v for k, v in record.items() if k not in UNVERSIONED}
     return hashlib.sha256(_canonical(body).encode("utf-8")).hexdigest()[:16]
 
 
@@ -331,9 +339,28 @@ def _document(tasks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def utc_now_iso() -> str:
+    """The generation time stamped on a new task (UTC, whole seconds)."""
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def stamp_created_at(tasks: list[dict[str, Any]], previous: Sequence[dict[str, Any]] = (),
+                     now: str | None = None) -> list[dict[str, Any]]:
+    """Give every task its ``created_at`` (ISO-8601 UTC generation date, provenance for time splits): a task
+    whose (task_id, task_version) was already in ``previous`` keeps its date, a new one is stamped ``now``."""
+    known = {(t["task_id"], t["task_version"]): t["created_at"] for t in previous if t.get("created_at")}
+    stamp = now or utc_now_iso()
+    for t in tasks:
+        t["created_at"] = known.get((t["task_id"], t["task_version"]), t.get("created_at") or stamp)
+    return tasks
+
+
 def write_tasks(tasks: list[dict[str, Any]], path: str | Path = TASKS_PATH) -> Path:
-    """Write the task document (pretty-printed, stable order) and return its path."""
+    """Write the task document (pretty-printed, stable order) and return its path. Tasks without a
+    ``created_at`` keep the one stored for the same version in the file being replaced, or are stamped now."""
     out = Path(path)
+    previous = load_tasks(out) if out.is_file() else []
+    stamp_created_at(tasks, previous)
     out.write_text(json.dumps(_document(tasks), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return out
 
@@ -353,7 +380,8 @@ def summarize(tasks: Sequence[dict[str, Any]]) -> str:
 
 # ------------------------------------------------------------------------------------------ checking
 def _diff_keys(stored: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
-    return sorted(k for k in set(stored) | set(fresh) if stored.get(k) != fresh.get(k))
+    """Keys whose values differ (the generation date is not rebuilt, so it is not compared)."""
+    return sorted(k for k in set(stored) | set(fresh) if k != "created_at" and stored.get(k) != fresh.get(k))
 
 
 def check_tasks(
@@ -389,7 +417,7 @@ def check_tasks(
                                          runs=runs)
             if verdict.record is None:
                 return f"{task['task_id']}: no longer a valid task ({verdict.reason})"
-            if verdict.record != task:
+            if _diff_keys(task, verdict.record):
                 return f"{task['task_id']}: fresh build differs in {', '.join(_diff_keys(task, verdict.record))}"
             return None
 

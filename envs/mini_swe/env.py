@@ -376,12 +376,22 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "\n... (output cut)"
 
 
+def task_created_at(task: Mapping[str, Any]) -> dt.datetime:
+    """The task's generation date from tasks.json (``created_at``, ISO-8601 UTC); older task files without one
+    fall back to ``TASKS_CREATED_AT``."""
+    value = task.get("created_at")
+    if not value:
+        return TASKS_CREATED_AT
+    t = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
 def task_row(task: Mapping[str, Any]) -> dict[str, Any]:
     """The ``tasks`` table row of a Mini SWE task (hidden tests and fixes stay out of the lake's task table)."""
     prov = task["provenance"]
     return {
         "task_id": task["task_id"], "task_version": task["task_version"], "env_id": ENV_ID, "split": task["split"],
-        "family": task["family"], "difficulty": task.get("difficulty"), "created_at": TASKS_CREATED_AT,
+        "family": task["family"], "difficulty": task.get("difficulty"), "created_at": task_created_at(task),
         "statement": task["statement"],
         "provenance": {k: prov.get(k) for k in ("generator", "source", "commit", "mutator", "seed", "diff_hash")},
         "has_oracle": bool(task.get("has_oracle", True)),
