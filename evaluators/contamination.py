@@ -214,7 +214,7 @@ EVAL_DOCUMENT_SOURCES: dict[str, Callable[[Iterable[str]], list[EvalDocument]]] 
 def _register_corpus(con: duckdb.DuckDBPyConnection, files: Sequence[Path]) -> None:
     """Table ``corpus_docs(source, text)``: JSONL (``text`` field), Parquet (``text`` column) or plain text
     (one document per line). Sources are ``file:line`` (``file:row`` for Parquet)."""
-    con.execute("CREATE TEMP TABLE corpus_docs (source VARCHAR, text VARCHAR)")
+    con.execute("CREATE OR REPLACE TEMP TABLE corpus_docs (source VARCHAR, text VARCHAR)")
     for f in files:
         if not f.is_file():
             raise TrajlakeError(f"--corpus {f}: no such file")
@@ -288,7 +288,7 @@ def _parse_cutoff(value: str, where: str) -> dt.datetime:
 
 
 def scan(
-    lake: Lake | str | os.PathLike[str],
+    lake: Lake | str | os.PathLike[str] | None,
     *,
     eval_split: str | Sequence[str],
     train_runs: Sequence[str] | None = None,
@@ -306,7 +306,8 @@ def scan(
     """Run every check; returns the JSON-able report (``flagged_tasks``, ``checks``, ``tasks``).
 
     The training side is the episodes of ``train_runs`` plus those on ``train_split`` (default ``train`` when
-    no run is named), never an episode on an evaluation split, plus the ``corpus`` files."""
+    no run is named), never an episode on an evaluation split, plus the ``corpus`` files. ``con`` reuses an
+    open :func:`trajlake.connect` connection (the scan adds temporary tables to it)."""
     s = settings or ScanSettings()
     if s.ngram < 1 or s.shingle < 1 or s.action_ngram < 1:
         raise TrajlakeError("--ngram, --shingle and --action-ngram must be at least 1")
@@ -318,7 +319,10 @@ def scan(
     if train_split is None and not train_runs:
         train_split = "train"
     own = con is None
-    con = con or connect(lake, as_of, memory_limit=memory_limit, threads=threads)
+    if con is None:
+        if lake is None:
+            raise TrajlakeError("scan needs a lake or an open connection")
+        con = connect(lake, as_of, memory_limit=memory_limit, threads=threads)
     try:
         return _scan(con, s, eval_splits, list(train_runs or ()), train_split, [Path(c) for c in corpus],
                      list(eval_runs) if eval_runs else None, eval_task_ids, data_cutoff, lake)

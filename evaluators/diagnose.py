@@ -23,8 +23,12 @@ walk stops at the first node answered "yes", which is the diagnosis. The nodes, 
 7. ``reward_drift``       did the reward definition drift: different component names, or a component's mean
                           among successful (or among failed) episodes shifted (clustered two-sample z, Holm)?
                           Conditioning on the outcome separates a changed reward from a changed success rate.
-8. ``contamination``      task contamination cannot be checked without a contamination scan: always reported
-                          as not checkable.
+8. ``contamination``      are the matched tasks contaminated? The contamination scan
+                          (:mod:`trajlake.evaluators.contamination`, defaults: training side = the ``train`` split
+                          episodes) over the tasks of the pairs, on the candidate's splits. Yes: some tasks are
+                          flagged (exact n-gram overlap, near duplicates, family, time split, trajectory leakage),
+                          so scores on them measure memory as well as skill. Not checkable when the lake has no
+                          task rows for them.
 
 When no node says yes the diagnosis is ``unexplained``.
 """
@@ -74,8 +78,9 @@ DIAGNOSES: dict[str, tuple[str, str]] = {
     "behaviour": ("policy_behaviour", "the policy takes more steps, loops or waits longer"),
     "policy_lag": ("policy_lag", "more episodes mixed policy versions: stale or lagging rollouts"),
     "reward_drift": ("reward_drift", "the reward drifted: the success signal may have changed meaning"),
-    "contamination": ("unexplained", "no checked cause explains the drop; task contamination could not be "
-                                     "checked without a contamination scan"),
+    "contamination": ("contamination", "matched tasks are contaminated (seen in training): part of either run's "
+                                       "score is memory; compare on the unflagged tasks"),
+    "unexplained": ("unexplained", "no checked cause explains the drop"),
 }
 
 
@@ -278,7 +283,7 @@ def diagnose_data(data: EvalData, baseline: str, candidate: str, settings: Setti
     path: list[dict[str, Any]] = []
 
     def finish(node_id: str | None) -> dict[str, Any]:
-        diag_id, sentence = DIAGNOSES[node_id or "contamination"]
+        diag_id, sentence = DIAGNOSES[node_id or "unexplained"]
         return {"report": "trajlake.diagnose", "contract_version": CONTRACT_VERSION, "lake": lake_path,
                 "lake_versions": dict(sorted(data.lake_versions.items())), "as_of": data.as_of,
                 "baseline": baseline, "candidate": candidate, "n_pairs": int(b_idx.shape[0]), "dropped": dropped,
@@ -336,10 +341,37 @@ def diagnose_data(data: EvalData, baseline: str, candidate: str, settings: Setti
     if path[-1]["result"] == "yes":
         return finish("reward_drift")
 
-    path.append({"node": "contamination", "question": NODES["contamination"], "result": "not_checkable",
-                 "tests": [], "evidence": ["not checkable without a contamination scan of the candidate's tasks "
-                                           "against its training data"]})
+    path.append(_contamination_node(data, baseline, candidate))
+    if path[-1]["result"] == "yes":
+        return finish("contamination")
     return finish(None)
+
+
+def _contamination_node(data: EvalData, baseline: str, candidate: str) -> dict[str, Any]:
+    """Scan the matched tasks (on the candidate's splits) with the contamination scan's defaults."""
+    from trajlake.evaluators.contamination import scan, summary_lines
+
+    node: dict[str, Any] = {"node": "contamination", "question": NODES["contamination"], "tests": []}
+    rows = data.con.execute("SELECT DISTINCT task_id, split FROM episodes WHERE run_id IN (?, ?)",
+                            [baseline, candidate]).fetchall()
+    splits = sorted({str(s) for _, s in rows if s is not None})
+    task_ids = sorted({str(t) for t, _ in rows})
+    try:
+        report = scan(None, eval_split=splits, eval_task_ids=task_ids, eval_runs=[baseline, candidate],
+                      con=data.con)
+    except TrajlakeError as e:
+        node["result"] = "not_checkable"
+        node["evidence"] = [f"contamination scan not possible: {e}"]
+        return node
+    flagged = report["flagged_tasks"]
+    node["result"] = "yes" if flagged else "no"
+    node["evidence"] = summary_lines(report)
+    if flagged:
+        shown = ", ".join(flagged[:5]) + (f" and {len(flagged) - 5} more" if len(flagged) > 5 else "")
+        node["evidence"].append(f"flagged tasks: {shown} (trajlake contamination --eval-split "
+                                f"{' '.join(splits)} for spans and sources)")
+    node["flagged_tasks"] = flagged
+    return node
 
 
 def diagnose(lake: Lake | str | os.PathLike[str], baseline: str, candidate: str, *,

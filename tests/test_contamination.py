@@ -49,19 +49,25 @@ def _task(tid: str, split: str, family: str, statement: str, created: dt.datetim
 
 
 def _episode(w: LakeWriter, run_id: str, task_id: str, split: str, user: str, edit: str,
-             observation: str = "file contents") -> None:
+             observation: str = "file contents", success: bool = True) -> None:
     ep = w.start_episode(run_id=run_id, task_id=task_id, task_version="v1", env_id="test-env", env_version="1",
-                         split=split, env_seed=0, policy_version="p1")
-    ep.add_turn("user", user, env_state_hash="s0")
+                         split=split, env_seed=0, policy_version="p1", started_at=LATE)
+    at = [LATE]
+
+    def tick() -> dict[str, dt.datetime]:  # fixed timings: every run has the same latencies
+        at[0] += dt.timedelta(seconds=1)
+        return {"started_at": at[0] - dt.timedelta(seconds=1), "ended_at": at[0]}
+
+    ep.add_turn("user", user, env_state_hash="s0", **tick())
     for tool, args, obs, state in (("read_file", {"path": "src/x.py"}, observation, "s0"),
                                    ("edit", {"path": "src/x.py", "new": edit}, "edited src/x.py", "s1"),
                                    ("run_tests", {"command": "pytest -q"}, "5 passed, 0 failed (exit code 0)", "s1"),
                                    ("submit", {}, "submitted", "s2")):
         text = json.dumps({"tool": tool, "args": args}, sort_keys=True)
-        ep.add_turn("assistant", text, action_schema=tool, tool_args=json.dumps(args, sort_keys=True))
-        ep.add_turn("tool", obs, action_schema=tool, env_state_hash=state)
-    ep.finish(terminated=True, truncated=False, termination_reason="submitted", success=True,
-              reward_components={"resolved": 1.0})
+        ep.add_turn("assistant", text, action_schema=tool, tool_args=json.dumps(args, sort_keys=True), **tick())
+        ep.add_turn("tool", obs, action_schema=tool, env_state_hash=state, **tick())
+    ep.finish(ended_at=at[0], terminated=True, truncated=False, termination_reason="submitted", success=success,
+              reward_components={"resolved": float(success)})
 
 
 def build(root: Path, *, plant: bool) -> tuple[Any, dict[str, str], Path]:
@@ -268,3 +274,20 @@ def test_mini_swe_created_at_comes_from_the_task_file() -> None:
     fresh = [{k: v for k, v in known.items() if k != "created_at"}, new]
     stamp_created_at(fresh, previous=tasks, now="2027-02-03T04:05:06Z")
     assert fresh[0]["created_at"] == t["created_at"] and fresh[1]["created_at"] == "2027-02-03T04:05:06Z"
+
+
+def test_diagnose_uses_the_scan(tmp_path: Path) -> None:
+    from trajlake.evaluators.diagnose import diagnose
+
+    lake, stmts, _ = build(tmp_path, plant=True)
+    with LakeWriter(lake) as w:  # a candidate that fails every eval task: a significant drop (6 of 6 pairs)
+        w.write_runs([{"run_id": "cand-run", "created_at": LATE, "label": "cand", "config": "{}",
+                       "policy_name": "test", "policy_version": "p2"}])
+        for i in range(1, 7):
+            _episode(w, "cand-run", f"e{i}", "hidden", stmts[f"e{i}"], f"wrong edit {i}", success=False)
+    d = diagnose(lake, "eval-run", "cand-run")
+    node = d["path"][-1]
+    assert node["node"] == "contamination" and node["result"] == "yes"
+    assert d["diagnosis"] == "contamination"
+    assert node["flagged_tasks"] == ["e1", "e3", "e4", "e5"]  # e2's paraphrase is only in the corpus file
+    assert any(line.startswith("exact_ngram: checked, 1 task(s) flagged") for line in node["evidence"])
