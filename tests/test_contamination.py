@@ -54,7 +54,7 @@ def _episode(w: LakeWriter, run_id: str, task_id: str, split: str, user: str, ed
                          split=split, env_seed=0, policy_version="p1", started_at=LATE)
     at = [LATE]
 
-    def tick() -> dict[str, dt.datetime]:  # fixed timings: every run has the same latencies
+    def tick() -> dict[str, Any]:  # fixed timings: every run has the same latencies
         at[0] += dt.timedelta(seconds=1)
         return {"started_at": at[0] - dt.timedelta(seconds=1), "ended_at": at[0]}
 
