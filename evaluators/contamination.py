@@ -81,6 +81,7 @@ class ScanSettings:
     lsh_threshold: float = 0.7
     minhash_seed: int = 1
     near_dup_roles: tuple[str, ...] = ("user", "system")
+    near_dup_min_tokens: int = 20     # shorter texts (a one-line fix: `if not v0:`) match too much to mean anything
     action_ngram: int = 3
     action_threshold: float = 0.5     # trajectory flags a task when this share of its action n-grams is seen
     flag_shared_commits: bool = False
@@ -531,8 +532,11 @@ def _near_duplicates(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list
         own = [EvalDocument(t.task_id, "statement", t.statement)] + [
             d for d in other_docs.get(t.task_id, ()) if d.kind == "gold_patch"]
         for d in own:
+            toks = _doc_tokens(d)
+            if len(toks) < s.near_dup_min_tokens:
+                continue
             key = f"task:{t.task_id}:{d.kind}"
-            sketches[key] = _minhash(_doc_tokens(d), s)
+            sketches[key] = _minhash(toks, s)
             meta[key] = {"kind": "task", "source": t.task_id, "document": d.kind, "split": t.split,
                          "family": t.family}
             lsh.insert(key, sketches[key])
@@ -545,7 +549,10 @@ def _near_duplicates(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list
             key = f"{kind}:{source}"
             if key in sketches:
                 continue
-            sketches[key] = _minhash(code_tokens(text or "", code=looks_like_code(text or "")), s)
+            toks = code_tokens(text or "", code=looks_like_code(text or ""))
+            if len(toks) < s.near_dup_min_tokens:
+                continue
+            sketches[key] = _minhash(toks, s)
             meta[key] = {"kind": kind, "source": source}
             lsh.insert(key, sketches[key])
             n_train_docs += 1
@@ -553,7 +560,10 @@ def _near_duplicates(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list
     for t in evals:
         hits: dict[str, dict[str, Any]] = {}
         for d in eval_docs.get(t.task_id, ()):
-            m = _minhash(_doc_tokens(d), s)
+            toks = _doc_tokens(d)
+            if len(toks) < s.near_dup_min_tokens:
+                continue
+            m = _minhash(toks, s)
             for key in lsh.query(m):
                 j = round(float(m.jaccard(sketches[key])), 4)
                 if j >= s.lsh_threshold and j > hits.get(key, {}).get("jaccard", -1.0):
@@ -563,6 +573,7 @@ def _near_duplicates(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list
         if found:
             flagged.append(t.task_id)
     return {"status": "checked", "shingle": s.shingle, "num_perm": s.num_perm, "threshold": s.lsh_threshold,
+            "min_tokens": s.near_dup_min_tokens,
             "seed": s.minhash_seed, "other_split_tasks": len(others), "training_documents": n_train_docs,
             "flagged": sorted(flagged)}
 

@@ -291,3 +291,17 @@ def test_diagnose_uses_the_scan(tmp_path: Path) -> None:
     assert d["diagnosis"] == "contamination"
     assert node["flagged_tasks"] == ["e1", "e3", "e4", "e5"]  # e2's paraphrase is only in the corpus file
     assert any(line.startswith("exact_ngram: checked, 1 task(s) flagged") for line in node["evidence"])
+
+
+def test_hf_card_contamination_section(planted: Any, tmp_path: Path) -> None:
+    from trajlake.io.hf import export_hf
+
+    lake, _, _ = planted
+    s = export_hf(lake, tmp_path / "hf", include_hidden=True)
+    (c,) = s.contamination
+    assert c["split"] == "hidden" and c["flagged_tasks"] == ["e1", "e3", "e4", "e5"]
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "### Contamination scan" in card
+    assert "| `hidden` | 6 | 4 | 1 | 1 | 1 | 1 | 1 | 1 |" in card
+    # the hidden split is not exported by default, so it is not scanned for the card either
+    assert export_hf(lake, tmp_path / "hf2").contamination == ()

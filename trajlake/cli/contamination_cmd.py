@@ -111,6 +111,8 @@ def contamination_command(
     near_dup_roles: Annotated[str, typer.Option(help="Roles of training turns compared for near duplicates "
                                                      "(comma-separated; corpus documents always are).")
                               ] = "user,system",
+    near_dup_min_tokens: Annotated[int, typer.Option(help="Texts with fewer tokens are not compared for near "
+                                                          "duplicates.", min=1)] = 20,
     action_ngram: Annotated[int, typer.Option(help="Tool calls per action n-gram (trajectory leakage).", min=1)] = 3,
     action_threshold: Annotated[float, typer.Option(help="Flag a task when this share of its action n-grams "
                                                          "occurs in training.")] = 0.5,
@@ -138,6 +140,7 @@ def contamination_command(
     settings = ScanSettings(ngram=ngram, threshold=threshold, common_families=common_families, shingle=shingle,
                             num_perm=num_perm, lsh_threshold=lsh_threshold,
                             near_dup_roles=tuple(r.strip() for r in near_dup_roles.split(",") if r.strip()),
+                            near_dup_min_tokens=near_dup_min_tokens,
                             action_ngram=action_ngram, action_threshold=action_threshold,
                             flag_shared_commits=flag_shared_commits)
     report = scan(_lake_path(), eval_split=eval_split, train_runs=train_runs, train_split=train_split,

@@ -124,6 +124,8 @@ class ExportSummary:
     exported_at: str
     pushed_to: str | None = None
     """``https://huggingface.co/datasets/<repo_id>`` after a push, else None."""
+    contamination: tuple[dict[str, Any], ...] = ()
+    """Per exported evaluation split: the contamination scan's summary (``contamination_summary``)."""
     commit_url: str | None = None
 
     @property
@@ -460,6 +462,7 @@ def render_card(summary: ExportSummary, lake_name: str) -> str:
           "`test` rows may be used to evaluate a model trained on `train`; do not train on them if you report "
           "results on those splits. `runs` are all in `train` and describe configurations only (no task content).",
           ""]
+    b += _contamination_card(summary, lake_name)
 
     b += ["## Not checked", "", "The exporter did **not** run or check the following; do it before publishing:", ""]
     not_checked = [
@@ -467,7 +470,8 @@ def render_card(summary: ExportSummary, lake_name: str) -> str:
         "No license or terms-of-use check of the source trajectories, the tasks, or the models that produced "
         "the policy turns" + (" (the license field is `other`: choose one)." if summary.license == "other" else "."),
         "No content-hash verification at export time (run `trajlake verify --as-of ...` on the lake).",
-        "No decontamination against public benchmarks or other datasets (only the `hidden` split is filtered).",
+        "No decontamination against public benchmarks or other datasets: the contamination scan above compares "
+        "this lake's evaluation splits with its own `train` split only.",
         "No toxicity or safety filtering; observations may contain prompt-injection payloads "
         "(`episodes.injection_attempted`).",
         "Uncommitted (orphan) turns are never exported; no other completeness check was made.",
@@ -489,6 +493,66 @@ def render_card(summary: ExportSummary, lake_name: str) -> str:
             b.append(f"| `{c.name}` | {_md(typ)} | {'yes' if c.nullable else 'no'} | {_md(enum)} | {_md(c.description)} |")
         b.append("")
     return "\n".join(y + b)
+
+
+def _contamination_card(summary: ExportSummary, lake_name: str) -> list[str]:
+    b = ["### Contamination scan", ""]
+    if not summary.contamination:
+        return [*b, "No evaluation split (tasks on a split other than `train`) was exported, so no scan was run.", ""]
+    b += ["`trajlake contamination` (docs/contamination.md) compared each exported evaluation split with the "
+          "`train` split episodes at the pinned versions: exact 13-gram overlap of task statements, gold patches "
+          "and hidden tests with training turns; MinHash near duplicates with identifier normalisation; the "
+          "family rule; the time split (tasks created before a run's `data_cutoff`); shared source commits "
+          "(listed, not flagged); and tool-call n-grams of eval episodes replayed in training.", "",
+          "| split | tasks | flagged | exact n-gram | near duplicate | family | time split | trajectory | "
+          "shared commit (listed) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in summary.contamination:
+        if "error" in c:
+            b.append(f"| `{c['split']}` | - | not run: {_md(c['error'])} | | | | | | |")
+            continue
+        cells = [str(c["checks"][k]) for k in ("exact_ngram", "near_duplicate", "family", "time_split",
+                                                "trajectory")]
+        b.append(f"| `{c['split']}` | {c['tasks']} | {len(c['flagged_tasks'])} | " + " | ".join(cells)
+                 + f" | {c['shared_commit']} |")
+    b.append("")
+    for c in summary.contamination:
+        if c.get("flagged_tasks"):
+            shown = ", ".join(f"`{t}`" for t in c["flagged_tasks"][:20])
+            more = f" and {len(c['flagged_tasks']) - 20} more" if len(c["flagged_tasks"]) > 20 else ""
+            b.append(f"Flagged on `{c['split']}`: {shown}{more}.")
+    b += ["", f"Reproduce: `trajlake --lake {lake_name} contamination --eval-split SPLIT --as-of {summary.as_of} "
+          "--format json`.", ""]
+    return b
+
+
+def contamination_summary(lk: Lake, versions: dict[str, int], include_hidden: bool) -> tuple[dict[str, Any], ...]:
+    """Run the contamination scan on every exported evaluation split (a task split other than ``train``; the
+    ``hidden`` split only with ``include_hidden``) and keep the counts the dataset card shows."""
+    # evaluators sit beside io; imported here so an export without task rows never loads them
+    from trajlake.evaluators.contamination import scan
+    from trajlake.query import connect
+
+    con = connect(lk, versions)
+    try:
+        splits = [str(s) for (s,) in con.execute(
+            "SELECT DISTINCT split FROM tasks WHERE split IS NOT NULL AND split <> 'train' ORDER BY 1").fetchall()]
+    finally:
+        con.close()
+    out: list[dict[str, Any]] = []
+    for split in splits:
+        if split == HIDDEN_SPLIT and not include_hidden:
+            continue
+        try:
+            r = scan(lk, eval_split=split, as_of=versions)
+        except TrajlakeError as e:
+            out.append({"split": split, "error": str(e)})
+            continue
+        checks = {k: (v["status"] if v["status"] != "checked" else len(v["flagged"]))
+                  for k, v in r["checks"].items()}
+        checks = {k: ("not checkable" if v == "not_checkable" else v) for k, v in checks.items()}
+        out.append({"split": split, "tasks": r["n_eval_tasks"], "flagged_tasks": r["flagged_tasks"],
+                    "checks": checks, "shared_commit": len(r["checks"]["repo_commit"]["shared"])})
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------------- push
@@ -567,7 +631,7 @@ def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], 
               license: str = "other", include_hidden: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS,
               max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, push: str | None = None, overwrite: bool = False,
               private: bool = True, memory_limit: str | None = None, threads: int | None = None,
-              api: Any = None) -> ExportSummary:
+              api: Any = None, contamination: bool = True) -> ExportSummary:
     """Export lake tables as a Hugging Face dataset folder in ``out`` (and upload it when ``push``).
 
     ``tables``: names or a comma-separated string (default: all five). ``as_of``: pin versions as
@@ -576,7 +640,8 @@ def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], 
     most ``shard_rows`` rows and close once about ``max_shard_bytes`` are written. ``out`` must be empty or
     missing unless ``overwrite`` (which replaces only ``README.md`` and ``data/``). ``push``: a Hub dataset
     repo id; needs ``$HF_TOKEN`` (checked before anything is written) unless ``api`` (an ``HfApi``-like
-    object) is given. Bad input raises :class:`TrajlakeError` with a one-line message."""
+    object) is given. ``contamination``: run the contamination scan for the card's contamination section.
+    Bad input raises :class:`TrajlakeError` with a one-line message."""
     from trajlake.query import connect
 
     names = _parse_tables(tables)
@@ -613,7 +678,9 @@ def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], 
             raise TrajlakeError(f"nothing to export: {', '.join(names)} have no rows at --as-of {pins}"
                                 + ("" if include_hidden else " (hidden split excluded)"))
         summary = ExportSummary(out=out_p, tables=exported, versions=dict(versions), include_hidden=include_hidden,
-                                license=license, exported_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+                                license=license, exported_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                                contamination=contamination_summary(lk, dict(versions), include_hidden)
+                                if contamination else ())
         (staging / CARD).write_text(render_card(summary, lk.root.name), encoding="utf-8")
         # Swap the finished export into place: only README.md and data/ are ever replaced.
         if (out_p / DATA_DIR).exists():
