@@ -303,6 +303,7 @@ def scan(
     memory_limit: str | None = None,
     threads: int | None = None,
     con: duckdb.DuckDBPyConnection | None = None,
+    checks: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run every check; returns the JSON-able report (``flagged_tasks``, ``checks``, ``tasks``).
 
@@ -310,6 +311,10 @@ def scan(
     no run is named), never an episode on an evaluation split, plus the ``corpus`` files. ``con`` reuses an
     open :func:`trajlake.connect` connection (the scan adds temporary tables to it)."""
     s = settings or ScanSettings()
+    wanted = list(checks) if checks is not None else list(CHECKS)
+    unknown = [c for c in wanted if c not in CHECKS]
+    if unknown:
+        raise TrajlakeError(f"unknown check(s) {', '.join(unknown)}; checks are {', '.join(CHECKS)}")
     if s.ngram < 1 or s.shingle < 1 or s.action_ngram < 1:
         raise TrajlakeError("--ngram, --shingle and --action-ngram must be at least 1")
     if s.num_perm < 2:
@@ -326,7 +331,7 @@ def scan(
         con = connect(lake, as_of, memory_limit=memory_limit, threads=threads)
     try:
         return _scan(con, s, eval_splits, list(train_runs or ()), train_split, [Path(c) for c in corpus],
-                     list(eval_runs) if eval_runs else None, eval_task_ids, data_cutoff, lake)
+                     list(eval_runs) if eval_runs else None, eval_task_ids, data_cutoff, lake, wanted)
     finally:
         if own:
             con.close()
@@ -334,7 +339,8 @@ def scan(
 
 def _scan(con: duckdb.DuckDBPyConnection, s: ScanSettings, eval_splits: list[str], train_runs: list[str],
           train_split: str | None, corpus: list[Path], eval_runs: list[str] | None,
-          eval_task_ids: Sequence[str] | None, data_cutoff: str | None, lake: Any) -> dict[str, Any]:
+          eval_task_ids: Sequence[str] | None, data_cutoff: str | None, lake: Any,
+          wanted: list[str]) -> dict[str, Any]:
     known_runs = {r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()} | {
         r for (r,) in con.execute("SELECT DISTINCT run_id FROM episodes").fetchall()}
     for r in [*train_runs, *(eval_runs or ())]:
@@ -375,14 +381,17 @@ def _scan(con: duckdb.DuckDBPyConnection, s: ScanSettings, eval_splits: list[str
                     "documents": sorted({d.kind for d in docs if d.task_id == t.task_id}), "flags": []}
 
     train_task_ids = {r for (r,) in con.execute("SELECT DISTINCT task_id FROM _train_eps").fetchall()}
-    checks: dict[str, dict[str, Any]] = {}
-    checks["exact_ngram"] = _exact(con, s, docs, evals, all_tasks)
-    checks["near_duplicate"] = _near_duplicates(con, s, docs, evals, all_tasks, eval_splits)
-    checks["family"] = _family(evals, all_tasks, by_id, train_task_ids, eval_splits)
-    checks["time_split"] = _time_split(con, s, evals, eval_splits, eval_runs, data_cutoff)
-    checks["repo_commit"] = _repo_commit(s, evals, all_tasks, by_id, train_task_ids, train_split)
-    checks["trajectory"] = _trajectory(con, s, evals, eval_splits, eval_runs)
-
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "exact_ngram": lambda: _exact(con, s, docs, evals, all_tasks),
+        "near_duplicate": lambda: _near_duplicates(con, s, docs, evals, all_tasks, eval_splits),
+        "family": lambda: _family(evals, all_tasks, by_id, train_task_ids, eval_splits),
+        "time_split": lambda: _time_split(con, s, evals, eval_splits, eval_runs, data_cutoff),
+        "repo_commit": lambda: _repo_commit(s, evals, all_tasks, by_id, train_task_ids, train_split),
+        "trajectory": lambda: _trajectory(con, s, evals, eval_splits, eval_runs),
+    }
+    checks = {name: runners[name]() if name in wanted else {"status": "skipped", "flagged": []} for name in CHECKS}
+    if "repo_commit" not in wanted:
+        checks["repo_commit"]["shared"] = []
     for name, chk in checks.items():
         for tid in chk.get("flagged", ()):
             next(t for t in evals if t.task_id == tid).detail["flags"].append(name)
@@ -481,9 +490,11 @@ def _exact(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list[EvalDocum
     for t in evals:
         t.detail["exact_ngram"] = per_task[t.task_id]
     (n_hits,) = con.execute("SELECT count(*) FROM _hits").fetchone()  # type: ignore[misc]
+    (n_train,) = con.execute("SELECT count(*) FROM _train_docs").fetchone()  # type: ignore[misc]
     (n_eval_ng,) = con.execute("SELECT count(*) FROM _eval_ng").fetchone()  # type: ignore[misc]
     return {"status": "checked", "n": n, "eval_ngrams": int(n_eval_ng), "boilerplate_ngrams": int(n_boiler),
-            "training_ngram_hits": int(n_hits), "threshold": s.threshold, "flagged": flagged}
+            "training_documents": int(n_train), "training_ngram_hits": int(n_hits), "threshold": s.threshold,
+            "flagged": flagged}
 
 
 # ---------------------------------------------------------------------------------- near duplicates
