@@ -350,8 +350,8 @@ def _scan(con: duckdb.DuckDBPyConnection, s: ScanSettings, eval_splits: list[str
     by_id = {t.task_id: t for t in all_tasks}
     evals = [t for t in all_tasks if t.split in eval_splits]
     if eval_task_ids is not None:
-        wanted = set(eval_task_ids)
-        evals = [t for t in evals if t.task_id in wanted]
+        chosen = set(eval_task_ids)
+        evals = [t for t in evals if t.task_id in chosen]
     if not evals:
         raise TrajlakeError(f"no tasks on split {', '.join(eval_splits)} in the lake's tasks table")
 
@@ -742,7 +742,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     for name in CHECKS:
         c = report["checks"][name]
         extra = f" ({c['reason']})" if c.get("reason") else ""
-        if name == "repo_commit":
+        if c["status"] == "skipped":
+            lines.append(f"{name}: skipped")
+        elif name == "repo_commit":
             lines.append(f"{name}: {len(c['shared'])} task(s) share a source commit with training tasks"
                          f"{' (flagged)' if c['flagged'] else ' (listed, not flagged)'}")
         else:

@@ -122,6 +122,9 @@ def contamination_command(
         "--eval-runs", help="Only these runs' eval-split episodes (time split, trajectory leakage).")] = None,
     flag_shared_commits: Annotated[bool, typer.Option(help="Flag (not only list) eval tasks sharing a source "
                                                            "commit with training tasks.")] = False,
+    checks: Annotated[str | None, typer.Option(help="Only these checks (comma-separated): exact_ngram, "
+                                                    "near_duplicate, family, time_split, repo_commit, trajectory."
+                                               )] = None,
     fail_on_flags: Annotated[bool, typer.Option(help="Exit 2 when any task is flagged.")] = False,
     as_of: Annotated[str | None, typer.Option("--as-of", help="Pin table versions or an ISO-8601 time.")] = None,
     fmt: Annotated[ContaminationFormat, typer.Option("--format", "-f", help="table, json, markdown or html.")
@@ -145,7 +148,8 @@ def contamination_command(
                             flag_shared_commits=flag_shared_commits)
     report = scan(_lake_path(), eval_split=eval_split, train_runs=train_runs, train_split=train_split,
                   corpus=corpus or (), eval_runs=eval_runs, data_cutoff=data_cutoff, settings=settings,
-                  as_of=as_of, memory_limit=memory_limit, threads=threads)
+                  as_of=as_of, memory_limit=memory_limit, threads=threads,
+                  checks=[c.strip() for c in checks.split(",") if c.strip()] if checks else None)
     if fmt == ContaminationFormat.json:
         text = json.dumps(report, indent=1, default=str, sort_keys=False)
     elif fmt == ContaminationFormat.markdown:
