@@ -85,7 +85,8 @@ def generate(root: Path, n_turns: int, n_eval: int, planted: int, sample: int, s
             ep_ids = [f"train-{e:07d}" for e in eps]
             idx = np.tile(np.arange(TURNS_PER_EPISODE, dtype=np.int32), len(eps))
             is_pol = idx % 2 == 1
-            starts = np.datetime64("2026-01-01T00:00:00", "us") + np.arange(n).astype("timedelta64[s]")
+            base_s = np.datetime64("2026-01-01T00:00:00", "us")
+            starts = base_s + (np.arange(n) + first * TURNS_PER_EPISODE).astype("timedelta64[s]")
             turns = pa.table({
                 "episode_id": pa.array(np.repeat(ep_ids, TURNS_PER_EPISODE)), "run_id": ["train-run"] * n,
                 "turn_idx": pa.array(idx), "role": np.where(is_pol, "assistant", "user").tolist(),
@@ -115,7 +116,8 @@ def generate(root: Path, n_turns: int, n_eval: int, planted: int, sample: int, s
                 "injection_attempted": [False] * m})
             res = w.write_batch(episodes, turns, check_existing=False)
             if res.rejected:
-                raise SystemExit(f"generator bug: {next(iter(res.rejected.items()))}")
+                eid, issues = next(iter(res.rejected.items()))
+                raise SystemExit(f"generator bug: {eid}: {issues[0]}")
             w.flush()
     return {"turns": n_turns, "eval_tasks": n_eval, "planted": sorted(f"eval-{i:05d}" for i in plant_tasks),
             "generate_s": round(time.perf_counter() - t, 1)}
