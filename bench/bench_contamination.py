@@ -3,12 +3,15 @@ documents, in the same run.
 
     python bench/bench_contamination.py [--turns 1000000] [--eval-tasks 1000] [--planted 200]
                                         [--minhash-docs 20000] [--out bench/out/contamination] [--skip-generate]
+                                        [--sql-engine]
 
 1. Generates a lake: ``--eval-tasks`` tasks on split ``test`` (statements of 7 unique sentences, ~85 words) and
    ``--turns`` training turns on split ``train`` (100 turns per episode, each turn 6 sentences drawn from a bank of
    200,000 random sentences, ~70 words). ``--planted`` eval statements are copied verbatim into training turns
    (inside the turn's own text), all of them within the first ``--minhash-docs`` turns.
-2. Times ``scan(checks=["exact_ngram"])``: the DuckDB n-gram hash join over every training turn (13-grams).
+2. Times ``scan(checks=["exact_ngram"])`` over every training turn (13-grams): the default engine (DuckDB
+   tokenises and hashes words, numpy hashes n-grams and semi-joins them with the eval hashes, DuckDB joins the
+   hits back), and with ``--sql-engine`` also the pure-SQL engine (n-grams as list slices, a DuckDB semi join).
    Recall = planted tasks flagged / planted; any other flagged task is a false positive.
 3. Times MinHash LSH on the first ``--minhash-docs`` of the same turns (word 5-gram shingles, 128
    permutations, threshold 0.7, as the scan's near-duplicate check uses it): sketch every training turn, insert
@@ -123,11 +126,12 @@ def generate(root: Path, n_turns: int, n_eval: int, planted: int, sample: int, s
             "generate_s": round(time.perf_counter() - t, 1)}
 
 
-def bench_exact(root: Path, planted: list[str], memory_limit: str | None) -> dict[str, Any]:
+def bench_exact(root: Path, planted: list[str], memory_limit: str | None, engine: str) -> dict[str, Any]:
     from trajlake.evaluators.contamination import ScanSettings, scan
 
     t, cpu = time.perf_counter(), time.process_time()
-    r = scan(root, eval_split="test", settings=ScanSettings(), checks=["exact_ngram"], memory_limit=memory_limit)
+    r = scan(root, eval_split="test", settings=ScanSettings(engine=engine), checks=["exact_ngram"],
+             memory_limit=memory_limit)
     dt_s, cpu_s = time.perf_counter() - t, time.process_time() - cpu
     flagged = set(r["checks"]["exact_ngram"]["flagged"])
     n = r["checks"]["exact_ngram"]["training_documents"]
@@ -174,6 +178,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/out/contamination"))
     ap.add_argument("--memory-limit", default=None)
     ap.add_argument("--skip-generate", action="store_true")
+    ap.add_argument("--sql-engine", action="store_true", help="also time the pure-SQL (duckdb) n-gram engine")
     a = ap.parse_args()
     root = a.out / "lake"
     meta_path = a.out / "generated.json"
@@ -184,12 +189,16 @@ def main() -> None:
         meta_path.write_text(json.dumps(gen))
     gen = json.loads(meta_path.read_text())
     planted = list(gen["planted"])
-    exact = bench_exact(root, planted, a.memory_limit)
+    exact = bench_exact(root, planted, a.memory_limit, "numpy")
+    exact_sql = bench_exact(root, planted, a.memory_limit, "duckdb") if a.sql_engine else None
     mh = bench_minhash(root, planted, a.minhash_docs)
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, python {sys.version.split()[0]}",
-           "generated": {k: v for k, v in gen.items() if k != "planted"}, "exact_ngram": exact, "minhash_lsh": mh,
+           "generated": {k: v for k, v in gen.items() if k != "planted"}, "exact_ngram": exact,
+           "exact_ngram_duckdb_engine": exact_sql, "minhash_lsh": mh,
            "throughput_ratio": round(exact["docs_per_s"] / mh["docs_per_s"], 1),
            "throughput_ratio_cpu": round(exact["docs_per_cpu_s"] / mh["docs_per_cpu_s"], 1),
+           "throughput_ratio_cpu_duckdb_engine": round(exact_sql["docs_per_cpu_s"] / mh["docs_per_cpu_s"], 1)
+           if exact_sql else None,
            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
     print(json.dumps(out, indent=1))
 

@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from trajlake.errors import TrajlakeError
@@ -86,6 +88,7 @@ class ScanSettings:
     action_threshold: float = 0.5     # trajectory flags a task when this share of its action n-grams is seen
     flag_shared_commits: bool = False
     max_sources: int = 5
+    engine: str = "numpy"             # n-gram hashing: numpy (vectorised) or duckdb (list slices in SQL)
 
 
 # ------------------------------------------------------------------------------------ normalisation
@@ -317,6 +320,8 @@ def scan(
         raise TrajlakeError(f"unknown check(s) {', '.join(unknown)}; checks are {', '.join(CHECKS)}")
     if s.ngram < 1 or s.shingle < 1 or s.action_ngram < 1:
         raise TrajlakeError("--ngram, --shingle and --action-ngram must be at least 1")
+    if s.engine not in ("numpy", "duckdb"):
+        raise TrajlakeError(f"--engine must be numpy or duckdb, not {s.engine!r}")
     if s.num_perm < 2:
         raise TrajlakeError("--num-perm must be at least 2")
     if not 0.0 < s.lsh_threshold <= 1.0:
@@ -421,25 +426,110 @@ def _ngram_sql(source: str, id_cols: str, n: int) -> str:
             f"FROM {source}) WHERE len(wh) >= {n})")
 
 
+def _multipliers(n: int) -> npt.NDArray[np.uint64]:
+    """Odd 64-bit constants (splitmix64 of 1..n): the n-gram hash is sum(word_hash[i + j] * c[j]) mod 2**64."""
+    out = []
+    for j in range(1, n + 1):
+        z = (j * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        out.append((z ^ (z >> 31)) | 1)
+    return np.array(out, dtype=np.uint64)
+
+
+def _word_hash_batches(con: duckdb.DuckDBPyConnection, source: str, id_cols: str,
+                       batch_rows: int = 65_536) -> Iterable[pa.RecordBatch]:
+    """Record batches ``(id_cols..., wh)``: DuckDB normalises and hashes the words of each text (``wh``)."""
+    norm = _NORM_SQL.format(col="text")
+    rel = con.execute(f"SELECT {id_cols}, list_transform(list_filter({norm}, w -> w <> ''), w -> hash(w)) AS wh "
+                      f"FROM {source}")
+    yield from rel.to_arrow_reader(batch_rows)
+
+
+def _np_ngrams(wh: pa.ListArray | pa.ChunkedArray, n: int
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
+    """(row in the batch, 1-based word position, hash) of every n-gram of a column of word-hash lists."""
+    arr = wh.combine_chunks() if isinstance(wh, pa.ChunkedArray) else wh
+    offs = np.asarray(arr.offsets, dtype=np.int64)
+    offs = offs - offs[0]
+    vals = np.asarray(arr.flatten().fill_null(0), dtype=np.uint64)
+    m = len(vals) - n + 1
+    if m <= 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0, dtype=np.uint64)
+    mult = _multipliers(n)
+    h = vals[:m] * mult[0]
+    for j in range(1, n):  # wraps mod 2**64 by design
+        h += vals[j:j + m] * mult[j]
+    doc_of = np.repeat(np.arange(len(offs) - 1, dtype=np.int64), np.diff(offs))
+    starts = np.nonzero(doc_of[:m] == doc_of[n - 1:])[0]
+    rows = doc_of[starts]
+    return rows, starts - offs[rows] + 1, h[starts]
+
+
+def _np_ngram_table(con: duckdb.DuckDBPyConnection, source: str, id_col: str, n: int) -> pa.Table:
+    """``(id_col, pos, h)`` of every n-gram of a small source (evaluation documents, statements)."""
+    parts = []
+    for b in _word_hash_batches(con, source, id_col):
+        rows, pos, h = _np_ngrams(b.column(1), n)
+        parts.append(pa.table({id_col: b.column(0).take(pa.array(rows)), "pos": pa.array(pos, pa.int64()),
+                               "h": pa.array(h, pa.uint64())}))
+    return pa.concat_tables(parts) if parts else pa.table({id_col: pa.array([], pa.int64()),
+                                                           "pos": pa.array([], pa.int64()),
+                                                           "h": pa.array([], pa.uint64())})
+
+
+def _np_train_hits(con: duckdb.DuckDBPyConnection, eval_h: npt.NDArray[np.uint64], n: int) -> pa.Table:
+    """``(kind, source, h)`` of the training n-grams whose hash is an evaluation hash: one streaming pass, the
+    semi join done as a sorted-array lookup per batch; memory holds the eval hashes, one batch and the hits."""
+    parts = []
+    for b in _word_hash_batches(con, "_train_docs", "kind, source"):
+        rows, _, h = _np_ngrams(b.column(2), n)
+        if not eval_h.shape[0] or not h.shape[0]:
+            continue
+        idx = np.minimum(np.searchsorted(eval_h, h), eval_h.shape[0] - 1)
+        hit = eval_h[idx] == h
+        if hit.any():
+            take = pa.array(rows[hit])
+            parts.append(pa.table({"kind": b.column(0).take(take), "source": b.column(1).take(take),
+                                   "h": pa.array(h[hit], pa.uint64())}))
+    if not parts:
+        return pa.table({"kind": pa.array([], pa.string()), "source": pa.array([], pa.string()),
+                         "h": pa.array([], pa.uint64())})
+    return pa.concat_tables(parts)
+
+
 def _exact(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list[EvalDocument], evals: list[_Task],
            all_tasks: list[_Task]) -> dict[str, Any]:
     n = s.ngram
     con.register("_eval_docs_arrow", pa.table({
         "doc_no": list(range(len(docs))), "task_id": [d.task_id for d in docs], "kind": [d.kind for d in docs],
         "text": [d.text for d in docs]}))
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _eval_ng AS {_ngram_sql('_eval_docs_arrow', 'doc_no', n)}")
-    # boilerplate: n-grams of the statement template, i.e. shared by the statements of many template families
     con.register("_fam_docs_arrow", pa.table({"family": [t.family or t.task_id for t in all_tasks],
                                               "text": [t.statement for t in all_tasks]}))
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE _boiler AS SELECT h FROM ({_ngram_sql('_fam_docs_arrow', 'family', n)})
+    if s.engine == "duckdb":
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _eval_ng AS {_ngram_sql('_eval_docs_arrow', 'doc_no', n)}")
+        fam_ng = f"({_ngram_sql('_fam_docs_arrow', 'family', n)})"
+    else:
+        con.register("_eval_ng_arrow", _np_ngram_table(con, "_eval_docs_arrow", "doc_no", n))
+        con.execute("CREATE OR REPLACE TEMP TABLE _eval_ng AS SELECT * FROM _eval_ng_arrow")
+        con.register("_fam_ng_arrow", _np_ngram_table(con, "_fam_docs_arrow", "family", n))
+        fam_ng = "_fam_ng_arrow"
+    # boilerplate: n-grams of the statement template, i.e. shared by the statements of many template families
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE _boiler AS SELECT h FROM {fam_ng}
                     GROUP BY h HAVING count(DISTINCT family) >= {int(s.common_families)}""")
     con.execute("DELETE FROM _eval_ng WHERE h IN (SELECT h FROM _boiler)")
     (n_boiler,) = con.execute("SELECT count(*) FROM _boiler").fetchone()  # type: ignore[misc]
     con.execute("CREATE OR REPLACE TEMP TABLE _eval_h AS SELECT DISTINCT h FROM _eval_ng")
-    # the one pass over the training side: stream its n-gram hashes through a join with the eval hashes
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE _hits AS
-        SELECT g.kind, g.source, g.h FROM ({_ngram_sql('_train_docs', 'kind, source', n)}) g
-        SEMI JOIN _eval_h USING (h)""")
+    # the one pass over the training side: its n-gram hashes semi-joined with the evaluation hashes
+    if s.engine == "duckdb":
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE _hits AS
+            SELECT g.kind, g.source, g.h FROM ({_ngram_sql('_train_docs', 'kind, source', n)}) g
+            SEMI JOIN _eval_h USING (h)""")
+    else:
+        eval_h = np.sort(con.execute("SELECT h FROM _eval_h").fetchnumpy()["h"].astype(np.uint64))
+        con.register("_hits_arrow", _np_train_hits(con, eval_h, n))
+        con.execute("CREATE OR REPLACE TEMP TABLE _hits AS SELECT * FROM _hits_arrow")
     con.execute("""CREATE OR REPLACE TEMP TABLE _matches AS
         SELECT e.doc_no, e.pos, h.kind, h.source FROM (SELECT DISTINCT kind, source, h FROM _hits) h
         JOIN _eval_ng e USING (h)""")

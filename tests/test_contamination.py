@@ -305,3 +305,16 @@ def test_hf_card_contamination_section(planted: Any, tmp_path: Path) -> None:
     assert "| `hidden` | 6 | 4 | 1 | 1 | 1 | 1 | 1 | 1 |" in card
     # the hidden split is not exported by default, so it is not scanned for the card either
     assert export_hf(lake, tmp_path / "hf2").contamination == ()
+
+
+def test_engines_agree(planted: Any) -> None:
+    """The vectorised (numpy) and the pure-SQL (duckdb) n-gram hashing find the same spans and sources."""
+    lake, _, corpus = planted
+    a = scan(lake, eval_split="hidden", corpus=[corpus], checks=["exact_ngram"], settings=ScanSettings(engine="numpy"))
+    b = scan(lake, eval_split="hidden", corpus=[corpus], checks=["exact_ngram"],
+             settings=ScanSettings(engine="duckdb"))
+    assert a["flagged_tasks"] == b["flagged_tasks"] == ["e1"]
+    assert [t["exact_ngram"] for t in a["tasks"]] == [t["exact_ngram"] for t in b["tasks"]]
+    assert a["checks"]["near_duplicate"]["status"] == "skipped"
+    with pytest.raises(TrajlakeError, match="--engine must be numpy or duckdb"):
+        scan(lake, eval_split="hidden", settings=ScanSettings(engine="gpu"))

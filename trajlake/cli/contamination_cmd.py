@@ -122,6 +122,8 @@ def contamination_command(
         "--eval-runs", help="Only these runs' eval-split episodes (time split, trajectory leakage).")] = None,
     flag_shared_commits: Annotated[bool, typer.Option(help="Flag (not only list) eval tasks sharing a source "
                                                            "commit with training tasks.")] = False,
+    engine: Annotated[str, typer.Option(help="n-gram hashing of the exact scan: numpy (vectorised, default) or "
+                                             "duckdb (list slices in SQL); same results.")] = "numpy",
     checks: Annotated[str | None, typer.Option(help="Only these checks (comma-separated): exact_ngram, "
                                                     "near_duplicate, family, time_split, repo_commit, trajectory."
                                                )] = None,
@@ -145,7 +147,7 @@ def contamination_command(
                             near_dup_roles=tuple(r.strip() for r in near_dup_roles.split(",") if r.strip()),
                             near_dup_min_tokens=near_dup_min_tokens,
                             action_ngram=action_ngram, action_threshold=action_threshold,
-                            flag_shared_commits=flag_shared_commits)
+                            flag_shared_commits=flag_shared_commits, engine=engine)
     report = scan(_lake_path(), eval_split=eval_split, train_runs=train_runs, train_split=train_split,
                   corpus=corpus or (), eval_runs=eval_runs, data_cutoff=data_cutoff, settings=settings,
                   as_of=as_of, memory_limit=memory_limit, threads=threads,
