@@ -1052,3 +1052,25 @@ def test_ingest_file_rejects_importer_options_for_trajlake_jsonl(lake: trajlake.
         _ingest(lake, path, "trajlake-jsonl", run_id="R")
     with pytest.raises(ValidationError, match="not supported"):
         _ingest(lake, path, "langsmith")
+
+
+def test_trajlake_jsonl_empty_file_is_an_error_through_ingest_jsonl_too(lake: trajlake.Lake, tmp_path: Path) -> None:
+    from trajlake.io.jsonl import ingest_jsonl
+
+    path = tmp_path / "blank.jsonl"
+    path.write_text("\n\n")
+    with LakeWriter(lake, handle_signals=False) as w, pytest.raises(ValidationError, match="empty file: no episodes"):
+        ingest_jsonl(w, path)
+
+
+def test_cli_empty_file_exits_1_for_every_format(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    lake_dir = tmp_path / "lake"
+    assert run_cli(capsys, "--lake", str(lake_dir), "init")[0] == 0
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    for fmt in ("trajlake-jsonl", *FORMATS):
+        code, _, err = run_cli(capsys, "--lake", str(lake_dir), "ingest", str(empty), "--format", fmt)
+        assert code == 1 and str(empty) in err and "no episodes" in err, (fmt, err)
+        assert len(err.strip().splitlines()) == 1, err

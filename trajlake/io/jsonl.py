@@ -216,10 +216,14 @@ def ingest_jsonl(writer: LakeWriter, path: Path, *, skip_invalid: bool = False) 
     """Validate the whole file first; unless ``skip_invalid``, any invalid episode means nothing is written."""
     summary = IngestSummary()
     # pass 1: parse and validate everything without writing
+    empty = True
     for parsed in iter_chunks(path):
+        empty = False
         if parsed.episodes:
             res = writer.write_batch(parsed.episodes, parsed.turns, parsed.events or None, dry_run=True)
             summary.rejected += _locate(res, parsed, path)
+    if empty:  # the rule of every ingest format (trajlake.io.importers.check_input_file)
+        raise ValidationError([Issue("episodes", None, None, "*", "empty file: no episodes", str(path))])
     if summary.rejected and not skip_invalid:
         raise ValidationError(summary.rejected)
     # pass 2: write (re-parsing keeps memory bounded by one chunk)
