@@ -1074,3 +1074,18 @@ def test_cli_empty_file_exits_1_for_every_format(capsys: pytest.CaptureFixture[s
         code, _, err = run_cli(capsys, "--lake", str(lake_dir), "ingest", str(empty), "--format", fmt)
         assert code == 1 and str(empty) in err and "no episodes" in err, (fmt, err)
         assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("text, invalid", [
+    ("Parameter 'command' is expected to be one of ['view', 'create', 'str_replace', 'insert', 'undo_edit'].", True),
+    ("Missing required parameters for function 'str_replace_editor': {'path'}", True),
+    ("Function 'browse' not found in available tools: ['execute_bash']", True),
+    ("FunctionCallValidationError: Unsupported parameter 'cmd'", True),
+    ("Runtime disconnected: the sandbox container exited.", False),
+    ("Invalid JSON response from the runtime server", False),
+    ("", False),
+])
+def test_openhands_invalid_call_errors(text: str, invalid: bool) -> None:
+    from trajlake.io.importers.openhands import invalid_call_error
+
+    assert invalid_call_error(text) is invalid

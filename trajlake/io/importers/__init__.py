@@ -8,6 +8,10 @@
 - ``inspect``: an inspect_ai log, ``.eval`` (zip) or ``.json``: one episode per sample and epoch;
 - ``openhands``: an OpenHands evaluation ``output.jsonl``: one episode per line (instance).
 
+``ingest_file(writer, path, fmt)`` is what ``trajlake ingest`` calls per file, for these formats and
+``trajlake-jsonl``: the file-level checks (``check_input_file``: missing, a directory, empty, binary) are the
+same for every format and each fails with one line naming the file.
+
 Like ``trajlake-jsonl`` ingestion, the whole file is parsed and validated first (a dry run against the lake)
 and nothing is written unless everything is valid (or ``skip_invalid``). Episode ids are derived from the
 format, the file's sha256, the run id and the record's position, so importing the same file again is a no-op.
@@ -57,7 +61,6 @@ _NO_RECORDS = {
     "openhands": "the file has no JSON lines",
     "swe-agent": "the file has no trajectory",
     "inspect": "the log has no samples",
-    "trajlake-jsonl": "the file has no JSON lines",
 }
 _TEXT_SNIFF_BYTES = 1 << 16
 _TEXT_KIND = {"trajlake-jsonl": "JSONL", "openai-chat": "JSONL", "openhands": "JSONL", "swe-agent": "JSON",

@@ -99,7 +99,7 @@ starts with this: the call was wrong (a path that does not exist, an ``old_str``
 _INVALID_CALL_PATTERNS = re.compile(
     r"Parameter '[^']*' is expected to be|Missing required (?:parameters?|argument)|Unsupported parameter|"
     r"not found in available tools|Tool \S+ is not registered|FunctionCall(?:Validation|NotExists)Error|"
-    r"Failed to parse tool call arguments|Invalid (?:JSON|parameter|`\w+` parameter)|LLMMalformedActionError|"
+    r"Failed to parse tool call arguments|Invalid (?:parameter|`\w+` parameter)|LLMMalformedActionError|"
     r"LLMNoActionError", re.IGNORECASE)
 
 
