@@ -1089,3 +1089,40 @@ def test_openhands_invalid_call_errors(text: str, invalid: bool) -> None:
     from trajlake.io.importers.openhands import invalid_call_error
 
     assert invalid_call_error(text) is invalid
+
+
+def test_editor_calls_are_named_by_command_in_every_format(lake: trajlake.Lake, tmp_path: Path) -> None:
+    view = {"command": "view", "path": "/repo/a.py"}
+    edit = {"command": "str_replace", "path": "/repo/a.py", "old_str": "a", "new_str": "b"}
+    chat = _jsonl(tmp_path / "chat.jsonl", {"messages": [
+        {"role": "user", "content": "fix"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "v", "type": "function", "function": {"name": "str_replace_editor", "arguments": json.dumps(view)}},
+            {"id": "e", "type": "function", "function": {"name": "str_replace_editor", "arguments": json.dumps(edit)}},
+            {"id": "d", "type": "function", "function": {"name": "docker", "arguments": json.dumps(
+                {"command": "create", "path": "/x"})}}]},
+        {"role": "tool", "tool_call_id": "v", "content": "1\ta"},
+        {"role": "tool", "tool_call_id": "e", "content": "edited"},
+        {"role": "tool", "tool_call_id": "d", "content": "ok"}]})
+    sample = _inspect_sample(1, messages=[
+        {"role": "user", "content": "fix"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "v", "function": "text_editor", "arguments": view}]},
+        {"role": "tool", "tool_call_id": "v", "function": "text_editor", "content": "1\ta"}])
+    log = tmp_path / "log.json"
+    log.write_text(json.dumps(_inspect_header(samples=[sample])))
+    traj = tmp_path / "t.traj"
+    traj.write_text(json.dumps({"history": [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "fix"},
+        {"role": "assistant", "content": "look", "action": "str_replace_editor view /repo/a.py"},
+        {"role": "user", "content": "1\ta"}]}))
+    for p, fmt in ((chat, "openai-chat"), (log, "inspect"), (traj, "swe-agent")):
+        _import(lake, p, fmt)
+    names = {}
+    for e in _episodes(lake):
+        names[e["source_format"]] = [(t["role"], t["action_schema"]) for t in _turns(lake, e["episode_id"])
+                                     if t["action_schema"]]
+    assert names["openai-chat"] == [("assistant", "view"), ("assistant", "str_replace"), ("assistant", "docker"),
+                                    ("tool", "view"), ("tool", "str_replace"), ("tool", "docker")]
+    assert names["inspect"] == [("assistant", "view"), ("tool", "view")]
+    assert names["swe-agent"] == [("assistant", "view"), ("tool", "view")]

@@ -277,11 +277,12 @@ EDITOR_TOOLS = frozenset({"str_replace_editor", "text_editor", "str_replace_base
 def tool_action_name(name: str, args_json: str | None) -> str:
     """The ``action_schema`` of a call of tool ``name`` with arguments ``args_json`` (canonical JSON).
 
-    A file-editor call (arguments with a ``path`` and a ``command`` in ``EDITOR_COMMANDS``) is named by its
-    command: ``view`` reads, ``str_replace``/``insert``/``undo_edit`` edit, ``create`` writes a new file.
-    Named by the tool alone, every call of ``str_replace_editor`` (words str, replace, editor) would be an
-    edit to the failure taxonomy, a ``view`` of a file never seen before included."""
-    if not args_json or '"command"' not in args_json:
+    A file-editor call (a tool in ``EDITOR_TOOLS`` or with "edit" in its name, arguments with a ``path`` and
+    a ``command`` in ``EDITOR_COMMANDS``) is named by its command: ``view`` reads, ``str_replace``/``insert``/
+    ``undo_edit`` edit, ``create`` writes a new file. Named by the tool alone, every call of
+    ``str_replace_editor`` (words str, replace, editor) would be an edit to the failure taxonomy, a ``view``
+    of a file never seen before included."""
+    if not args_json or '"command"' not in args_json or not (name in EDITOR_TOOLS or "edit" in name.lower()):
         return name
     try:
         args = json.loads(args_json)
