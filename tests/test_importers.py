@@ -1126,3 +1126,16 @@ def test_editor_calls_are_named_by_command_in_every_format(lake: trajlake.Lake, 
                                     ("tool", "view"), ("tool", "str_replace"), ("tool", "docker")]
     assert names["inspect"] == [("assistant", "view"), ("tool", "view")]
     assert names["swe-agent"] == [("assistant", "view"), ("tool", "view")]
+
+
+def test_inspect_usage_without_event_usage_falls_back_to_model_usage(lake: trajlake.Lake, tmp_path: Path) -> None:
+    event = _model_event(None, "m/x", (1, 1), "m1")
+    del event["output"]["usage"]
+    sample = _inspect_sample(1, events=[event], messages=[{"role": "user", "content": "q?"},
+                                                          {"id": "m1", "role": "assistant", "content": "a"}],
+                             model_usage={"m/x": {"input_tokens": 7, "output_tokens": 3}})
+    path = tmp_path / "log.json"
+    path.write_text(json.dumps(_inspect_header(samples=[sample])))
+    _import(lake, path, "inspect")
+    (e,) = _episodes(lake)
+    assert (e["tokens_in"], e["tokens_out"]) == (7, 3) and e["cost_usd"] is None

@@ -241,6 +241,11 @@ def _usage(events: list[dict[str, Any]], loc: Loc, where: str) -> dict[str, floa
     return out
 
 
+def _has_usage(e: dict[str, Any]) -> bool:
+    out = e.get("output")
+    return isinstance(out, dict) and isinstance(out.get("usage"), dict)
+
+
 def parse_sample(s: Any, h: _Header, loc: Loc) -> EpisodeSpec:
     """One sample (one epoch) as an episode."""
     s = as_obj(s, loc, "sample")
@@ -330,10 +335,10 @@ def parse_sample(s: Any, h: _Header, loc: Loc) -> EpisodeSpec:
         terminated, truncated, error_class = True, False, None
         reason = "success" if success else "submitted"
     # --- usage and time: the policy's calls only. ``model_usage`` sums every model the sample called, a
-    # model-graded scorer's included, so it is used only when the log has no model events at all.
+    # model-graded scorer's included, so it is used only when no model event reports its usage.
     tokens_in: int | None
     tokens_out: int | None
-    if model_events or grader_events:
+    if any(_has_usage(e) for e in (*model_events, *grader_events)):
         pu = _usage(model_events, loc, "model event")
         tokens_in, tokens_out = int(pu["input_tokens"]), int(pu["output_tokens"])
         cost = pu.get("total_cost")
