@@ -1139,3 +1139,15 @@ def test_inspect_usage_without_event_usage_falls_back_to_model_usage(lake: trajl
     _import(lake, path, "inspect")
     (e,) = _episodes(lake)
     assert (e["tokens_in"], e["tokens_out"]) == (7, 3) and e["cost_usd"] is None
+
+
+def test_openhands_call_without_function_name_keeps_its_usage(lake: trajlake.Lake, tmp_path: Path) -> None:
+    call = _oh_call(1, "execute_bash", {"command": "ls"}, "run", 1)
+    del call["tool_call_metadata"]["function_name"]
+    line = _oh_line("i-1", [call, _oh_obs(2, 1, "execute_bash", "a.py", "run", 2)])
+    line["metrics"].update(response_latencies=[{"latency": 1.5, "response_id": "r1"}],
+                           token_usages=[{"prompt_tokens": 10, "completion_tokens": 2, "response_id": "r1"}])
+    _import(lake, _jsonl(tmp_path / "output.jsonl", line), "openhands")
+    (e,) = _episodes(lake)
+    (t,) = [t for t in _turns(lake, e["episode_id"]) if t["actor"] == "policy"]
+    assert (t["action_schema"], t["tokens"], t["prompt_tokens"], t["latency_ms"]) == ("run", 2, 10, 1500.0)

@@ -288,12 +288,6 @@ def _agent_turns(e: dict[str, Any], action: str, args: dict[str, Any], message: 
                 args_json, ok = decode_arguments(fn.get("arguments"))
                 t.tool_args = args_json
                 t.status = "OK" if ok else "MODEL_INVALID_ACTION"
-    # a file-editor call is named by its command (``view`` is a read, ``str_replace`` an edit); without the
-    # call's own arguments OpenHands' action says which it was (a ``read`` action is a view)
-    if name:
-        t.action_schema = tool_action_name(name, t.tool_args)
-        if t.action_schema == name and name in EDITOR_TOOLS and action == "read":
-            t.action_schema = "view"
         if rid is not None and first:
             seen.add(rid)
             lat = opt_num(latencies.get(rid, {}), "latency", loc, "metrics.response_latencies.latency")
@@ -303,6 +297,12 @@ def _agent_turns(e: dict[str, Any], action: str, args: dict[str, Any], message: 
             t.tokens = opt_int(usages.get(rid, {}), "completion_tokens", loc,
                                "metrics.token_usages.completion_tokens") or 0
             t.prompt_tokens = opt_int(usages.get(rid, {}), "prompt_tokens", loc, "metrics.token_usages.prompt_tokens")
+    # a file-editor call is named by its command (``view`` is a read, ``str_replace`` an edit); without the
+    # call's own arguments OpenHands' action says which it was (a ``read`` action is a view)
+    if name:
+        t.action_schema = tool_action_name(name, t.tool_args)
+        if t.action_schema == name and name in EDITOR_TOOLS and action == "read":
+            t.action_schema = "view"
     return [t]
 
 
