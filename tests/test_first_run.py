@@ -88,7 +88,7 @@ def broken_env() -> Iterator[str]:
 
 def test_quickstart_exits_non_zero_when_the_oracle_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          broken_env: str) -> None:
-    rc, out, err = run_cli(capsys, "quickstart", "--lake", str(tmp_path / "lake"), "--env", broken_env,
+    rc, _out, err = run_cli(capsys, "quickstart", "--lake", str(tmp_path / "lake"), "--env", broken_env,
                            "--seeds", "0", "--workers", "1", "--no-preflight", "--out", str(tmp_path / "r.html"))
     assert rc == 1 and "the oracle solved 0 of the 2 tasks it played" in err
     assert not (tmp_path / "r.html").exists()
