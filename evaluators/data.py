@@ -131,14 +131,6 @@ def default_memory_limit() -> str:
     return f"{max(256, total // 2 // 2**20)}MB"
 
 
-def episode_params(con: duckdb.DuckDBPyConnection, runs_sql: str) -> dict[str, str]:
-    """The parameters of ``episode_metrics.sql``: the runs, and the verification source column where the
-    lake has it (schema >= 1.1; older lakes have no verification source: NULL)."""
-    columns = {str(r[0]) for r in con.execute("SELECT column_name FROM (DESCRIBE episodes)").fetchall()}
-    source = "e.verification_source" if "verification_source" in columns else "NULL::VARCHAR"
-    return {"runs": runs_sql, "verification_source": source}
-
-
 def list_runs(con: duckdb.DuckDBPyConnection) -> dict[str, RunInfo]:
     """Every run of the lake (``runs.sql``)."""
     rows = con.sql(sql.render("runs", {})).fetchall()
@@ -173,7 +165,7 @@ def load(lake: Lake | str | os.PathLike[str], runs: list[str] | None = None, *,
         runs_sql = sql.quote_list(selected)
         try:
             con.execute("CREATE TEMP TABLE eval_episode_metrics AS "
-                        + sql.render("episode_metrics", episode_params(con, runs_sql)))
+                        + sql.render("episode_metrics", {"runs": runs_sql}))
             cols = ", ".join(EPISODE_FLOAT_COLUMNS)
             raw = con.execute(f"SELECT {cols} FROM eval_episode_metrics ORDER BY ep_idx").fetchnumpy()
             ep = {c: _float(raw[c]) for c in EPISODE_FLOAT_COLUMNS}

@@ -3,9 +3,7 @@
 -- (trajlake.evaluators.metrics); nothing here aggregates across episodes.
 --
 -- Parameters (substituted by trajlake.evaluators.sql.render, values SQL-quoted):
---   {{runs}}                  the run ids to evaluate, as a SQL list: ('demo-B0', 'demo-R1')
---   {{verification_source}}   the expression for the verification source: e.verification_source, or NULL
---                             when the lake predates the column (schema < 1.1)
+--   {{runs}}   the run ids to evaluate, as a SQL list: ('demo-B0', 'demo-R1')
 -- Reads the committed views episodes, turns, tasks and gateway_events of trajlake.connect (one DuckDB
 -- connection, optionally pinned with as_of). trajlake.evaluators materialises the result as the temporary
 -- table eval_episode_metrics, which tool_latency.sql, pairs.sql and taxonomy.sql read.
@@ -323,7 +321,7 @@ ep AS (
         tk.budget.max_steps AS max_steps,
         tk.budget.max_tokens AS max_tokens,
         tk.budget.max_cost AS max_cost,
-        {{verification_source}} AS verification_source_value,
+        e.verification_source AS verification_source_value,
         e.reward_components['partial'] AS partial_value
     FROM episodes e
     LEFT JOIN per_turn pt USING (episode_id)
@@ -350,7 +348,9 @@ budgeted AS (
 attributed AS (
     SELECT
         *,
-        (NOT success AND (recorded_env OR oracle_fails OR state_breaks > 0)) AS is_env_failure,
+        -- NULL when ungraded: an episode nobody graded has failed for no one
+        CASE WHEN success IS NOT NULL THEN NOT success AND (recorded_env OR oracle_fails OR state_breaks > 0)
+        END AS is_env_failure,
         -- a failure the episode recorded as the model's (or not at all) that the rules give to the environment
         CASE WHEN NOT success AND NOT recorded_env AND (oracle_fails OR state_breaks > 0) THEN 'ENV_BUG'
              ELSE error_class END AS attributed_error_class,
@@ -452,10 +452,10 @@ SELECT
     coalesce(attributed_error_class = 'SAFETY_BLOCK', false)::INTEGER AS error_safety_block,
     coalesce(attributed_error_class = 'BUDGET_EXHAUSTED', false)::INTEGER AS error_budget_exhausted,
     is_env_failure::INTEGER AS env_failure,
-    (is_env_failure AND NOT recorded_env)::INTEGER AS env_reattributed,
+    CASE WHEN success IS NOT NULL THEN is_env_failure AND NOT recorded_env END::INTEGER AS env_reattributed,
     oracle_fails::INTEGER AS oracle_fails,
     state_breaks::BIGINT AS state_breaks,
-    (NOT success AND NOT is_env_failure)::INTEGER AS model_failure,
+    CASE WHEN success IS NOT NULL THEN NOT success AND NOT is_env_failure END::INTEGER AS model_failure,
     (termination_reason = 'success')::INTEGER AS termination_success,
     (termination_reason = 'submitted')::INTEGER AS termination_submitted,
     (termination_reason = 'gave_up')::INTEGER AS termination_gave_up,

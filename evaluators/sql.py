@@ -19,10 +19,6 @@ __all__ = ["load", "quote", "quote_list", "render"]
 
 _PARAM = re.compile(r"\{\{\s*([a-z_][a-z0-9_]*)\s*\}\}")
 
-#: Parameters a caller may leave out, per query. ``verification_source`` names the column only on lakes that
-#: have it (schema >= 1.1, see ``data.episode_params``); callers that do not report it get NULL.
-DEFAULTS: dict[str, dict[str, str]] = {"episode_metrics": {"verification_source": "NULL::VARCHAR"}}
-
 
 @functools.cache
 def load(name: str) -> str:
@@ -46,15 +42,13 @@ def quote_list(values: Iterable[str]) -> str:
 
 
 def render(name: str, params: Mapping[str, str]) -> str:
-    """The query ``name`` with every ``{{param}}`` replaced by ``params[param]`` (already SQL literals), or by
-    its default in :data:`DEFAULTS`."""
+    """The query ``name`` with every ``{{param}}`` replaced by ``params[param]`` (already SQL literals)."""
     text = load(name)
-    values = {**DEFAULTS.get(name, {}), **params}
 
     def sub(m: re.Match[str]) -> str:
         key = m.group(1)
-        if key not in values:
+        if key not in params:
             raise TrajlakeError(f"{name}.sql needs parameter {key!r}")
-        return values[key]
+        return params[key]
 
     return _PARAM.sub(sub, text)
