@@ -305,14 +305,15 @@ def metric_vector(ep: dict[str, FloatArray], idx: IntArray, tool_latency: FloatA
         else:
             out[s.name] = {**quantiles[s.name], "n_unknown": 0}
     n_t, c_t = _task_counts(codes, ep["success"][idx])
+    ungraded = int(np.count_nonzero(~_known(ep["success"][idx])))
     for k in PASS_K:
         # over the tasks with at least k graded attempts (n_clusters says how many); a task with fewer cannot say
         enough = n_t >= k
         if not enough.any():
             break
-        out[f"pass@{k}"] = _estimate(task_mean(pass_at_k(n_t[enough], c_t[enough], k), confidence=conf), "task_t")
-        out[f"pass^{k}"] = _estimate(task_mean(pass_hat_k(n_t[enough], c_t[enough], k), confidence=conf),
-                                     "task_t")
+        for name, fn in ((f"pass@{k}", pass_at_k), (f"pass^{k}", pass_hat_k)):
+            est = task_mean(fn(n_t[enough], c_t[enough], k), confidence=conf)
+            out[name] = {**_estimate(est, "task_t"), "n_unknown": ungraded}
     # A t interval can leave the metric's range with few tasks (a share below 0, steps below 0); the metric
     # itself cannot, so neither may its interval.
     for name, v in out.items():
