@@ -24,14 +24,18 @@ from trajlake.query import connect, lake_versions
 
 __all__ = ["EPISODE_FLOAT_COLUMNS", "EvalData", "RunInfo", "UnknownRunError", "load"]
 
-#: Numeric columns of eval_episode_metrics fetched as float arrays (NULL -> nan).
+#: Numeric columns of eval_episode_metrics fetched as float arrays (NULL -> nan: unknown, e.g. the success of
+#: an ungraded episode or the cost of an episode whose source has no cost data).
 EPISODE_FLOAT_COLUMNS: tuple[str, ...] = (
     "task_code", "run_code", "slice_code", "env_seed", "attempt",
-    "success", "budgeted_success", "within_budget", "truncated", "steps", "actions", "n_turns",
+    "success", "graded", "ungraded", "partial", "has_partial",
+    "budgeted_success", "within_budget", "truncated", "steps", "actions", "n_turns",
     "tokens_in", "tokens_out", "tool_seconds", "wall_seconds", "cost_usd",
-    "fault_turns", "recovery_eligible", "recovered", "duplicate_actions", "retries", "repeated_failing_actions",
+    "fault_turns", "faults_injected", "recovery_eligible", "recovered", "fault_retried", "duplicate_actions",
+    "retries", "repeated_failing_actions",
     "env_transient_turns", "env_bug_turns", "invalid_action_turns", "bad_plan_turns", "safety_block_turns",
-    "budget_exhausted_turns", "gateway_events", "gateway_denials", "executed_violations", "injection_exposed",
+    "budget_exhausted_turns", "gateway_events", "gateway_denials", "confirmations", "executed_violations",
+    "injection_exposed",
     "injection_obeyed_calls", "policy_lag", "reward_total",
     "error_model_invalid_action", "error_model_bad_plan", "error_env_transient", "error_env_bug",
     "error_safety_block", "error_budget_exhausted", "env_failure", "env_reattributed", "oracle_fails",
