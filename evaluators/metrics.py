@@ -49,6 +49,7 @@ from trajlake.evaluators.stats import (
     task_mean,
     tasks_needed,
 )
+from trajlake.schemas.vocab import ErrorClass, TerminationReason
 
 __all__ = [
     "ERROR_CLASSES",
@@ -66,11 +67,8 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-ERROR_CLASSES: tuple[str, ...] = (
-    "MODEL_INVALID_ACTION", "MODEL_BAD_PLAN", "ENV_TRANSIENT", "ENV_BUG", "SAFETY_BLOCK", "BUDGET_EXHAUSTED")
-TERMINATION_REASONS: tuple[str, ...] = (
-    "success", "submitted", "gave_up", "budget_steps", "budget_tokens", "budget_cost", "timeout", "safety_stop",
-    "env_failure")
+ERROR_CLASSES: tuple[str, ...] = tuple(ErrorClass)
+TERMINATION_REASONS: tuple[str, ...] = tuple(TerminationReason)
 #: k values reported for pass@k / pass^k when every task of the group has at least k samples.
 PASS_K: tuple[int, ...] = (2, 3, 5, 10, 20, 50, 100)
 

@@ -24,6 +24,7 @@ from trajlake.evaluators.metrics import (
     compare,
     metric_vector,
 )
+from trajlake.schemas.vocab import TaxonomyClass
 
 from trajlake._version import __version__
 from trajlake.errors import TrajlakeError
@@ -33,8 +34,7 @@ __all__ = ["CONTRACT_VERSION", "TAXONOMY_CLASSES", "build_report", "clean", "eva
 
 CONTRACT_VERSION = "1"
 #: Failure classes of taxonomy.sql in rule order (environment is not a model failure).
-TAXONOMY_CLASSES: tuple[str, ...] = (
-    "environment", "safety", "execution", "recovery", "termination", "perception", "planning")
+TAXONOMY_CLASSES: tuple[str, ...] = tuple(TaxonomyClass)
 _EXAMPLES = 5
 _CDF_POINTS = 101
 
