@@ -920,9 +920,9 @@ def test_group_id_never_says_none(lake: trajlake.Lake, tmp_path: Path) -> None:
         _import(lake, p, fmt)
     eps = _episodes(lake)
     assert len(eps) == 4 and all(e["env_seed"] is None for e in eps)
-    for e in eps:
+    for e in eps:  # the native writer's key (trajlake.record.episode.group_id_for): an unseeded group
         assert "None" not in e["group_id"]
-        assert e["group_id"] == f"{e['task_id']}:{e['task_version']}::{e['env_version']}"
+        assert e["group_id"] == f"{e['task_id']}:{e['task_version']}:unseeded:{e['env_version']}"
 
 
 def test_swe_agent_replay_config_fills_commit_and_budget(lake: trajlake.Lake, tmp_path: Path) -> None:

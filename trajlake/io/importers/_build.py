@@ -18,6 +18,7 @@ from trajlake.io.importers._common import (
     sha256_text,
 )
 from trajlake.io.importers._tokenize import PrefixError, TurnTokenizer
+from trajlake.record.episode import group_id_for
 
 INT32 = 1 << 31
 INT64 = 1 << 63
@@ -98,8 +99,7 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
         "episode_id": episode_id, "run_id": ctx.run_id, "task_id": spec.task_id, "task_version": spec.task_version,
         "split": "unknown", "env_id": ctx.env_id, "env_version": spec.env_version, "env_image_digest": None,
         "env_seed": spec.env_seed,
-        "group_id": f"{spec.task_id}:{spec.task_version}:{'' if spec.env_seed is None else spec.env_seed}:"
-                    f"{spec.env_version}",
+        "group_id": group_id_for(spec.task_id, spec.task_version, spec.env_seed, spec.env_version),
         "attempt": spec.attempt,
         "policy_version_start": pol[0] if pol else spec.policy_version,
         "policy_version_end": pol[-1] if pol else spec.policy_version,
