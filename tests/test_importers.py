@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import trajlake
-from trajlake import LakeWriter, ValidationError
+from trajlake import LakeWriter, TrajlakeError, ValidationError
 from trajlake.io.importers import FORMATS, default_run_id, import_file
 from trajlake.io.importers.swe_agent import EXIT_STATUS, map_exit_status
 from trajlake.io.jsonl import IngestSummary
@@ -979,7 +979,7 @@ def test_no_cost_data_is_null_not_zero(lake: trajlake.Lake, tmp_path: Path) -> N
 # --- file-level errors: one line naming the file, the same rule for every format --------------------------------
 
 def _ingest(lake: trajlake.Lake, path: Path, fmt: str, **kw: Any) -> IngestSummary:
-    from trajlake.io.importers import ingest_file
+    from trajlake.io.ingest import ingest_file
 
     with LakeWriter(lake, handle_signals=False) as w:
         return ingest_file(w, path, fmt, **kw)
@@ -1048,9 +1048,9 @@ def test_binary_line_past_the_sniffed_head_names_the_line(lake: trajlake.Lake, t
 
 def test_ingest_file_rejects_importer_options_for_trajlake_jsonl(lake: trajlake.Lake, tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "chat.jsonl", _chat())
-    with pytest.raises(ValidationError, match="--run-id and --tokenizer"):
+    with pytest.raises(TrajlakeError, match="--run-id and --tokenizer"):
         _ingest(lake, path, "trajlake-jsonl", run_id="R")
-    with pytest.raises(ValidationError, match="not supported"):
+    with pytest.raises(TrajlakeError, match="not supported"):
         _ingest(lake, path, "langsmith")
 
 

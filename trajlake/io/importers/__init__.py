@@ -8,9 +8,9 @@
 - ``inspect``: an inspect_ai log, ``.eval`` (zip) or ``.json``: one episode per sample and epoch;
 - ``openhands``: an OpenHands evaluation ``output.jsonl``: one episode per line (instance).
 
-``ingest_file(writer, path, fmt)`` is what ``trajlake ingest`` calls per file, for these formats and
-``trajlake-jsonl``: the file-level checks (``check_input_file``: missing, a directory, empty, binary) are the
-same for every format and each fails with one line naming the file.
+``check_input_file(path, fmt)`` holds the file-level checks (missing, a directory, empty, binary) that are
+the same for every ``--format`` of ``trajlake ingest``, each failing with one line naming the file;
+``trajlake.io.ingest.ingest_file`` applies them to ``trajlake-jsonl`` too.
 
 Like ``trajlake-jsonl`` ingestion, the whole file is parsed and validated first (a dry run against the lake)
 and nothing is written unless everything is valid (or ``skip_invalid``). Episode ids are derived from the
@@ -29,7 +29,7 @@ from trajlake.io.importers import _common
 from trajlake.io.importers._build import ImportContext, build_rows, run_row
 from trajlake.io.importers._common import Record, Source, episode_id_for, file_sha256
 from trajlake.io.importers._tokenize import TurnTokenizer
-from trajlake.io.jsonl import IngestSummary, ingest_jsonl
+from trajlake.io.jsonl import IngestSummary
 from trajlake.record.writer import LakeWriter, WriteResult
 
 FORMATS: tuple[str, ...] = ("openai-chat", "swe-agent", "inspect", "openhands")
@@ -51,9 +51,6 @@ def _opener(fmt: str) -> Callable[[Path], Source]:
     from trajlake.io.importers import openhands
     return openhands.open_source
 
-
-INGEST_FORMATS: tuple[str, ...] = ("trajlake-jsonl", *FORMATS)
-"""Every ``--format`` of ``trajlake ingest``: the interchange format and the importers."""
 
 # What "no episodes" means for each format (the file is not empty, yet nothing in it is an episode).
 _NO_RECORDS = {
@@ -117,24 +114,6 @@ def _binary_at(head: bytes, truncated: bool) -> int | None:
         if not (truncated and e.reason == "unexpected end of data"):
             return e.start if nul < 0 else min(nul, e.start)
     return None if nul < 0 else nul
-
-
-def ingest_file(writer: LakeWriter, path: Path, fmt: str, *, run_id: str | None = None,
-                tokenizer: Path | None = None, skip_invalid: bool = False) -> IngestSummary:
-    """Ingest one file of any ``--format`` of ``trajlake ingest`` (``INGEST_FORMATS``): ``trajlake-jsonl``
-    through ``ingest_jsonl``, the others through ``import_file``. File-level problems (missing, a directory,
-    empty, binary, unknown format) raise the same one-line ``ValidationError`` naming the file for every
-    format; record-level problems are as documented for each."""
-    path = Path(path)
-    if fmt not in INGEST_FORMATS:
-        raise _file_error(path, f"--format {fmt!r} is not supported; supported: {', '.join(INGEST_FORMATS)}")
-    if fmt != "trajlake-jsonl":
-        return import_file(writer, path, fmt, run_id=run_id, tokenizer=tokenizer, skip_invalid=skip_invalid)
-    if run_id is not None or tokenizer is not None:
-        raise _file_error(path, "--run-id and --tokenizer apply to the importers, not to trajlake-jsonl (which "
-                                "carries its own run ids and token ids)")
-    check_input_file(path, fmt)
-    return ingest_jsonl(writer, path, skip_invalid=skip_invalid)
 
 
 def default_run_id(fmt: str, file_hash: str) -> str:
@@ -273,4 +252,4 @@ def import_file(writer: LakeWriter, path: Path, fmt: str, *, run_id: str | None 
     return summary
 
 
-__all__ = ["FORMATS", "INGEST_FORMATS", "check_input_file", "default_run_id", "import_file", "ingest_file"]
+__all__ = ["FORMATS", "check_input_file", "default_run_id", "import_file"]
