@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path
 from trajlake.errors import TrajlakeError
 
 __all__ = ["ContaminationFormat", "contamination_command", "register", "render_html", "render_markdown"]
@@ -27,12 +28,6 @@ class ContaminationFormat(enum.StrEnum):
     json = "json"
     markdown = "markdown"
     html = "html"
-
-
-def _lake_path() -> Path:
-    from trajlake.cli import state
-
-    return state.lake_path
 
 
 def _rows(report: dict[str, Any]) -> list[list[str]]:
@@ -92,6 +87,7 @@ def render_html(report: dict[str, Any]) -> str:
 
 
 def contamination_command(
+    ctx: typer.Context,
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split whose tasks are checked.")],
     train_runs: Annotated[list[str] | None, typer.Option(
         "--train-runs", help="Training runs (repeatable). Default: the episodes on --train-split.")] = None,
@@ -128,12 +124,13 @@ def contamination_command(
                                                     "near_duplicate, family, time_split, repo_commit, trajectory."
                                                )] = None,
     fail_on_flags: Annotated[bool, typer.Option(help="Exit 2 when any task is flagged.")] = False,
-    as_of: Annotated[str | None, typer.Option("--as-of", help="Pin table versions or an ISO-8601 time.")] = None,
+    as_of: AsOfOpt = None,
     fmt: Annotated[ContaminationFormat, typer.Option("--format", "-f", help="table, json, markdown or html.")
                    ] = ContaminationFormat.table,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the report to this file.")] = None,
-    memory_limit: Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")] = None,
+    memory_limit: MemoryOpt = None,
     threads: Annotated[int | None, typer.Option(help="DuckDB threads.", min=1)] = None,
+    lake: LakeOpt = None,
 ) -> None:
     """Scan an evaluation split for contamination and leakage: exact n-gram overlap with training turns and
     corpus files, MinHash near duplicates, the family rule, the time split, repository-commit isolation and
@@ -148,7 +145,7 @@ def contamination_command(
                             near_dup_min_tokens=near_dup_min_tokens,
                             action_ngram=action_ngram, action_threshold=action_threshold,
                             flag_shared_commits=flag_shared_commits, engine=engine)
-    report = scan(_lake_path(), eval_split=eval_split, train_runs=train_runs, train_split=train_split,
+    report = scan(lake_path(ctx, lake), eval_split=eval_split, train_runs=train_runs, train_split=train_split,
                   corpus=corpus or (), eval_runs=eval_runs, data_cutoff=data_cutoff, settings=settings,
                   as_of=as_of, memory_limit=memory_limit, threads=threads,
                   checks=[c.strip() for c in checks.split(",") if c.strip()] if checks else None)

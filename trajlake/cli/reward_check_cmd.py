@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from trajlake.cli.options import AsOfOpt, LakeOpt, lake_path
 from trajlake.errors import TrajlakeError
 
 __all__ = ["RewardCheckFormat", "register", "reward_check_command"]
@@ -25,6 +26,7 @@ class RewardCheckFormat(enum.StrEnum):
 
 
 def reward_check_command(
+    ctx: typer.Context,
     reward: Annotated[str, typer.Option("--reward", help="MODULE:FUNCTION (fn(turns) -> float) or a SQL query "
                                         "over trajectories(traj_id, turn_idx, role, ...) returning (traj_id, "
                                         "reward).")],
@@ -36,19 +38,19 @@ def reward_check_command(
     eps: Annotated[float, typer.Option(help="Changes up to this size count as unchanged.")] = 1e-9,
     limit: Annotated[int | None, typer.Option(help="Only the first N episodes (by id).", min=1)] = None,
     fail_on_hack: Annotated[bool, typer.Option(help="Exit 2 when the reward is hackable.")] = False,
-    as_of: Annotated[str | None, typer.Option("--as-of", help="Pin table versions or an ISO-8601 time.")] = None,
+    as_of: AsOfOpt = None,
     fmt: Annotated[RewardCheckFormat, typer.Option("--format", "-f", help="table or json.")
                    ] = RewardCheckFormat.table,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the report to this file.")] = None,
+    lake: LakeOpt = None,
 ) -> None:
     """Score each trajectory of --run and four counterfactuals (key call deleted, useless call inserted, two
     steps swapped, fabricated progress message) and report how often the reward moves the wrong way."""
-    from trajlake.cli import state
     from trajlake.evaluators.reward_check import check_reward, summary_lines
 
     if not 0.0 <= tolerance < 1.0:
         raise TrajlakeError(f"--tolerance must be in [0, 1), not {tolerance}")
-    report = check_reward(state.lake_path, run, reward, eps=eps, tolerance=tolerance, confidence=confidence,
+    report = check_reward(lake_path(ctx, lake), run, reward, eps=eps, tolerance=tolerance, confidence=confidence,
                           limit=limit, as_of=as_of)
     text = json.dumps(report, indent=1) if fmt == RewardCheckFormat.json else "\n".join(summary_lines(report))
     if out is None:
