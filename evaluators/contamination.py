@@ -5,11 +5,13 @@ Six checks, each answered per evaluation task (``docs/contamination.md``):
 - ``exact_ngram``    word n-grams (default 13, GPT-3 style normalisation: lowercase, runs of anything but
                      ``[a-z0-9]`` become one space) of the task's documents (statement, gold patch, hidden test
                      names and bodies, page text where the environment provides them) that occur in the
-                     training side (turn contents of the training episodes, corpus files). Implemented as DuckDB
-                     joins of 64-bit n-gram hashes: the training side is streamed through a hash join whose
-                     build side is the (small) evaluation n-gram set, so it scales past memory. Score = share of
-                     a document's n-grams found in training (max over the task's documents); n-grams that occur
-                     in the statements of ``common_families`` or more template families are the harness's
+                     training side (turn contents of the training episodes, corpus files). 64-bit n-gram hashes:
+                     DuckDB normalises and hashes the words of the streamed training side, the n-gram hashes are
+                     semi-joined with the (small) evaluation hash set (engine ``numpy``: vectorised per record
+                     batch; engine ``duckdb``: list slices and a DuckDB SEMI JOIN), and DuckDB joins the hits back
+                     to evaluation positions; memory holds the evaluation side, never the training side. Score =
+                     share of a document's n-grams found in training (max over the task's documents); n-grams
+                     that occur in the statements of ``common_families`` or more template families are the harness's
                      boilerplate and are ignored.
 - ``near_duplicate`` MinHash LSH (``datasketch``) over identifier-normalised shingles: every eval task against
                      the tasks of other splits, the corpus documents and the training turns of the roles in
