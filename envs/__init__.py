@@ -1,7 +1,7 @@
 """Reference environments behind one contract (installed as ``trajlake.envs``).
 
 Importing this package registers each environment with Gymnasium (when it is installed): Mini SWE as
-``trajlake/MiniSWE-v0``.
+``trajlake/MiniSWE-v0``, Mini Web as ``trajlake/MiniWeb-v0``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ def _register_gymnasium() -> None:
         return
     if "trajlake/MiniSWE-v0" not in gymnasium.registry:
         gymnasium.register(id="trajlake/MiniSWE-v0", entry_point="trajlake.envs.gym:MiniSWEGymEnv")
+    if "trajlake/MiniWeb-v0" not in gymnasium.registry:
+        gymnasium.register(id="trajlake/MiniWeb-v0", entry_point="trajlake.envs.gym:MiniWebGymEnv")
 
 
 _register_gymnasium()

@@ -51,3 +51,12 @@ class MiniSWEGymEnv(TrajlakeGymEnv):
         from trajlake.envs.mini_swe.env import MiniSWEEnv
 
         super().__init__(MiniSWEEnv(split, **kwargs))
+
+
+class MiniWebGymEnv(TrajlakeGymEnv):
+    """``trajlake/MiniWeb-v0`` (``split=None``: every task; other keywords go to ``MiniWebEnv``)."""
+
+    def __init__(self, split: str | None = "dev", **kwargs: Any):
+        from trajlake.envs.mini_web.env import MiniWebEnv
+
+        super().__init__(MiniWebEnv(split, **kwargs))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import hashlib
+import html
 import http.client
 import json
 import os
@@ -461,7 +462,7 @@ class MiniWebEnv(Env):
             return ()
         labels = [UNTRUSTED]
         inj = (self.task or {}).get("injection")
-        if inj and INJECTION_MARK in self.browser.html:
+        if inj and INJECTION_MARK in html.unescape(self.browser.html):
             self.injection_shown = True
             labels.append(f"injection:{inj['goal']}@{inj['vector']}")
         return tuple(labels)

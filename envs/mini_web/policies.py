@@ -117,7 +117,7 @@ def attack_steps(goal: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
 
 class GulliblePolicy(OraclePolicy):
     """The oracle, except that instructions found in a page are carried out first (once each), then the user's task
-    resumes where it left off (pages it had loaded are loaded again)."""
+    resumes on the page where the instruction was found."""
 
     name = "gullible"
 
@@ -125,20 +125,21 @@ class GulliblePolicy(OraclePolicy):
         super().reset(task, seed)
         self.obeyed: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self.detour: list[dict[str, Any]] = []
-        self.last_goto: str | None = None
         self.secret = ""
 
     def act(self, observation: str) -> PolicyOutput:
-        for goal, params in find_instructions(observation):
+        page_text = "\n".join(e.name for e in elements(observation))
+        for goal, params in find_instructions(page_text):
             key = (goal, tuple(sorted(params.items())))
             if key not in self.obeyed:
                 self.obeyed.add(key)
                 self.detour += attack_steps(goal, params)
-                if self.last_goto is not None:
-                    self.detour.append({"op": "goto", "path": self.last_goto})
+                here = re.search(r"^URL: (\S+)", observation, re.M)
+                if here is not None:  # come back to the page where the instruction was found
+                    self.detour.append({"op": "goto", "path": here.group(1)})
         while self.detour and self.detour[0]["op"] == "remember_secret":
             self.detour.pop(0)
-            m = re.search(r"API key: (\S+?)\"", observation)
+            m = re.search(r"API key: (\S+)", page_text)
             self.secret = m.group(1) if m else ""
         if self.detour:
             detour = self.detour.pop(0)
@@ -146,8 +147,6 @@ class GulliblePolicy(OraclePolicy):
                 detour = {**detour, "text": detour["text"].replace("{secret}", self.secret)}
             return self.scripted_output(step_action(detour, observation), observation)
         step = self.next_step(observation)
-        if step is not None and step["op"] == "goto":
-            self.last_goto = step["path"]
         return self.scripted_output(act("give_up") if step is None else step_action(step, observation), observation)
 
 

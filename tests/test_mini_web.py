@@ -1,0 +1,349 @@
+"""Mini Web: the loopback site, the task set, the contract, bad actions, side effects and the built-in policies."""
+
+from __future__ import annotations
+
+import copy
+import json
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import pytest
+import trajlake.envs  # registers trajlake/MiniWeb-v0
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from trajlake.envs.checker import check_env
+from trajlake.envs.core import Budget, LoggedStep, ReplayLog
+from trajlake.envs.mini_web import POLICIES, MiniWebEnv, load_tasks, task_row, task_view
+from trajlake.envs.mini_web.build import build_tasks, check_tasks, split_for_family, task_version
+from trajlake.envs.mini_web.env import TOOL_DOCS
+
+from trajlake import LakeWriter, open_lake
+from trajlake.rollout.runner import play_episode
+
+TASKS = load_tasks()
+
+
+def act(tool: str, **args: Any) -> str:
+    return json.dumps({"tool": tool, "args": args})
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = MiniWebEnv()
+    yield e
+    e.close()
+
+
+def by_family(family: str) -> dict[str, Any]:
+    return next(t for t in TASKS if t["family"] == family)
+
+
+def ids_by_name(observation: str) -> dict[str, int]:
+    from trajlake.envs.mini_web.policies import elements
+
+    return {e.name: e.bid for e in elements(observation)}
+
+
+def run_policy(env: MiniWebEnv, name: str, task: dict[str, Any], seed: int = 0, max_steps: int = 80) -> list[Any]:
+    pol = POLICIES[name](f"{name}-v1")
+    r = env.reset(seed, task_id=task["task_id"])
+    pol.reset(task_view(env, task["task_id"], task["task_version"], oracle=pol.needs_oracle), seed)
+    obs, results = r.observation, []
+    for i in range(max_steps):
+        res = env.step(pol.act(obs).action, f"k{i}")
+        results.append(res)
+        obs = res.observation
+        if res.done:
+            break
+    return results
+
+
+# ----------------------------------------------------------------------------------------------- task set
+def test_task_set_size_families_and_splits() -> None:
+    assert len(TASKS) >= 40
+    families = Counter(t["family"] for t in TASKS)
+    assert len(families) >= 10
+    groups = {f.split("/")[0] for f in families}
+    assert {"compare", "forms", "orders", "tickets", "account"} <= groups
+    spans: dict[str, set[str]] = {}
+    for t in TASKS:
+        spans.setdefault(t["family"], set()).add(t["split"])
+        assert t["split"] == split_for_family(t["family"])
+    assert all(len(s) == 1 for s in spans.values()), "a family crosses splits"
+    assert {t["split"] for t in TASKS} == {"train", "dev", "hidden"}
+    assert len({t["task_id"] for t in TASKS}) == len(TASKS)
+
+
+def test_records_have_required_fields_and_versions() -> None:
+    for t in TASKS:
+        for key in ("statement", "seed", "budget", "oracle", "created_at", "provenance", "split", "family"):
+            assert t.get(key) not in (None, "", []), (t["task_id"], key)
+        assert t["checks"] or t["answer"], f"{t['task_id']} has no success predicate"
+        assert t["task_version"] == task_version(t)
+        assert t["provenance"]["template"] == t["family"] and t["provenance"]["seed"] == t["seed"]
+        row = task_row(t)
+        assert row["env_id"] == "mini-web" and row["created_at"].tzinfo is not None
+        assert row["provenance"]["mutator"] == t["family"]
+
+
+def test_stored_tasks_match_a_fresh_build(tmp_path: Path) -> None:
+    assert check_tasks() == []
+    tampered = [dict(t) for t in build_tasks()]
+    tampered[3]["statement"] += " (edited)"
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps({"tasks": tampered}))
+    problems = check_tasks(path)
+    assert any(tampered[3]["task_id"] in p and "task_version" in p for p in problems)
+
+
+def test_statements_do_not_leak_the_solution() -> None:
+    for t in TASKS:
+        if t["answer"] is not None:
+            answer = t["oracle"][-1]["text"]
+            assert answer not in t["statement"] or t["answer"]["kind"] == "text", t["task_id"]
+
+
+# --------------------------------------------------------------------------------------------- the server
+def test_real_http_server_on_loopback_and_shut_down_on_close() -> None:
+    e = MiniWebEnv(split="dev")
+    e.reset(0)
+    assert e.site is not None
+    base = e.site.base_url
+    assert base.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(base + "/products?category=office") as resp:
+        body = resp.read().decode()
+    assert resp.status == 200 and "Products" in body and "<script" not in body and "http" not in body.split("</title>")[1]
+    before = e.site.requests
+    e.step(act("goto", path="/tickets"), "k0")
+    assert e.site.requests == before + 1  # the env's page load is a real request to the server
+    e.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(base + "/", timeout=2)
+
+
+def test_observation_is_an_accessibility_tree_with_unique_ids(env) -> None:
+    r = env.reset(0, task_id=by_family("orders/cheapest-rated")["task_id"])
+    assert "URL: /" in r.observation and "Last action error: none" in r.observation
+    res = env.step(act("goto", path="/products/3"), "k0")
+    lines = [ln for ln in res.observation.splitlines() if ln.lstrip().startswith("[")]
+    ids = [int(ln.lstrip()[1:].split("]")[0]) for ln in lines]
+    assert ids == list(range(1, len(ids) + 1))
+    names = ids_by_name(res.observation)
+    assert "Add to cart" in names and "Quantity" in names and "Reviews" in names
+    assert 'spinbutton "Quantity" value="1"' in res.observation
+
+
+# ------------------------------------------------------------------------------------------------ contract
+def test_passes_the_project_checker() -> None:
+    e = MiniWebEnv(split="dev")
+    try:
+        check_env(e, [act("goto", path="/products"), act("goto", path="/products/2"), act("click", id=16),
+                      act("goto", path="/cart")])
+    finally:
+        e.close()
+
+
+def test_gymnasium_check_env() -> None:
+    assert trajlake.envs is not None
+    genv = gymnasium.make("trajlake/MiniWeb-v0")
+    try:
+        gym_check_env(genv.unwrapped)
+        _, info = genv.reset(seed=3)
+        assert set(info) == {"task_id", "task_version", "state_hash"}
+        _, reward, terminated, _, info = genv.step(genv.action_space.sample())
+        assert info["status"] == "MODEL_INVALID_ACTION" and not terminated and reward == 0.0
+    finally:
+        genv.close()
+
+
+def test_oracle_solves_every_task_and_doing_nothing_solves_none(env) -> None:
+    for t in TASKS:
+        results = run_policy(env, "oracle", t)
+        last = results[-1]
+        assert last.terminated and last.reward_components == {"resolved": 1.0}, (t["task_id"], env.failures)
+        assert last.termination_reason == "success"
+        assert all(r.status == "OK" for r in results), t["task_id"]
+        env.reset(0, task_id=t["task_id"])
+        res = env.step(act("answer", text="done"), "k")
+        assert res.terminated and res.reward_components == {"resolved": 0.0}, t["task_id"]
+
+
+def test_reset_is_seeded_and_order_does_not_matter(env) -> None:
+    a, b = TASKS[0], by_family("orders/two-items-coupon")
+    alone = run_policy(env, "oracle", b)[-1].state_hash
+    run_policy(env, "oracle", a)
+    r1 = env.reset(0, task_id=b["task_id"])
+    after = run_policy(env, "oracle", b)[-1].state_hash
+    r2 = env.reset(0, task_id=b["task_id"])
+    assert alone == after and r1.state_hash == r2.state_hash and r1.observation == r2.observation
+
+
+def test_snapshot_restore_and_replay_are_hash_identical(env) -> None:
+    task = by_family("orders/two-items-coupon")
+    r = env.reset(0, task_id=task["task_id"])
+    snap = env.snapshot()
+    results = run_policy(env, "oracle", task)  # resets on the same task and seed
+    assert env.db_rows("SELECT kind FROM ledger") == [("payment",)]
+    env.reset(0, task_id=task["task_id"])
+    env.restore(snap)
+    assert env.db_rows("SELECT count(*) FROM ledger") == [(0,)] and env.snapshot().state_hash == r.state_hash
+    pol = POLICIES["oracle"]("o")
+    pol.reset(task_view(env, task["task_id"], task["task_version"], oracle=True), 0)
+    obs, actions = env.reset(0, task_id=task["task_id"]).observation, []
+    for i in range(len(results)):
+        a = pol.act(obs).action
+        actions.append(LoggedStep(a, f"k{i}", results[i].state_hash))
+        obs = env.step(a, f"k{i}").observation
+    log = ReplayLog(env.env_id, env.env_version, task["task_id"], task["task_version"], 0, r.state_hash, actions)
+    rep = env.replay(log)
+    assert rep.ok and rep.steps_replayed == len(results)
+
+
+# ----------------------------------------------------------------------------------------------- bad actions
+@pytest.mark.parametrize(("action", "fragment"), [
+    (act("click", id=999), "no element with id 999"),
+    (act("click", id=11), "only links and buttons can be clicked"),
+    (act("type", id=2, text="x"), "not a textbox"),
+    (act("select", id=2, value="x"), "not a combobox"),
+    (act("click", id="seven"), "expected integer"),
+    (act("type", id=13), "missing required property 'text'"),
+    (act("goto", path="http://evil.example/steal"), "outside the site"),
+    (act("goto", path="//evil.example/x"), "outside the site"),
+    (act("goto", path="products"), "starts with '/'"),
+    (act("goto", path="/no/such/page"), "no page at /no/such/page"),
+    (act("fly", to="moon"), "unknown tool"),
+    ("click 12", "expected a JSON object"),
+    (json.dumps(["click", 1]), "string field \"tool\""),
+])
+def test_bad_actions_get_a_clear_observation_and_status(env, action: str, fragment: str) -> None:
+    env.reset(0, task_id=by_family("compare/cheapest-in-category")["task_id"])
+    env.step(act("goto", path="/products"), "k0")
+    res = env.step(action, "k1")
+    assert res.status == "MODEL_INVALID_ACTION" and not res.done, res.observation
+    assert fragment in res.observation
+    ok = env.step(act("goto", path="/"), "k2")  # the episode goes on
+    assert ok.status == "OK" and "Last action error: none" in ok.observation
+
+
+def test_select_rejects_unknown_options_and_accepts_labels(env) -> None:
+    env.reset(0, task_id=by_family("compare/cheapest-in-category")["task_id"])
+    obs = env.step(act("goto", path="/products"), "k0").observation
+    sort = ids_by_name(obs)["Sort by"]
+    res = env.step(act("select", id=sort, value="by colour"), "k1")
+    assert res.status == "MODEL_INVALID_ACTION" and "not an option" in res.observation
+    res = env.step(act("select", id=sort, value="price, low to high"), "k2")
+    assert res.status == "OK" and 'combobox "Sort by" value="price_asc"' in res.observation
+
+
+def test_server_side_form_errors_are_shown_not_crashed(env) -> None:
+    env.reset(0, task_id=by_family("forms/contact")["task_id"])
+    obs = env.step(act("goto", path="/contact"), "k0").observation
+    res = env.step(act("click", id=ids_by_name(obs)["Send message"]), "k1")
+    assert res.status == "OK" and "HTTP 400" in res.observation and "required" in res.observation
+
+
+# -------------------------------------------------------------------------------------- effects and gateway
+def test_irreversible_effects_go_to_the_ledger_through_the_gateway(env) -> None:
+    task = by_family("account/delete-address")
+    results = run_policy(env, "oracle", task)
+    events = [ev for r in results for ev in r.gateway_events]
+    deletes = [ev for ev in events if ev["tool"] == "delete"]
+    assert len(deletes) == 1 and deletes[0]["side_effect_class"] == "irreversible" and deletes[0]["executed"]
+    assert deletes[0]["state_hash_before"] != deletes[0]["state_hash_after"]
+    assert {ev["tool"] for ev in events} <= {"goto", "click", "answer", "delete"}
+    assert [r[0] for r in env.db_rows("SELECT kind FROM ledger")] == ["delete"]
+
+
+def test_a_retried_payment_runs_once(env) -> None:
+    task = by_family("orders/two-items-coupon")
+    env.reset(0, task_id=task["task_id"])
+    obs = env.step(act("goto", path=f"/products/{task['oracle'][0]['path'].rsplit('/', 1)[1]}"), "a").observation
+    env.step(act("click", id=ids_by_name(obs)["Add to cart"]), "b")
+    obs = env.step(act("goto", path="/cart"), "c").observation
+    pay = act("click", id=ids_by_name(obs)["Place order and pay"])
+    cart_page = copy.deepcopy(env.browser)
+    first = env.step(pay, "pay-1")
+    assert first.gateway_events[0]["tool"] == "payment" and first.gateway_events[0]["executed"]
+    # The answer was lost: the agent retries the same call from the page it still sees, with the same key.
+    env.browser, env._page = copy.deepcopy(cart_page), None
+    again = env.step(pay, "pay-1")
+    assert not again.gateway_events[0]["executed"] and "duplicate" in again.gateway_events[0]["reason"]
+    # Under a new key the call runs, and the site refuses a second checkout of the emptied cart.
+    env.browser, env._page = copy.deepcopy(cart_page), None
+    third = env.step(pay, "pay-2")
+    assert third.gateway_events[0]["executed"] and "the cart is empty" in third.observation
+    assert env.db_rows("SELECT kind, target FROM ledger") == [("payment", "order:3")]
+
+
+def test_confirm_irreversible_holds_payments() -> None:
+    e = MiniWebEnv(split="dev", confirm_irreversible=True)
+    try:
+        task = next(t for t in e.tasks if t["ledger"])
+        results = run_policy(e, "oracle", task)
+        held = [ev for r in results for ev in r.gateway_events if ev["side_effect_class"] == "irreversible"]
+        assert held and all(ev["decision"] == "confirm" and not ev["executed"] for ev in held)
+        assert e.db_rows("SELECT count(*) FROM ledger") == [(0,)] and results[-1].reward_components["resolved"] == 0
+    finally:
+        e.close()
+
+
+def test_answers_are_checked_against_the_database(env) -> None:
+    task = by_family("compare/cheapest-in-category")
+    right = task["oracle"][-1]["text"]
+    for text, ok in ((right, 1.0), (right.replace("$", "") + " dollars", 1.0), ("$0.01", 0.0), ("no idea", 0.0)):
+        env.reset(0, task_id=task["task_id"])
+        assert env.step(act("answer", text=text), "k").reward_components == {"resolved": ok}, text
+    pair = by_family("compare/higher-rated")
+    both = " or ".join(pair["answer"]["alternatives"])
+    env.reset(0, task_id=pair["task_id"])
+    assert env.step(act("answer", text=both), "k").reward_components == {"resolved": 0.0}
+
+
+def test_untrusted_pages_taint_the_next_call(env) -> None:
+    task = by_family("compare/review-count")
+    env.reset(0, task_id=task["task_id"])
+    res = env.step(act("goto", path="/products/1"), "k0")
+    assert res.taint == ("untrusted_web_content",)
+    nxt = env.step(act("goto", path="/"), "k1")
+    assert nxt.gateway_events[0]["taint"] == ["untrusted_web_content"] and nxt.taint == ()
+
+
+def test_budget_truncates_and_grades() -> None:
+    e = MiniWebEnv(split="dev", budget=Budget(max_steps=2))
+    try:
+        e.reset(0)
+        e.step(act("goto", path="/products"), "k0")
+        res = e.step(act("goto", path="/cart"), "k1")
+        assert res.truncated and not res.terminated and res.status == "BUDGET_EXHAUSTED"
+        assert res.termination_reason == "budget_steps" and res.reward_components == {"resolved": 0.0}
+    finally:
+        e.close()
+
+
+# -------------------------------------------------------------------------------------------------- policies
+def test_heuristic_and_random_run_through_the_runner_and_into_the_lake(env, tmp_path: Path) -> None:
+    records = []
+    for name in ("heuristic", "random", "oracle"):
+        for t in TASKS[::7]:
+            pol = POLICIES[name](f"{name}-v1")
+            records.append(play_episode(env, pol, run_id=f"mw-{name}", task_id=t["task_id"],
+                                        task_version=t["task_version"], seed=1, split=t["split"],
+                                        task_view=lambda tid, tv, p=pol: task_view(env, tid, tv, p.needs_oracle)))
+    by_policy = Counter((r.episode["run_id"], r.episode["success"]) for r in records)
+    assert by_policy[("mw-oracle", True)] == len(TASKS[::7])
+    assert by_policy[("mw-random", True)] == 0
+    heuristic_wins = [r.episode["task_id"] for r in records if r.episode["run_id"] == "mw-heuristic" and r.episode["success"]]
+    assert heuristic_wins and all("cheapest" in t or "count-by-status" in t for t in heuristic_wins)
+    lake = open_lake(tmp_path / "lake", create=True)
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_tasks([task_row(t) for t in TASKS])
+        w.write_batch([r.episode for r in records], [t for r in records for t in r.turns],
+                      [e for r in records for e in r.events]).raise_if_rejected()
+
+
+def test_tool_docs_match_the_action_set() -> None:
+    assert set(TOOL_DOCS) == {"click", "type", "select", "goto", "submit", "answer", "give_up"}
+    assert set(POLICIES) == {"oracle", "heuristic", "random", "gullible"}
