@@ -75,6 +75,8 @@ class Node:
     action: str | None = None
     hidden: dict[str, str] = field(default_factory=dict)
     """For forms: hidden fields sent with the form."""
+    index: int | None = None
+    """For forms: ordinal among the page's forms (how a real browser finds the same form)."""
 
 
 @dataclass
@@ -120,7 +122,7 @@ def parse_page(html_text: str) -> Page:
                          form=form.bid if form else None))
             elif tag == "form":
                 f = add(Node(len(nodes) + 1, "form", a.get("aria-label", ""), depth, method=a.get("method", "get").lower(),
-                             action=a.get("action", "")))
+                             action=a.get("action", ""), index=sum(1 for n in nodes.values() if n.role == "form")))
                 walk(child, depth + 1, f)
             elif tag == "input":
                 kind = a.get("type", "text")

@@ -121,6 +121,7 @@ class _Plan:
     path: str = ""
     fields: list[tuple[str, str]] = field(default_factory=list)
     element: int = 0
+    form_index: int | None = None
     value: str = ""
     note: str = ""
 
@@ -227,6 +228,13 @@ class MiniWebEnv(Env):
         if self.site is None:
             self.site = Site()
             self.site.serve()
+        if self.browser_name == "chromium" and self._driver is None:
+            from .browser import BrowserUnavailable, ChromiumDriver
+
+            try:
+                self._driver = ChromiumDriver(self.site.base_url, self._tmp / "screens")
+            except BrowserUnavailable as e:
+                raise EnvError(f"browser='chromium': {e}") from None
         self.site.load(_database_image(task["seed"], json.dumps(task.get("plant", []))))
         self.task = task
         b = task.get("budget") or {}
@@ -369,13 +377,17 @@ class MiniWebEnv(Env):
         return self.site.q(sql, *params)
 
     # -- browser -----------------------------------------------------------------------------------------------
-    def _load(self, method: str, path: str, fields: Sequence[tuple[str, str]] = ()) -> None:
+    def _load(self, method: str, path: str, fields: Sequence[tuple[str, str]] = (),
+              form_index: int | None = None) -> None:
         """Send a real HTTP request to the site, following redirects, and make the answer the current page."""
         assert self.site is not None
         port = self.site.server.server_address[1] if self.site.server else 0
         body: bytes | None = urlencode(list(fields)).encode() if method == "POST" else None
         if method == "GET" and fields:
             path = path.split("?", 1)[0] + "?" + urlencode(list(fields))
+        if self._driver is not None:
+            self._load_in_browser(method, path, fields, form_index)
+            return
         for _ in range(5):
             conn = http.client.HTTPConnection(HOST, port, timeout=HTTP_TIMEOUT_S)
             try:
@@ -393,10 +405,26 @@ class MiniWebEnv(Env):
                 continue
             self.browser = _Browser(url=path, html=data.decode("utf-8", errors="replace"), http_status=resp.status)
             self._page = None
-            if self._driver is not None:
-                self._driver.show(self.browser.html, path)
             return
         raise TransientToolError("too many redirects")
+
+    def _load_in_browser(self, method: str, path: str, fields: Sequence[tuple[str, str]],
+                         form_index: int | None) -> None:
+        """The same request made by Chromium: a page load, or the form filled and submitted in the page."""
+        assert self._driver is not None
+        try:
+            if method == "POST":
+                if form_index is None:
+                    raise EnvError("a POST in the browser needs the form's index")
+                url, page_html, status = self._driver.submit(form_index, fields)
+            else:
+                url, page_html, status = self._driver.get(path)
+        except EnvError:
+            raise
+        except Exception as e:  # Playwright's errors (timeouts, a crashed page) are the browser's, not the agent's
+            raise TransientToolError(f"the browser failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        self.browser = _Browser(url=url, html=page_html, http_status=status)
+        self._page = None
 
     def _node(self, bid: int) -> Node | None:
         return self.page.nodes.get(bid)
@@ -442,7 +470,7 @@ class MiniWebEnv(Env):
         fields = form_data(self.page, form_bid, self.browser.values)
         action = urljoin(self.browser.url, form.action or self.browser.url)
         if form.method == "post":
-            return _Plan("post", method="POST", path=action, fields=fields, element=bid)
+            return _Plan("post", method="POST", path=action, fields=fields, element=bid, form_index=form.index)
         return _Plan("get", path=action, fields=fields, element=bid)
 
     def _run(self, args: dict[str, Any]) -> str:
@@ -460,7 +488,7 @@ class MiniWebEnv(Env):
             self.ended = True
             self.answer = plan.value if plan.note == "answer" else None
             return ""
-        self._load(plan.method, plan.path, plan.fields)
+        self._load(plan.method, plan.path, plan.fields, plan.form_index)
         if plan.kind == "get" and self.browser.http_status == 404:
             self._invalid = f"invalid action: there is no page at {urlsplit(plan.path).path}"
         return ""
@@ -502,6 +530,8 @@ class MiniWebEnv(Env):
         b = self.browser
         head = (f"URL: {b.url}\nPage: {self.page.title} (HTTP {b.http_status})\n"
                 f"Last action error: {b.error or 'none'}\n")
+        if self._driver is not None:
+            head += f"Screenshot: {self._driver.screenshot(f'step-{self._steps:04d}.png')}\n"
         return head + render(self.page, b.values)
 
     def _final_grade(self) -> dict[str, float]:
