@@ -228,6 +228,19 @@ def test_bad_actions_get_a_clear_observation_and_status(env, action: str, fragme
     assert ok.status == "OK" and "Last action error: none" in ok.observation
 
 
+def test_a_site_that_stops_answering_is_a_transient_error_not_a_crash() -> None:
+    e = MiniWebEnv(split="dev")
+    try:
+        e.reset(0)
+        assert e.site is not None and e.site.server is not None
+        e.site.server.shutdown()
+        e.site.server.server_close()
+        res = e.step(act("goto", path="/products"), "k0")
+        assert res.status == "ENV_TRANSIENT" and not res.done and "the site did not answer" in res.observation
+    finally:
+        e.close()
+
+
 def test_select_rejects_unknown_options_and_accepts_labels(env) -> None:
     env.reset(0, task_id=by_family("compare/cheapest-in-category")["task_id"])
     obs = env.step(act("goto", path="/products"), "k0").observation

@@ -74,3 +74,25 @@ def test_missing_chromium_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
             env.reset(0)
     finally:
         env.close()
+
+
+@needs_chromium
+def test_restore_in_the_browser_returns_to_the_snapshot_page() -> None:
+    task = TASKS["orders/two-items-coupon"]
+    env = MiniWebEnv(tasks=[task], browser="chromium")
+    try:
+        steps = play(env, task)
+        cart = next(i for i, (a, _, _) in enumerate(steps) if '"/cart"' in a)
+        env.reset(0, task_id=task["task_id"])
+        for action, _, _ in steps[1:cart + 1]:
+            env.step(action)
+        snap = env.snapshot()
+        rest = [a for a, _, _ in steps[cart + 1:]]
+        first = [env.step(a) for a in rest]
+        env.reset(0, task_id=task["task_id"])
+        env.restore(snap)  # Chromium still shows the order page; the next form post must happen on /cart
+        again = [env.step(a) for a in rest]
+        assert [r.state_hash for r in again] == [r.state_hash for r in first]
+        assert again[-1].reward_components == {"resolved": 1.0}
+    finally:
+        env.close()

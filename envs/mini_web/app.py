@@ -172,7 +172,8 @@ class Site:
 
     # -- routing -----------------------------------------------------------------------------------------------
     def handle(self, method: str, target: str, body: bytes) -> Reply:
-        self.requests += 1
+        with self.lock:
+            self.requests += 1
         parts = urlsplit(target)
         path = parts.path.rstrip("/") or "/"
         query = parse_qs(parts.query, keep_blank_values=True)

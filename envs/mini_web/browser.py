@@ -73,13 +73,20 @@ class ChromiumDriver:
             route.abort()
 
     def _result(self, response: Any) -> tuple[str, str, int]:
-        parts = urlsplit(self._page.url)
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        return path, self._page.content(), int(response.status) if response is not None else 0
+        return self._result_path(), self._page.content(), int(response.status) if response is not None else 0
 
     def get(self, path: str) -> tuple[str, str, int]:
         """Load a path; returns (path, html, HTTP status) after redirects."""
         return self._result(self._page.goto(self.base_url + path, wait_until="load"))
+
+    def ensure_at(self, path: str) -> None:
+        """Load ``path`` unless the page already shows it."""
+        if self._result_path() != path:
+            self.get(path)
+
+    def _result_path(self) -> str:
+        parts = urlsplit(self._page.url)
+        return parts.path + (f"?{parts.query}" if parts.query else "")
 
     def submit(self, form_index: int, fields: Sequence[tuple[str, str]]) -> tuple[str, str, int]:
         """Fill the ``form_index``-th form of the page with ``fields`` and submit it in the browser."""

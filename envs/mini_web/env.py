@@ -269,9 +269,7 @@ class MiniWebEnv(Env):
             plan = self._resolve(tool, args)
             self._pending = plan
             if plan.kind == "post":
-                kind = IRREVERSIBLE.get(endpoint_shape(plan.path))
-                gw_tool = {"payment": "payment", "refund": "refund", "send": "send", "delete": "delete"}.get(
-                    kind or "", "post")
+                gw_tool = IRREVERSIBLE.get(endpoint_shape(plan.path)) or "post"
                 gw_args = {"action": tool, "id": plan.element, "path": plan.path, "fields": dict(plan.fields)}
         taint = self._call_taint(gw_args)
         gateway = self.gateway
@@ -281,7 +279,7 @@ class MiniWebEnv(Env):
         status = res.status
         if problem is not None or self._invalid is not None:
             status = "MODEL_INVALID_ACTION"
-        self.browser.error = problem or self._invalid or ("" if res.executed else res.output)
+        self.browser.error = problem or self._invalid or ("" if res.executed and res.status == "OK" else res.output)
         comps: dict[str, float] = {}
         terminated = truncated = False
         reason: str | None = None
@@ -416,6 +414,7 @@ class MiniWebEnv(Env):
             if method == "POST":
                 if form_index is None:
                     raise EnvError("a POST in the browser needs the form's index")
+                self._driver.ensure_at(self.browser.url)  # after a restore the browser may show another page
                 url, page_html, status = self._driver.submit(form_index, fields)
             else:
                 url, page_html, status = self._driver.get(path)
