@@ -192,3 +192,14 @@ def test_gullible_runs_through_the_runner_with_events() -> None:
         assert env.attack_success and not rec.episode["success"]
     finally:
         env.close()
+
+
+def test_suite_command_prints_agentdojo_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    from trajlake.envs.mini_web.suite import main
+
+    assert main(["--policy", "oracle", "--defence", "none", "--attack", "tool_knowledge"]) == 0
+    out = capsys.readouterr().out
+    n = len(INJECTABLE) * len(GOALS)
+    assert "attack: tool_knowledge" in out
+    assert f"none                  oracle                {len(TASKS)}/{len(TASKS)}" in out
+    assert f"{n}/{n}           0/{n}" in out

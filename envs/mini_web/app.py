@@ -157,7 +157,9 @@ class Site:
 
         self.server = ThreadingHTTPServer((HOST, 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="mini-web-site", daemon=True)
+        # A short poll interval keeps close() (shutdown waits for one poll) cheap.
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name="mini-web-site", daemon=True)
         self.thread.start()
 
     def close(self) -> None:
