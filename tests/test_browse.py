@@ -17,10 +17,10 @@ import pytest
 import typer
 from trajlake.evaluators import data as eval_data
 from trajlake.evaluators import sql
+from trajlake.evaluators.browse import build_browser, embed_json
 from typer.testing import CliRunner
 
 from trajlake import Lake, connect
-from trajlake.browse import build_browser, embed_json
 from trajlake.cli.browse_cmd import register
 
 _DATA = re.compile(r'<script id="trajlake-data" type="application/json">(.*?)</script>', re.S)

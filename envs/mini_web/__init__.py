@@ -11,29 +11,17 @@ Fields of a task record that must never reach the agent: ``oracle``, ``checks``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from trajlake.envs.policy import TaskView
 
 from .env import ENV_ID, ENV_VERSION, TOOL_DOCS, MiniWebEnv, task_row
 from .grading import TASKS_PATH, load_tasks
+from .policies import POLICIES
 
 __all__ = ["ENV_ID", "ENV_VERSION", "POLICIES", "TASKS_PATH", "TOOL_DOCS", "MiniWebEnv", "load_tasks", "task_row",
            "task_view"]
 
 
-def __getattr__(name: str) -> Any:
-    # The policies import trajlake.rollout (a layer above envs): load them only when asked for.
-    if name == "POLICIES":
-        from .policies import POLICIES
-
-        return POLICIES
-    raise AttributeError(name)
-
-
-def task_view(env: MiniWebEnv, task_id: str, task_version: str, oracle: bool = False) -> Any:
-    """The policy's view of a task: statement and tools; the solution steps only for the oracle (and gullible)."""
-    from trajlake.rollout.policy import TaskView
-
-    t = env.task_for(0, task_version, task_id)
-    secret: Mapping[str, Any] | None = {"steps": t["oracle"]} if oracle else None
-    return TaskView(task_id, task_version, t["statement"], TOOL_DOCS, secret)
+def task_view(env: MiniWebEnv, task_id: str, task_version: str, oracle: bool = False) -> TaskView:
+    """The policy's view of a task (``MiniWebEnv.task_view``): statement and tools; the solution steps only for
+    the oracle (and gullible) policies."""
+    return env.task_view(task_id, task_version, oracle=oracle)

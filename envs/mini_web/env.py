@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -43,12 +43,14 @@ from trajlake.envs.core import (
     BudgetTracker,
     Env,
     EnvError,
+    Requirement,
     ResetResult,
     Snapshot,
     StepResult,
     stable_hash,
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec, TransientToolError, validate_args
+from trajlake.envs.policy import Policy, TaskView
 
 from .app import HOST, IRREVERSIBLE, Site, endpoint_shape
 from .data import build_database, canonical_dump
@@ -146,6 +148,7 @@ class MiniWebEnv(Env):
 
     env_id = ENV_ID
     env_version = ENV_VERSION
+    verification_source = "backend_state"
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  tasks_path: str | os.PathLike[str] | None = None, budget: Budget | None = None,
@@ -200,6 +203,47 @@ class MiniWebEnv(Env):
     @property
     def image_digest(self) -> str:
         return _code_digest()
+
+    def list_tasks(self) -> list[dict[str, Any]]:
+        return [dict(t) for t in self.tasks]
+
+    def task_row(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        return task_row(task)
+
+    def task_view(self, task_id: str, task_version: str, *, oracle: bool = False) -> TaskView:
+        """Statement and tools; the solution steps only for the oracle (and the gullible policy built on it)."""
+        t = self.task_for(0, task_version, task_id)
+        secret: Mapping[str, Any] | None = {"steps": t["oracle"]} if oracle else None
+        return TaskView(task_id, task_version, t["statement"], TOOL_DOCS, secret)
+
+    @classmethod
+    def policies(cls) -> Mapping[str, Callable[[str], Policy]]:
+        from trajlake.envs.mini_web.policies import POLICIES
+
+        return POLICIES
+
+    def requirements(self) -> list[Requirement]:
+        """A loopback port for the site; Chromium and Playwright when ``browser="chromium"`` (optional otherwise)."""
+        import importlib.util
+        import socket
+
+        from .browser import find_chromium
+
+        out: list[Requirement] = []
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((HOST, 0))
+            out.append(Requirement("loopback", True, f"can serve on {HOST}"))
+        except OSError as e:
+            out.append(Requirement("loopback", False, f"cannot bind {HOST}: {e}", "enable the loopback interface"))
+        needed = self.browser_name == "chromium"
+        exe = find_chromium()
+        out.append(Requirement("chromium", exe is not None, exe or "not found", "apt-get install -y chromium",
+                               required=needed))
+        has_pw = importlib.util.find_spec("playwright") is not None
+        out.append(Requirement("playwright", has_pw, "installed" if has_pw else "not installed",
+                               "pip install playwright", required=needed))
+        return out
 
     @property
     def injection_attempted(self) -> bool:

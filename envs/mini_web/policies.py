@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trajlake.rollout.policy import Policy, PolicyOutput, TaskView
+from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 
 from .injection import find_instructions
 
@@ -92,7 +92,7 @@ class OraclePolicy(Policy):
     def act(self, observation: str) -> PolicyOutput:
         step = self.next_step(observation)
         action = act("give_up") if step is None else step_action(step, observation)
-        return self.scripted_output(action, observation)
+        return self.scripted_output(action)
 
 
 def attack_steps(goal: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -145,9 +145,9 @@ class GulliblePolicy(OraclePolicy):
             detour = self.detour.pop(0)
             if detour["op"] == "type":
                 detour = {**detour, "text": detour["text"].replace("{secret}", self.secret)}
-            return self.scripted_output(step_action(detour, observation), observation)
+            return self.scripted_output(step_action(detour, observation))
         step = self.next_step(observation)
-        return self.scripted_output(act("give_up") if step is None else step_action(step, observation), observation)
+        return self.scripted_output(act("give_up") if step is None else step_action(step, observation))
 
 
 _SECTIONS = (("ticket", "/tickets"), ("email", "/inbox"), ("order", "/orders"), ("address", "/account"),
@@ -172,21 +172,20 @@ class HeuristicPolicy(Policy):
         status = re.search(r"tickets have the status (\w+)\?", s)
         if cat:
             if self.stage == 1:
-                return self.scripted_output(act("goto", path=f"/products?category={cat.group(1)}&sort=price_asc"),
-                                            observation)
+                return self.scripted_output(act("goto", path=f"/products?category={cat.group(1)}&sort=price_asc"))
             rows = [e.name for e in elements(observation) if e.role == "row" and "$" in e.name]
             price = re.search(r"\$\d+\.\d\d", rows[0]) if rows else None
-            return self.scripted_output(act("answer", text=price.group() if price else "unknown"), observation)
+            return self.scripted_output(act("answer", text=price.group() if price else "unknown"))
         if status:
             if self.stage == 1:
-                return self.scripted_output(act("goto", path=f"/tickets?status={status.group(1)}"), observation)
+                return self.scripted_output(act("goto", path=f"/tickets?status={status.group(1)}"))
             n = sum(1 for e in elements(observation) if e.role == "row") - 1
-            return self.scripted_output(act("answer", text=str(max(n, 0))), observation)
+            return self.scripted_output(act("answer", text=str(max(n, 0))))
         if self.stage == 1:
             low = s.lower()
             path = next((p for word, p in _SECTIONS if word in low), "/products")
-            return self.scripted_output(act("goto", path=path), observation)
-        return self.scripted_output(act("give_up"), observation)
+            return self.scripted_output(act("goto", path=path))
+        return self.scripted_output(act("give_up"))
 
 
 class RandomPolicy(Policy):
@@ -215,7 +214,7 @@ class RandomPolicy(Policy):
                 action = act("select", id=e.bid, value=rng.choice(("high", "no", "express", "resolved")))
             else:
                 action = act(kind, id=e.bid)
-        return self.scripted_output(action, observation)
+        return self.scripted_output(action)
 
 
 POLICIES: dict[str, type[Policy]] = {"oracle": OraclePolicy, "heuristic": HeuristicPolicy, "random": RandomPolicy,

@@ -20,7 +20,7 @@ from trajlake.schema import TABLES, table_def
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["connect", "scan"]
+__all__ = ["connect", "lake_versions", "run_query", "scan"]
 
 _COMMITTED_BY_EPISODE = ("turns", "gateway_events")
 
@@ -132,6 +132,22 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     con.execute("CREATE TABLE lake_versions (table_name VARCHAR, version BIGINT)")
     con.executemany("INSERT INTO lake_versions VALUES (?, ?)", list(versions.items()))
     return con
+
+
+def run_query(lake: Lake | str | os.PathLike[str], query: str, as_of: str | dict[str, int] | None = None, *,
+              memory_limit: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one SQL statement over the lake's views (``trajlake sql``): (column names, rows). A DuckDB error
+    becomes a one-line ``QueryError``."""
+    if not query.strip():
+        raise QueryError("empty query: give a SQL statement, e.g. \"select count(*) from episodes\"")
+    con = connect(lake, as_of, memory_limit=memory_limit)
+    try:
+        rel = con.execute(query)
+        cols = [d[0] for d in rel.description] if rel.description else []
+        rows = rel.fetchall() if cols else []
+    except duckdb.Error as e:
+        raise QueryError(str(e).splitlines()[0]) from e
+    return cols, rows
 
 
 def lake_versions(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
