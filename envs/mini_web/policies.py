@@ -155,21 +155,26 @@ _SECTIONS = (("ticket", "/tickets"), ("email", "/inbox"), ("order", "/orders"), 
 
 
 class HeuristicPolicy(Policy):
-    """Goes to the section the statement names; for "cheapest ... in the X category" it sorts the product list by
-    price and answers the first row's price; for ticket counts it filters the list and counts rows; otherwise it
-    looks and gives up. Right on part of the question tasks, by design."""
+    """Goes to the section the statement names. Questions about the cheapest product of a category: sort the
+    list by price and answer the first row's price. Ticket counts: filter the list and count its rows. Orders of
+    "the cheapest product in the X category": buy the first row of the price-sorted list with the named
+    shipping and address, ignoring the rating and stock conditions. Otherwise it looks and gives up. Right on
+    part of the tasks, by design."""
 
     name = "heuristic"
 
     def reset(self, task: TaskView, seed: int) -> None:
         self.statement = task.statement
         self.stage = 0
+        self.plan: list[dict[str, Any]] = []
 
     def act(self, observation: str) -> PolicyOutput:
         s = self.statement
         self.stage += 1
         cat = re.search(r"cheapest product in the (\w+) category\?", s)
         status = re.search(r"tickets have the status (\w+)\?", s)
+        order = re.search(r"Buy (\d+) unit\(s\) of the cheapest product in the (\w+) category.* with (\w+) shipping "
+                          r"to your (.+?) address", s)
         if cat:
             if self.stage == 1:
                 return self.scripted_output(act("goto", path=f"/products?category={cat.group(1)}&sort=price_asc"))
@@ -181,6 +186,23 @@ class HeuristicPolicy(Policy):
                 return self.scripted_output(act("goto", path=f"/tickets?status={status.group(1)}"))
             n = sum(1 for e in elements(observation) if e.role == "row") - 1
             return self.scripted_output(act("answer", text=str(max(n, 0))))
+        if order:
+            qty, category, shipping, label = order.groups()
+            if self.stage == 1:
+                return self.scripted_output(act("goto", path=f"/products?category={category}&sort=price_asc"))
+            if self.stage == 2:
+                first = next((e for e in elements(observation) if e.role == "link" and e.bid > 10), None)
+                if first is None:
+                    return self.scripted_output(act("give_up"))
+                self.plan = [{"op": "type", "name": "Quantity", "text": qty},
+                             {"op": "click", "role": "button", "name": "Add to cart"}, {"op": "goto", "path": "/cart"},
+                             {"op": "select", "name": "Ship to", "value": label},
+                             {"op": "select", "name": "Shipping", "value": shipping},
+                             {"op": "click", "role": "button", "name": "Place order and pay"},
+                             {"op": "answer", "text": "done"}]
+                return self.scripted_output(act("click", id=first.bid))
+            step = self.plan.pop(0) if self.plan else {"op": "answer", "text": "done"}
+            return self.scripted_output(step_action(step, observation))
         if self.stage == 1:
             low = s.lower()
             path = next((p for word, p in _SECTIONS if word in low), "/products")
