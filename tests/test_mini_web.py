@@ -360,3 +360,24 @@ def test_heuristic_and_random_run_through_the_runner_and_into_the_lake(env, tmp_
 def test_tool_docs_match_the_action_set() -> None:
     assert set(TOOL_DOCS) == {"click", "type", "select", "goto", "submit", "answer", "give_up"}
     assert set(POLICIES) == {"oracle", "heuristic", "random", "gullible"}
+
+
+def test_registered_and_supplies_the_contract() -> None:
+    from trajlake.envs import list_tasks, make_env, make_policy, policy_names, task_rows, task_view_fn
+
+    env = make_env("mini-web", split="dev")
+    try:
+        assert isinstance(env, MiniWebEnv) and env.verification_source == "backend_state"
+        tasks = list_tasks("mini-web", "dev")
+        assert [t["task_id"] for t in tasks] == [t["task_id"] for t in env.tasks] and tasks
+        assert task_rows("mini-web", tasks[:2]) == [task_row(t) for t in tasks[:2]]
+        assert policy_names("mini-web") == ["gullible", "heuristic", "oracle", "random"]
+        assert make_policy("mini-web", "oracle", "o").needs_oracle
+        view = task_view_fn(env, oracle=True)(tasks[0]["task_id"], tasks[0]["task_version"])
+        assert view.oracle == {"steps": tasks[0]["oracle"]} and set(view.tools) == set(TOOL_DOCS)
+        assert task_view_fn(env)(tasks[0]["task_id"], tasks[0]["task_version"]).oracle is None
+        reqs = {r.name: r for r in env.requirements()}
+        assert reqs["loopback"].ok and reqs["loopback"].required
+        assert not reqs["chromium"].required and not reqs["playwright"].required  # only browser="chromium" needs them
+    finally:
+        env.close()
