@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -381,3 +382,28 @@ def test_registered_and_supplies_the_contract() -> None:
         assert not reqs["chromium"].required and not reqs["playwright"].required  # only browser="chromium" needs them
     finally:
         env.close()
+
+
+def test_fuzzed_actions_never_crash(env) -> None:
+    import random
+
+    rng = random.Random(7)
+    words = ["", "x", "/", "//", "/products/1/../../etc", "/products?q=%00", "/orders/-1", "/tickets/99999999",
+             "\u00e9\u4e2d", "1" * 40, "<script>", "' OR 1=1 --", "/checkout", "/account?msg=" + "a" * 600]
+    allowed = {"OK", "MODEL_INVALID_ACTION", "BUDGET_EXHAUSTED"}
+    for episode in range(4):
+        obs = env.reset(episode).observation
+        for i in range(60):
+            ids = [int(x) for x in re.findall(r"^\s*\[(\d+)\]", obs, re.M)] or [1]
+            tool = rng.choice(["click", "type", "select", "goto", "submit", "type", "click"])
+            args: dict[str, Any] = {"id": rng.choice([*ids, 0, 10**6])}
+            if tool in ("type", "select"):
+                args["text" if tool == "type" else "value"] = rng.choice(words)
+            if tool == "goto":
+                args = {"path": rng.choice(words)}
+            res = env.step(json.dumps({"tool": tool, "args": args}), f"f{episode}-{i}")
+            assert res.status in allowed, (tool, args, res.observation[:300])
+            assert "Last action error" in res.observation or res.done
+            obs = res.observation
+            if res.done:
+                break

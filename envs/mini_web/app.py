@@ -190,6 +190,8 @@ class Site:
                 return handler(query if method == "GET" else form_data, *ids)
         except _BadForm as e:
             return Reply(400, page("Form error", f'<p><a href="{esc(e.back)}">Back</a></p>', error=str(e)))
+        except Exception as e:  # a bug of the site: answer 500 (the env reports ENV_BUG) instead of dropping the line
+            return Reply(500, page("Server error", error=f"{type(e).__name__}: {e}"))
 
     def _route(self, method: str, segs: list[str]) -> tuple[Callable[..., Reply], list[int]] | None:
         ids: list[int] = []

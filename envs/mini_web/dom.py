@@ -150,8 +150,7 @@ def parse_page(html_text: str) -> Page:
                 add(Node(len(nodes) + 1, a["role"], child.text(), depth))
             elif tag == "tr":
                 cells = [c.text() for c in child.children if isinstance(c, Element) and c.tag in ("td", "th")]
-                row = add(Node(len(nodes) + 1, "row", _clip(" | ".join(c for c in cells if c)), depth))
-                del row
+                add(Node(len(nodes) + 1, "row", _clip(" | ".join(c for c in cells if c)), depth))
                 for c in child.children:
                     if isinstance(c, Element):
                         walk_interactive(c, depth + 1, form)

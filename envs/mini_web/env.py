@@ -189,6 +189,7 @@ class MiniWebEnv(Env):
         self._page: Page | None = None
         self._pending: _Plan | None = None
         self._invalid: str | None = None
+        self._site_error: str | None = None
         self.answer: str | None = None
         self.ended = False
         self.done = False
@@ -307,6 +308,7 @@ class MiniWebEnv(Env):
         self._steps += 1
         tool, args, problem = _parse(action)
         self._invalid = None
+        self._site_error = None
         self._pending = None
         gw_tool, gw_args = tool, args
         if problem is None and tool in ACTION_SCHEMAS and validate_args(ACTION_SCHEMAS[tool], args) is None:
@@ -323,7 +325,9 @@ class MiniWebEnv(Env):
         status = res.status
         if problem is not None or self._invalid is not None:
             status = "MODEL_INVALID_ACTION"
-        self.browser.error = problem or self._invalid or ("" if res.executed and res.status == "OK" else res.output)
+        elif self._site_error is not None and status == "OK":
+            status = "ENV_BUG"
+        self.browser.error = problem or self._invalid or self._site_error or ("" if res.executed and res.status == "OK" else res.output)
         comps: dict[str, float] = {}
         terminated = truncated = False
         reason: str | None = None
@@ -534,6 +538,8 @@ class MiniWebEnv(Env):
         self._load(plan.method, plan.path, plan.fields, plan.form_index)
         if plan.kind == "get" and self.browser.http_status == 404:
             self._invalid = f"invalid action: there is no page at {urlsplit(plan.path).path}"
+        elif self.browser.http_status >= 500:
+            self._site_error = f"the site failed (HTTP {self.browser.http_status}): a bug of the environment"
         return ""
 
     def _tools(self) -> list[ToolSpec]:
