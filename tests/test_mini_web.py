@@ -407,3 +407,20 @@ def test_fuzzed_actions_never_crash(env) -> None:
             obs = res.observation
             if res.done:
                 break
+
+
+def test_a_site_bug_is_env_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajlake.envs.mini_web.app import Site
+
+    def broken(self: Site, q: dict[str, list[str]]) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(Site, "orders", broken)
+    e = MiniWebEnv(split="dev")
+    try:
+        e.reset(0)
+        res = e.step(act("goto", path="/orders"), "k0")
+        assert res.status == "ENV_BUG" and "HTTP 500" in res.observation and "ZeroDivisionError" in res.observation
+        assert e.step(act("goto", path="/"), "k1").status == "OK"
+    finally:
+        e.close()
