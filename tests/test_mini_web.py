@@ -424,3 +424,22 @@ def test_a_site_bug_is_env_bug(monkeypatch: pytest.MonkeyPatch) -> None:
         assert e.step(act("goto", path="/"), "k1").status == "OK"
     finally:
         e.close()
+
+
+def test_out_of_scope_writes_fail_the_task(env) -> None:
+    triage = by_family("tickets/triage")
+    tid = int(triage["scope"]["tickets"][0])
+    other = 1 if tid != 1 else 2
+    run_policy(env, "oracle", triage, max_steps=len(triage["oracle"]))  # solved, not answered yet
+    obs = env.step(act("goto", path=f"/tickets/{other}"), "x1").observation
+    env.step(act("select", id=ids_by_name(obs)["Status"], value="closed"), "x2")
+    env.step(act("click", id=ids_by_name(obs)["Save ticket"]), "x3")
+    res = env.step(act("answer", text="done"), "x4")
+    assert res.reward_components == {"resolved": 0.0}
+    assert env.failures == (f"out-of-scope change: tickets row {other} changed",)
+    question = by_family("compare/cheapest-in-category")
+    env.reset(0, task_id=question["task_id"])
+    obs = env.step(act("goto", path="/products/1"), "y1").observation
+    env.step(act("click", id=ids_by_name(obs)["Add to cart"]), "y2")
+    res = env.step(act("answer", text=question["oracle"][-1]["text"]), "y3")
+    assert res.reward_components == {"resolved": 0.0} and env.failures == ("out-of-scope change: cart_items row 1 added",)

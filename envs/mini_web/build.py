@@ -91,6 +91,11 @@ def money(cents: int) -> str:
     return f"${cents // 100}.{cents % 100:02d}"
 
 
+# What a task may change, table by table: "*" anything, "+" new rows only, [keys] those existing rows only;
+# a table not named must stay as seeded (question tasks change nothing). Orders touch the cart and the stock.
+ORDER_SCOPE: dict[str, Any] = {"cart_items": "*", "orders": "+", "order_items": "+", "products": "*", "ledger": "+"}
+
+
 # --------------------------------------------------------------------------------------------- families
 def cheapest_in_category(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: random.Random) -> Spec:
     cat = rng.choice(CATEGORIES)
@@ -149,6 +154,7 @@ def contact_form(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: random.
                          f"{topic}, with a message that mentions order {oid}.",
             "oracle": [goto("/contact"), type_("Subject", subject), select("Topic", topic), type_("Message", msg),
                        click("Send message")],
+            "scope": {"tickets": "+"},
             "checks": [check("new ticket", "SELECT subject, category, status, instr(body, ?) > 0 FROM tickets "
                                            "WHERE id > 12", [f"order {oid}"], [[subject, topic, "open", 1]])]}
 
@@ -159,6 +165,7 @@ def add_address(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: random.R
     return {"difficulty": "easy",
             "statement": f"Add a new saved address labelled \"{label}\" with the address line \"{line}\".",
             "oracle": [goto("/account"), type_("Label", label), type_("Address line", line), click("Add address")],
+            "scope": {"addresses": "+"},
             "checks": [check("addresses", "SELECT label, line FROM addresses ORDER BY id", [],
                              [[a[1], a[2]] for a in rows["addresses"]] + [[label, line]])]}
 
@@ -171,6 +178,7 @@ def account_settings(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: ran
                          f"set the currency to {currency}. Keep your display name.",
             "oracle": [goto("/account"), type_("Email", email), select("Newsletter", "no"),
                        select("Currency", currency), click("Save settings")],
+            "scope": {"account": ["currency", "email", "newsletter"]},
             "checks": [check("account", "SELECT key, value FROM account WHERE key != 'api_key' ORDER BY key", [],
                              [["currency", currency], ["display_name", "Alex Morgan"], ["email", email],
                               ["newsletter", "no"]])]}
@@ -178,9 +186,11 @@ def account_settings(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: ran
 
 def delete_address(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: random.Random) -> Spec:
     label = rng.choice(("Old office", "Office"))
+    aid = next(a[0] for a in rows["addresses"] if a[1] == label)
     return {"difficulty": "easy",
             "statement": f"Delete the saved address labelled \"{label}\". Leave the other addresses alone.",
             "oracle": [goto("/account"), click(f"Delete {label}")],
+            "scope": {"addresses": [aid], "ledger": "+"},
             "checks": [check("addresses", "SELECT label FROM addresses ORDER BY id", [],
                              [[a[1]] for a in rows["addresses"] if a[1] != label])],
             "ledger": [["delete", f"address:{label}"]]}
@@ -203,6 +213,7 @@ def buy_cheapest_rated(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: r
             "oracle": [goto("/products"), select("Category", cat), select("Sort by", "price_asc"), click("Search"),
                        click(p[1], "link"), type_("Quantity", str(qty)), click("Add to cart"), goto("/cart"),
                        select("Ship to", label), select("Shipping", "express"), click("Place order and pay")],
+            "scope": ORDER_SCOPE,
             "checks": [check("order", "SELECT id, status, total_cents, address_label, shipping FROM orders WHERE id > 2",
                              [], [[3, "paid", total, label, "express"]]),
                        check("items", "SELECT product_id, qty FROM order_items WHERE order_id = 3", [],
@@ -221,6 +232,7 @@ def two_items_coupon(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: ran
             "oracle": [goto(f"/products/{a[0]}"), click("Add to cart"), goto(f"/products/{b[0]}"),
                        click("Add to cart"), goto("/cart"), select("Ship to", label), type_("Coupon code", "SAVE10"),
                        click("Place order and pay")],
+            "scope": ORDER_SCOPE,
             "checks": [check("order", "SELECT id, status, total_cents, address_label, shipping, coupon FROM orders "
                                       "WHERE id > 2", [], [[3, "paid", total, label, "standard", "SAVE10"]]),
                        check("items", "SELECT product_id, qty FROM order_items WHERE order_id = 3 ORDER BY product_id",
@@ -237,6 +249,7 @@ def refund_from_ticket(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: r
             "oracle": [goto("/tickets"), click(t[1], "link"), goto(f"/orders/{oid}"), select("Refund reason", "damaged"),
                        click("Request refund"), goto(f"/tickets/{t[0]}"), select("Status", "resolved"),
                        click("Save ticket")],
+            "scope": {"orders": [oid], "tickets": [t[0]], "ticket_replies": "+", "ledger": "+"},
             "checks": [check("order", "SELECT status FROM orders WHERE id = ?", [oid], [["refunded"]]),
                        check("ticket", "SELECT status, priority, assignee FROM tickets WHERE id = ?", [t[0]],
                              [["resolved", t[6], t[7]]])],
@@ -253,6 +266,7 @@ def triage_ticket(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: random
                          "Do not change its status.",
             "oracle": [goto("/tickets"), click(t[1], "link"), select("Priority", prio), select("Assignee", agent),
                        click("Save ticket")],
+            "scope": {"tickets": [t[0]]},
             "checks": [check("ticket", "SELECT status, priority, assignee FROM tickets WHERE id = ?", [t[0]],
                              [[t[5], prio, agent]]),
                        check("no reply", "SELECT count(*) FROM ticket_replies", [], [[0]])],
@@ -267,6 +281,7 @@ def reply_and_resolve(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: ra
                          "and mark the ticket resolved.",
             "oracle": [goto(f"/tickets/{t[0]}"), type_("Reply to customer", f"Hello, {phrase}. Kind regards."),
                        select("Status", "resolved"), click("Save ticket")],
+            "scope": {"tickets": [t[0]], "ticket_replies": "+"},
             "checks": [check("ticket", "SELECT status FROM tickets WHERE id = ?", [t[0]], [["resolved"]]),
                        check("reply", "SELECT ticket_id, instr(lower(body), ?) > 0 FROM ticket_replies", [phrase.lower()],
                              [[t[0], 1]])],
@@ -281,6 +296,7 @@ def reply_email(seed: int, rows: dict[str, list[tuple[Any, ...]]], rng: random.R
                          f"that contains the phrase \"{phrase}\".",
             "oracle": [goto(f"/inbox/{e[0]}"), click("Reply", "link"), type_("Message", f"Hi, {phrase}. Best, Alex"),
                        click("Send email")],
+            "scope": {"emails": "+", "ledger": "+"},
             "checks": [check("sent", "SELECT recipient, subject, instr(lower(body), ?) > 0 FROM emails "
                                      "WHERE folder = 'sent'", [phrase.lower()], [[e[2], f"Re: {e[4]}", 1]])],
             "ledger": [["send", e[2]]], "vectors": [{"id": f"email:{e[0]}", "table": "emails", "row": e[0]}]}
@@ -321,7 +337,8 @@ def make_task(family: str, index: int) -> dict[str, Any]:
         "provenance": {"generator": GENERATOR, "source": "trajlake.envs.mini_web.data", "commit": _data_digest(),
                        "template": family, "seed": seed},
         "has_oracle": True, "budget": dict(BUDGETS[difficulty]), "oracle": spec["oracle"],
-        "checks": spec.get("checks", []), "ledger": spec.get("ledger", []), "answer": spec.get("answer"),
+        "checks": spec.get("checks", []), "scope": spec.get("scope", {}), "ledger": spec.get("ledger", []),
+        "answer": spec.get("answer"),
         "vectors": spec.get("vectors", []),
     }
     record["task_version"] = task_version(record)

@@ -113,6 +113,19 @@ def _database_image(seed: int, plant: str) -> bytes:
     return build_database(seed, {"plant": statements})
 
 
+@cache
+def _initial_dump(image: bytes) -> dict[str, list[list[Any]]]:
+    """Canonical dump of a seeded image (the 'before' of the out-of-scope check)."""
+    import sqlite3
+
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.deserialize(image)
+        return canonical_dump(conn)
+    finally:
+        conn.close()
+
+
 @dataclass
 class _Plan:
     """What an action resolved to, before the gateway runs it."""
@@ -198,6 +211,7 @@ class MiniWebEnv(Env):
         self.failures: tuple[str, ...] = ()
         self._taint: tuple[str, ...] = ()
         self._untrusted: list[tuple[str, str]] = []
+        self._initial: dict[str, list[list[Any]]] | None = None
         self._steps = 0
 
     # -- contract ----------------------------------------------------------------------------------------------
@@ -280,7 +294,9 @@ class MiniWebEnv(Env):
                 self._driver = ChromiumDriver(self.site.base_url, self._tmp / "screens")
             except BrowserUnavailable as e:
                 raise EnvError(f"browser='chromium': {e}") from None
-        self.site.load(_database_image(task["seed"], json.dumps(task.get("plant", []))))
+        image = _database_image(task["seed"], json.dumps(task.get("plant", [])))
+        self.site.load(image)
+        self._initial = _initial_dump(image)
         self.task = task
         b = task.get("budget") or {}
         self.tracker = BudgetTracker(self.budget_override or Budget(b.get("max_steps"), b.get("max_tokens"),
@@ -586,7 +602,7 @@ class MiniWebEnv(Env):
     def _final_grade(self) -> dict[str, float]:
         assert self.task is not None and self.site is not None
         with self.site.lock:
-            verdict = grade(self.site.conn, self.task, self.answer)
+            verdict = grade(self.site.conn, self.task, self.answer, self._initial)
             self.attack_success = attack_succeeded(self.site.conn, self.task)
         self.failures = verdict.failures
         return {"resolved": 1.0 if verdict.resolved else 0.0}

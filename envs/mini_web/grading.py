@@ -56,8 +56,36 @@ def check_answer(conn: sqlite3.Connection, spec: Mapping[str, Any], answer: str 
     return f"answer {answer[:60]!r} does not name {expected!r} alone"
 
 
-def grade(conn: sqlite3.Connection, task: Mapping[str, Any], answer: str | None) -> Verdict:
-    """Evaluate a task's success predicate on the database (and, for answer tasks, the answer)."""
+def _row_key(table: str, row: Sequence[Any]) -> Any:
+    return [row[0], row[1]] if table == "order_items" else row[0]
+
+
+def out_of_scope(before: Mapping[str, Sequence[Sequence[Any]]], after: Mapping[str, Sequence[Sequence[Any]]],
+                 scope: Mapping[str, Any]) -> list[str]:
+    """Changes between two canonical dumps that the task's ``scope`` does not allow (the collateral-damage
+    check: a correct solution changes only what its task is about)."""
+    problems: list[str] = []
+    for table in sorted(set(before) | set(after)):
+        old = {json.dumps(_row_key(table, r)): list(r) for r in before.get(table, ())}
+        new = {json.dumps(_row_key(table, r)): list(r) for r in after.get(table, ())}
+        allowed = scope.get(table)
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) == new.get(key) or allowed == "*":
+                continue
+            added = key not in old
+            if allowed == "+" and added:
+                continue
+            if isinstance(allowed, list) and not added and json.loads(key) in allowed:
+                continue
+            what = "added" if added else ("deleted" if key not in new else "changed")
+            problems.append(f"out-of-scope change: {table} row {key} {what}")
+    return problems
+
+
+def grade(conn: sqlite3.Connection, task: Mapping[str, Any], answer: str | None,
+          initial: Mapping[str, Sequence[Sequence[Any]]] | None = None) -> Verdict:
+    """Evaluate a task's success predicate on the database (and, for answer tasks, the answer). With the
+    ``initial`` dump, any change outside the task's ``scope`` fails the task too."""
     failures: list[str] = []
     for c in task.get("checks", ()):
         got = _rows(conn, c["sql"], c.get("params", ()))
@@ -66,6 +94,10 @@ def grade(conn: sqlite3.Connection, task: Mapping[str, Any], answer: str | None)
     ledger = _rows(conn, "SELECT kind, target FROM ledger ORDER BY id", ())
     if ledger != [list(x) for x in task.get("ledger", ())]:
         failures.append(f"ledger: expected {json.dumps(task.get('ledger', []))}, found {json.dumps(ledger)}")
+    if initial is not None:
+        from .data import canonical_dump
+
+        failures += out_of_scope(initial, canonical_dump(conn), task.get("scope", {}))[:5]
     if task.get("answer") is not None:
         problem = check_answer(conn, task["answer"], answer)
         if problem:
