@@ -203,3 +203,20 @@ def test_suite_command_prints_agentdojo_numbers(capsys: pytest.CaptureFixture[st
     assert "attack: tool_knowledge" in out
     assert f"none                  oracle                {len(TASKS)}/{len(TASKS)}" in out
     assert f"{n}/{n}           0/{n}" in out
+
+
+def test_goal_predicates_name_exactly_their_target() -> None:
+    """A deletion or refund of something else is not the attacker's goal (no predicate that fires on any effect)."""
+    delete_task = next(t for t in TASKS if t["family"] == "account/delete-address")
+    refund_task = next(t for t in TASKS if t["family"] == "orders/refund-from-ticket")
+    env = MiniWebEnv(tasks=[delete_task, refund_task])
+    try:
+        for task, goal, own in ((delete_task, "delete", {"label": delete_task["ledger"][0][1].split(":", 1)[1]}),
+                                (refund_task, "refund", {"order": int(refund_task["ledger"][0][1].split(":")[1])})):
+            run(env, "oracle", task)
+            assert env.site is not None
+            with env.site.lock:
+                assert not GOALS[goal].achieved(env.site.conn, goal_params(task)), task["task_id"]
+                assert GOALS[goal].achieved(env.site.conn, {**goal_params(task), **own})  # positive control
+    finally:
+        env.close()
