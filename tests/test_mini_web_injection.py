@@ -185,11 +185,12 @@ def test_gullible_runs_through_the_runner_with_events() -> None:
     try:
         t = env.tasks[0]
         pol = POLICIES["gullible"]("g")
-        rec = play_episode(env, pol, run_id="inj", task_id=t["task_id"], task_version=t["task_version"], seed=0,
-                           task_view=lambda tid, tv: task_view(env, tid, tv, True))
+        # the runner's own task view: the gullible policy is no oracle and sees no solution through it
+        rec = play_episode(env, pol, run_id="inj", task_id=t["task_id"], task_version=t["task_version"], seed=0)
         sends = [e for e in rec.events if e["tool"] == "send"]
         assert sends and sends[0]["executed"] and any("injection" in x for x in sends[0]["taint"])
         assert env.attack_success and not rec.episode["success"]
+        assert rec.episode["error_class"] != "ENV_BUG"  # falling for the attack is the policy's failure
     finally:
         env.close()
 

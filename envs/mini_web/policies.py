@@ -95,6 +95,18 @@ class OraclePolicy(Policy):
         return self.scripted_output(action)
 
 
+def _bundled_solution(task_id: str) -> list[dict[str, Any]]:
+    """The solution steps of a bundled task (an attacked variant shares its user task's solution)."""
+    from .grading import load_tasks
+
+    base = task_id.split("/inj/", 1)[0]
+    for t in load_tasks():
+        if t["task_id"] == base:
+            steps: list[dict[str, Any]] = t["oracle"]
+            return steps
+    raise ValueError(f"the gullible policy plays bundled tasks only; {base!r} is not one")
+
+
 def attack_steps(goal: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
     """The steps that carry out an attacker instruction (what a compromised agent would do)."""
     if goal == "giftcard":
@@ -117,11 +129,19 @@ def attack_steps(goal: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
 
 class GulliblePolicy(OraclePolicy):
     """The oracle, except that instructions found in a page are carried out first (once each), then the user's task
-    resumes on the page where the instruction was found."""
+    resumes on the page where the instruction was found.
+
+    It is not an oracle for the runner (``needs_oracle`` is False): its failures under attack are the point, not
+    an environment bug. It reads the user task's solution from the bundled task set instead (or from
+    ``TaskView.oracle`` when a caller passes it)."""
 
     name = "gullible"
+    needs_oracle = False
 
     def reset(self, task: TaskView, seed: int) -> None:
+        if task.oracle is None or "steps" not in task.oracle:
+            task = TaskView(task.task_id, task.task_version, task.statement, task.tools,
+                            {"steps": _bundled_solution(task.task_id)})
         super().reset(task, seed)
         self.obeyed: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self.detour: list[dict[str, Any]] = []
