@@ -443,3 +443,20 @@ def test_out_of_scope_writes_fail_the_task(env) -> None:
     env.step(act("click", id=ids_by_name(obs)["Add to cart"]), "y2")
     res = env.step(act("answer", text=question["oracle"][-1]["text"]), "y3")
     assert res.reward_components == {"resolved": 0.0} and env.failures == ("out-of-scope change: cart_items row 1 added",)
+
+
+@pytest.mark.slow
+def test_quickstart_and_rollout_with_mini_web(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import run_cli
+
+    lake, out = tmp_path / "lake", tmp_path / "report.html"
+    code, text, err = run_cli(capsys, "--lake", str(lake), "quickstart", "--env", "mini-web", "--seeds", "0",
+                              "--workers", "1", "--out", str(out), "--resamples", "200")
+    assert code == 0, err
+    assert "quickstart-mini-web-oracle: 8 new episode(s)" in text and "8 of the new ones successful" in text, text
+    assert "<svg" in out.read_text()
+    code, text, err = run_cli(capsys, "--lake", str(lake), "rollout", "--env", "mini-web", "--policy", "gullible",
+                              "--split", "dev", "--seeds", "0", "--workers", "1", "--run-id", "attacked",
+                              "--env-arg", "injection=important_instructions")
+    assert code == 0, err
+    assert "32 episode(s) written (0 successful)" in text, text
