@@ -90,8 +90,8 @@ def register(name: str, entry_point: str | Callable[..., Env], *, gym_id: str | 
 def spec(name: str) -> EnvSpec:
     """The spec registered under ``name`` (discovering third-party entry points when it is not known yet)."""
     found = _REGISTRY.get(name)
-    if found is None:
-        discover()
+    if found is None:  # installed since the last look (plugins may come and go on sys.path)
+        discover(force=True)
         found = _REGISTRY.get(name)
     if found is None:
         raise UnknownEnvironmentError(f"unknown environment {name!r}; environments: {', '.join(names()) or 'none'}")
@@ -120,13 +120,14 @@ def unregister(name: str) -> None:
 
 
 def discover(*, force: bool = False) -> None:
-    """Register the environments of installed packages (entry-point group ``trajlake.envs``)."""
+    """Register the environments of installed packages (entry-point group ``trajlake.envs``); names already
+    registered are kept. ``force`` looks again after a first discovery."""
     global _DISCOVERED
     if _DISCOVERED and not force:
         return
     _DISCOVERED = True
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY and not force:
+        if ep.name in _REGISTRY:
             continue
         try:
             obj = ep.load()

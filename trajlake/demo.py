@@ -19,7 +19,7 @@ import numpy as np
 
 from trajlake.record.episode import CostModel, build_episode, price_turns
 from trajlake.record.writer import LakeWriter
-from trajlake.schemas.vocab import Status
+from trajlake.schemas.vocab import ErrorClass, Split, Status
 
 VOCAB = 32_000
 TOOLS = ("read_file", "search", "edit", "run_tests", "submit")
@@ -44,7 +44,7 @@ def demo_tasks(n_tasks: int = 40) -> list[dict[str, Any]]:
     out = []
     for i in range(n_tasks):
         fam = f"lib{i % 5}/mut{(i // 5) % 4}"
-        split = ("train", "train", "dev", "hidden")[(i // 5) % 4]
+        split = (Split.TRAIN, Split.TRAIN, Split.DEV, Split.HIDDEN)[(i // 5) % 4]
         out.append({
             "task_id": f"demo/task-{i:03d}", "task_version": f"v{1 + i % 2}", "env_id": "demo-swe",
             "split": split, "family": fam, "difficulty": ("easy", "medium", "hard")[i % 3],
@@ -98,7 +98,7 @@ def generate_episode(rng: np.random.Generator, run: DemoRun, task: dict[str, Any
     for step in range(n_steps):
         if step >= max_steps:
             truncated = True
-            error_class = "BUDGET_EXHAUSTED"
+            error_class = ErrorClass.BUDGET_EXHAUSTED
             break
         steps += 1
         last = step == n_steps - 1
@@ -119,7 +119,7 @@ def generate_episode(rng: np.random.Generator, run: DemoRun, task: dict[str, Any
         if tool == "submit":
             break
         fault = rng.random() < 0.08
-        status = "ENV_TRANSIENT" if fault else ("SAFETY_BLOCK" if denied else "OK")
+        status = Status.ENV_TRANSIENT if fault else (Status.SAFETY_BLOCK if denied else Status.OK)
         faults += int(fault)
         tool_s = float(rng.lognormal(-1.0, 0.8))
         add("tool", "env", int(rng.integers(obs_tokens // 2, obs_tokens * 3 // 2)),
@@ -134,7 +134,7 @@ def generate_episode(rng: np.random.Generator, run: DemoRun, task: dict[str, Any
         reason = "success"
     else:
         reason = "submitted" if rng.random() < 0.8 else "gave_up"
-        error_class = "MODEL_BAD_PLAN" if rng.random() < 0.7 else "MODEL_INVALID_ACTION"
+        error_class = ErrorClass.MODEL_BAD_PLAN if rng.random() < 0.7 else ErrorClass.MODEL_INVALID_ACTION
     comps = {"resolved": 1.0 if success else 0.0, "partial": 1.0 if success else float(rng.choice([0.0, 0.5]))}
     price_turns(turns, DEMO_COSTS)
     ep = build_episode({

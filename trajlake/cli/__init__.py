@@ -7,6 +7,7 @@ clear line and exits non-zero (``main``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -398,13 +399,22 @@ def main() -> None:
         typer.echo("aborted", err=True)
         sys.exit(130)
     except Exception as e:  # click usage errors and anything unexpected: still one line
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
+        if isinstance(e, _click_exceptions()):
+            e.show()  # type: ignore[attr-defined]
+            sys.exit(e.exit_code)  # type: ignore[attr-defined]
         typer.echo(f"error: {type(e).__name__}: {e}", err=True)
         sys.exit(1)
+
+
+def _click_exceptions() -> tuple[type[Exception], ...]:
+    """Usage errors come from click, or from the copy of click that newer Typer versions carry."""
+    import importlib
+
+    out: list[type[Exception]] = []
+    for module in ("click.exceptions", "typer._click.exceptions"):
+        with contextlib.suppress(ImportError, AttributeError):
+            out.append(importlib.import_module(module).ClickException)
+    return tuple(out)
 
 
 __all__ = ["app", "main"]

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from trajlake.cli.options import LakeOpt, MemoryOpt, lake_path
+from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path
 from trajlake.io.hf import DEFAULT_MAX_SHARD_BYTES, DEFAULT_SHARD_ROWS, ExportSummary, export_hf
 
 __all__ = ["hf_command", "register", "summary_lines"]
@@ -45,9 +45,7 @@ def hf_command(
     ] = None,
     tables: Annotated[str | None, typer.Option(
         help="Comma-separated tables to export (default: episodes,turns,tasks,runs,gateway_events).")] = None,
-    as_of: Annotated[str | None, typer.Option(
-        "--as-of", help="Pin table versions: 'episodes=3,turns=5,...' (as printed by `trajlake info`) or an "
-        "ISO-8601 timestamp. The card records the versions read.")] = None,
+    as_of: AsOfOpt = None,
     license_name: Annotated[str, typer.Option("--license", help="License id for the card (e.g. apache-2.0, "
                                                                 "cc-by-4.0, other).")] = "other",
     include_hidden: Annotated[bool, typer.Option(

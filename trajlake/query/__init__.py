@@ -20,7 +20,7 @@ from trajlake.schema import TABLES, table_def
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["connect", "lake_versions", "run_query", "scan"]
+__all__ = ["connect", "lake_versions", "run_query", "scan", "sql_literal"]
 
 _COMMITTED_BY_EPISODE = ("turns", "gateway_events")
 
@@ -61,8 +61,9 @@ def _load_delta(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("LOAD delta")
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
+def sql_literal(value: object) -> str:
+    """A SQL string literal (the one place quoting is written; DuckDB doubles single quotes)."""
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 def _select_list(con: duckdb.DuckDBPyConnection, name: str, src: str) -> str:
@@ -119,7 +120,7 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     con = duckdb.connect(":memory:", config=config)
     _load_delta(con)
     for name in TABLES:
-        src = f"delta_scan({_sql_str(lk.table_uri(name))}, version={int(versions[name])})"
+        src = f"delta_scan({sql_literal(lk.table_uri(name))}, version={int(versions[name])})"
         cols = _select_list(con, name, src)
         if name in _COMMITTED_BY_EPISODE:
             con.execute(f"CREATE VIEW _{name}_all AS SELECT {cols} FROM {src}")
