@@ -51,6 +51,7 @@ from trajlake.envs.core import (
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec, TransientToolError, validate_args
 from trajlake.envs.policy import Policy, TaskView
+from trajlake.schemas.vocab import Capability, Status
 
 from .app import HOST, IRREVERSIBLE, Site, endpoint_shape
 from .data import build_database, canonical_dump
@@ -182,14 +183,14 @@ class MiniWebEnv(Env):
         self.injection = injection
         self.budget_override = budget
         self.permissions = Permissions(
-            capabilities=frozenset({"read", "write"}), irreversible_budget=irreversible_budget,
+            capabilities=frozenset({Capability.READ, Capability.WRITE}), irreversible_budget=irreversible_budget,
             confirm_side_effects=frozenset({"irreversible"}) if confirm_irreversible else frozenset())
         if browser not in (None, "chromium"):
             raise EnvError(f"unknown browser {browser!r}; the only browser is chromium")
         self.taint_enforcement = taint_enforcement
         # Held calls go to a second gateway that asks for a confirmation on every irreversible call (it never
         # executes anything, so its idempotency and budget state stay empty).
-        self._holding_permissions = Permissions(capabilities=frozenset({"read", "write"}),
+        self._holding_permissions = Permissions(capabilities=frozenset({Capability.READ, Capability.WRITE}),
                                                 confirm_side_effects=frozenset({"irreversible"}))
         self.browser_name = browser
         self._driver: Any = None
@@ -340,9 +341,9 @@ class MiniWebEnv(Env):
         res = gateway.call(gw_tool, gw_args, idempotency_key=idempotency_key, taint=taint)
         status = res.status
         if problem is not None or self._invalid is not None:
-            status = "MODEL_INVALID_ACTION"
+            status = Status.MODEL_INVALID_ACTION
         elif self._site_error is not None and status == "OK":
-            status = "ENV_BUG"
+            status = Status.ENV_BUG
         self.browser.error = problem or self._invalid or self._site_error or ("" if res.executed and res.status == "OK" else res.output)
         comps: dict[str, float] = {}
         terminated = truncated = False
@@ -358,7 +359,7 @@ class MiniWebEnv(Env):
             comps = self._final_grade()
             notice = f"\nThe {spent.removeprefix('budget_')} budget is spent: the episode ends here."
             if status == "OK":
-                status = "BUDGET_EXHAUSTED"
+                status = Status.BUDGET_EXHAUSTED
         self.done = terminated or truncated
         obs = ("The episode is over." + (f" Your answer: {self.answer}" if self.answer is not None else "")
                if terminated else self._observe()) + notice
@@ -378,7 +379,7 @@ class MiniWebEnv(Env):
         comps = self._final_grade()
         self.done = True
         return StepResult(observation=f"The {spent.removeprefix('budget_')} budget is spent.", reward_components=comps,
-                          terminated=False, truncated=True, status="BUDGET_EXHAUSTED", cost_usd=0.0,
+                          terminated=False, truncated=True, status=Status.BUDGET_EXHAUSTED, cost_usd=0.0,
                           state_hash=self.state_hash(), termination_reason=spent)
 
     def snapshot(self) -> Snapshot:
