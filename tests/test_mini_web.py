@@ -455,6 +455,11 @@ def test_quickstart_and_rollout_with_mini_web(tmp_path: Path, capsys: pytest.Cap
     assert code == 0, err
     assert "quickstart-mini-web-oracle: 8 new episode(s)" in text and "8 of the new ones successful" in text, text
     assert "<svg" in out.read_text()
+    code, text, err = run_cli(capsys, "--lake", str(lake), "sql", "select episode_id from episodes where run_id = "
+                              "'quickstart-mini-web-oracle' order by 1 limit 1", "--format", "json")
+    episode = json.loads(text)[0]["episode_id"]
+    code, text, err = run_cli(capsys, "--lake", str(lake), "replay", "--episode", episode)
+    assert code == 0 and "every state hash matches" in text, err  # a fresh environment (own server), the same hashes
     code, text, err = run_cli(capsys, "--lake", str(lake), "rollout", "--env", "mini-web", "--policy", "gullible",
                               "--split", "dev", "--seeds", "0", "--workers", "1", "--run-id", "attacked",
                               "--env-arg", "injection=important_instructions")
