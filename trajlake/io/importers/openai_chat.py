@@ -115,7 +115,8 @@ def parse_conversation(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
         key=key, task_id=task_id, task_version=short_hash(canonical_json(prompt)), env_version="unknown",
         terminated=final_answer, truncated=not final_answer,
         termination_reason="submitted" if final_answer else "budget_steps",
-        success=None, turns=turns,  # chat and fine-tuning files carry no grade tokens_in=opt_int(usage, "prompt_tokens", loc, "usage.prompt_tokens"),
+        success=None,  # chat and fine-tuning files carry no grade
+        turns=turns, tokens_in=opt_int(usage, "prompt_tokens", loc, "usage.prompt_tokens"),
         tokens_out=opt_int(usage, "completion_tokens", loc, "usage.completion_tokens"),
         base_time=base, started_at=base, policy_version=model or "unknown",
         task=TaskSpec(statement=statement, family=FORMAT, created_at=base),
