@@ -26,8 +26,6 @@ MAX_TIME = dt.datetime(2999, 12, 31, tzinfo=dt.UTC)
 MAX_SECONDS = 1e7  # longest duration the synthetic timeline gives one turn (about 115 days)
 """Base time of the synthetic timeline of sources that carry no time at all (documented in docs/importers.md)."""
 
-TERMINATED_REASONS = frozenset({"success", "submitted", "gave_up", "safety_stop"})
-TRUNCATED_REASONS = frozenset({"budget_steps", "budget_tokens", "budget_cost", "timeout", "env_failure", "safety_stop"})
 
 # When True, unexpected exceptions raised while parsing one record (a bug, or a shape the checked accessors
 # missed) are reported as a ValidationError naming the record instead of escaping. The fuzz tests turn it off

@@ -41,33 +41,34 @@ from trajlake.io.importers._common import (
     tool_action_name,
 )
 from trajlake.io.jsonl import json_error_text
+from trajlake.schemas.vocab import ErrorClass, Status
 
 FORMAT = "inspect"
 
 # EvalSampleLimit.type -> (termination_reason, error_class); every limit is a truncation.
 LIMITS: dict[str, tuple[str, str | None]] = {
-    "message": ("budget_steps", "BUDGET_EXHAUSTED"),
-    "token": ("budget_tokens", "BUDGET_EXHAUSTED"),
-    "context": ("budget_tokens", "BUDGET_EXHAUSTED"),
-    "cost": ("budget_cost", "BUDGET_EXHAUSTED"),
-    "time": ("timeout", "BUDGET_EXHAUSTED"),
-    "working": ("timeout", "BUDGET_EXHAUSTED"),
+    "message": ("budget_steps", ErrorClass.BUDGET_EXHAUSTED),
+    "token": ("budget_tokens", ErrorClass.BUDGET_EXHAUSTED),
+    "context": ("budget_tokens", ErrorClass.BUDGET_EXHAUSTED),
+    "cost": ("budget_cost", ErrorClass.BUDGET_EXHAUSTED),
+    "time": ("timeout", ErrorClass.BUDGET_EXHAUSTED),
+    "working": ("timeout", ErrorClass.BUDGET_EXHAUSTED),
     "operator": ("safety_stop", None),
-    "custom": ("budget_steps", "BUDGET_EXHAUSTED"),
+    "custom": ("budget_steps", ErrorClass.BUDGET_EXHAUSTED),
 }
 
 # ToolCallError.type of a tool message -> turn status.
 TOOL_ERRORS: dict[str, str] = {
-    "parsing": "MODEL_INVALID_ACTION",
-    "permission": "MODEL_INVALID_ACTION",
-    "file_not_found": "MODEL_INVALID_ACTION",
-    "is_a_directory": "MODEL_INVALID_ACTION",
-    "timeout": "ENV_TRANSIENT",
-    "limit": "BUDGET_EXHAUSTED",
-    "output_limit": "BUDGET_EXHAUSTED",
-    "approval": "SAFETY_BLOCK",
-    "unicode_decode": "ENV_BUG",
-    "unknown": "ENV_BUG",
+    "parsing": Status.MODEL_INVALID_ACTION,
+    "permission": Status.MODEL_INVALID_ACTION,
+    "file_not_found": Status.MODEL_INVALID_ACTION,
+    "is_a_directory": Status.MODEL_INVALID_ACTION,
+    "timeout": Status.ENV_TRANSIENT,
+    "limit": Status.BUDGET_EXHAUSTED,
+    "output_limit": Status.BUDGET_EXHAUSTED,
+    "approval": Status.SAFETY_BLOCK,
+    "unicode_decode": Status.ENV_BUG,
+    "unknown": Status.ENV_BUG,
 }
 
 _LETTER_SCORES = {"C": 1.0, "I": 0.0, "P": 0.5, "N": 0.0}
@@ -325,7 +326,7 @@ def parse_sample(s: Any, h: _Header, loc: Loc) -> EpisodeSpec:
     if error is not None:
         if not isinstance(error, dict | str):
             loc.fail("error", f"expected an object, got {type(error).__name__}")
-        terminated, truncated, reason, error_class = False, True, "env_failure", "ENV_BUG"
+        terminated, truncated, reason, error_class = False, True, "env_failure", ErrorClass.ENV_BUG
     elif limit_type is not None:
         if limit_type not in LIMITS:
             loc.fail("limit.type", f"unknown limit type {limit_type[:60]!r} (known: {', '.join(LIMITS)})")
@@ -449,7 +450,7 @@ def _assistant_turns(m: dict[str, Any], content: str | None, event: dict[str, An
             turn = TurnSpec("assistant", "policy", None, policy_version=t.policy_version, started_at=t.ended_at,
                             ended_at=t.ended_at, latency_ms=0.0, served_model=served)
         turn.action_schema, turn.tool_call_id, turn.tool_args = name, cid, args
-        turn.status = "OK" if ok else "MODEL_INVALID_ACTION"
+        turn.status = "OK" if ok else Status.MODEL_INVALID_ACTION
         out_turns.append(turn)
     return out_turns
 
@@ -464,7 +465,7 @@ def _tool_turn(m: dict[str, Any], content: str | None, tool_events: dict[str, di
     err = opt_obj(m, "error", loc, f"{f}.error")
     if err is not None:
         kind = opt_str(err, "type", loc, f"{f}.error.type") or "unknown"
-        t.status = TOOL_ERRORS.get(kind, "ENV_BUG")
+        t.status = TOOL_ERRORS.get(kind, Status.ENV_BUG)
         if t.content is None:
             t.content = opt_str(err, "message", loc, f"{f}.error.message")
     event = tool_events.get(cid) if cid is not None else None

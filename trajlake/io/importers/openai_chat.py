@@ -38,6 +38,7 @@ from trajlake.io.importers._common import (
     text_of,
     tool_action_name,
 )
+from trajlake.schemas.vocab import Status
 
 FORMAT = "openai-chat"
 
@@ -94,7 +95,7 @@ def parse_conversation(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
             for k, (cid, name, args, ok) in enumerate(calls):
                 turns.append(TurnSpec("assistant", "policy", content if k == 0 else None, policy_version=model,
                                       action_schema=name, tool_call_id=cid, tool_args=args,
-                                      status="OK" if ok else "MODEL_INVALID_ACTION", trainable=weight != 0))
+                                      status="OK" if ok else Status.MODEL_INVALID_ACTION, trainable=weight != 0))
         elif role == "tool":
             tcid = m.get("tool_call_id")
             cid = id_str(tcid, loc, f"{f}.tool_call_id") if tcid is not None else None

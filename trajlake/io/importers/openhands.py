@@ -41,6 +41,7 @@ from trajlake.io.importers._common import (
     text_of,
     tool_action_name,
 )
+from trajlake.schemas.vocab import ErrorClass, Status
 
 FORMAT = "openhands"
 
@@ -51,16 +52,16 @@ SKIPPED_OBSERVATIONS = frozenset({"agent_state_changed", "null"})
 
 # ``error`` substrings (lower case) -> (terminated, truncated, termination_reason, error_class); first match wins.
 ERROR_PATTERNS: tuple[tuple[tuple[str, ...], tuple[bool, bool, str, str | None]], ...] = (
-    (("maximum iteration", "max iteration", "max_iterations"), (False, True, "budget_steps", "BUDGET_EXHAUSTED")),
-    (("maximum budget", "budget exceeded", "max_budget"), (False, True, "budget_cost", "BUDGET_EXHAUSTED")),
+    (("maximum iteration", "max iteration", "max_iterations"), (False, True, "budget_steps", ErrorClass.BUDGET_EXHAUSTED)),
+    (("maximum budget", "budget exceeded", "max_budget"), (False, True, "budget_cost", ErrorClass.BUDGET_EXHAUSTED)),
     (("contextwindowexceeded", "context window", "context length", "maximum context"),
-     (False, True, "budget_tokens", "BUDGET_EXHAUSTED")),
-    (("stuck in a loop", "stuckinloop"), (True, False, "gave_up", "MODEL_BAD_PLAN")),
-    (("timeout", "timed out"), (False, True, "timeout", "ENV_TRANSIENT")),
+     (False, True, "budget_tokens", ErrorClass.BUDGET_EXHAUSTED)),
+    (("stuck in a loop", "stuckinloop"), (True, False, "gave_up", ErrorClass.MODEL_BAD_PLAN)),
+    (("timeout", "timed out"), (False, True, "timeout", ErrorClass.ENV_TRANSIENT)),
     (("ratelimit", "rate limit", "apiconnection", "serviceunavailable", "internalservererror", "connection"),
-     (False, True, "env_failure", "ENV_TRANSIENT")),
+     (False, True, "env_failure", ErrorClass.ENV_TRANSIENT)),
 )
-_OTHER_ERROR = (False, True, "env_failure", "ENV_BUG")
+_OTHER_ERROR = (False, True, "env_failure", ErrorClass.ENV_BUG)
 
 
 def map_error(error: str) -> tuple[bool, bool, str, str | None]:
@@ -207,14 +208,14 @@ def parse_instance(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
                 if started is not None and ts is not None and ts >= started:
                     t.tool_seconds = (ts - started).total_seconds()
                 if observation == "error" or (content or "").startswith(TOOL_ERROR_PREFIX):
-                    t.status = "MODEL_INVALID_ACTION"
+                    t.status = Status.MODEL_INVALID_ACTION
                 elif observation == "user_rejected":
-                    t.status = "SAFETY_BLOCK"
+                    t.status = Status.SAFETY_BLOCK
                 turns.append(t)
             else:
                 t = TurnSpec("env", "env", content, started_at=ts, ended_at=ts)
                 if observation == "error":
-                    t.status = "MODEL_INVALID_ACTION" if invalid_call_error(content) else "ENV_BUG"
+                    t.status = Status.MODEL_INVALID_ACTION if invalid_call_error(content) else Status.ENV_BUG
                 turns.append(t)
         else:
             loc.fail(f"{f}", "event is neither an action nor an observation")
@@ -287,7 +288,7 @@ def _agent_turns(e: dict[str, Any], action: str, args: dict[str, Any], message: 
                 fn = as_obj(c.get("function"), loc, f"{f}...message.tool_calls[{j}].function")
                 args_json, ok = decode_arguments(fn.get("arguments"))
                 t.tool_args = args_json
-                t.status = "OK" if ok else "MODEL_INVALID_ACTION"
+                t.status = "OK" if ok else Status.MODEL_INVALID_ACTION
         if rid is not None and first:
             seen.add(rid)
             lat = opt_num(latencies.get(rid, {}), "latency", loc, "metrics.response_latencies.latency")

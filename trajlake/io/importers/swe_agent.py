@@ -38,6 +38,7 @@ from trajlake.io.importers._common import (
     text_of,
 )
 from trajlake.io.jsonl import json_error_text
+from trajlake.schemas.vocab import ErrorClass, Role, Status
 
 FORMAT = "swe-agent"
 
@@ -46,14 +47,14 @@ EXIT_STATUS: dict[str, tuple[bool, bool, str, str | None]] = {
     "submitted": (True, False, "submitted", None),
     "exit_command": (True, False, "gave_up", None),
     "exit_forfeit": (True, False, "gave_up", None),
-    "exit_format": (True, False, "gave_up", "MODEL_INVALID_ACTION"),
-    "exit_cost": (False, True, "budget_cost", "BUDGET_EXHAUSTED"),
-    "exit_context": (False, True, "budget_tokens", "BUDGET_EXHAUSTED"),
-    "exit_total_execution_time": (False, True, "timeout", "BUDGET_EXHAUSTED"),
-    "exit_command_timeout": (False, True, "timeout", "BUDGET_EXHAUSTED"),
-    "exit_api": (False, True, "env_failure", "ENV_TRANSIENT"),
-    "exit_environment_error": (False, True, "env_failure", "ENV_BUG"),
-    "exit_error": (False, True, "env_failure", "ENV_BUG"),
+    "exit_format": (True, False, "gave_up", ErrorClass.MODEL_INVALID_ACTION),
+    "exit_cost": (False, True, "budget_cost", ErrorClass.BUDGET_EXHAUSTED),
+    "exit_context": (False, True, "budget_tokens", ErrorClass.BUDGET_EXHAUSTED),
+    "exit_total_execution_time": (False, True, "timeout", ErrorClass.BUDGET_EXHAUSTED),
+    "exit_command_timeout": (False, True, "timeout", ErrorClass.BUDGET_EXHAUSTED),
+    "exit_api": (False, True, "env_failure", ErrorClass.ENV_TRANSIENT),
+    "exit_environment_error": (False, True, "env_failure", ErrorClass.ENV_BUG),
+    "exit_error": (False, True, "env_failure", ErrorClass.ENV_BUG),
     "early_exit": (False, True, "env_failure", None),
 }
 _UNFINISHED = (False, True, "env_failure", None)
@@ -169,7 +170,7 @@ def parse_traj(doc: dict[str, Any], path: Path, loc: Loc) -> EpisodeSpec:
         f = f"history[{i}]"
         m = as_obj(m, loc, f)
         role = req_str(m, "role", loc, f"{f}.role")
-        if role not in ("system", "user", "assistant", "tool"):
+        if role not in (Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL):
             loc.fail(f"{f}.role", f"unknown role {role!r} (system, user, assistant or tool)")
         content = text_of(m.get("content"), loc, f"{f}.content")
         if m.get("is_demo") is True:  # demonstrations are prompt text written by people, never policy output
@@ -185,7 +186,7 @@ def parse_traj(doc: dict[str, Any], path: Path, loc: Loc) -> EpisodeSpec:
                 for k, (cid, name, args, ok) in enumerate(calls):
                     turns.append(TurnSpec("assistant", "policy", content if k == 0 else None, policy_version=model,
                                           action_schema=name, tool_call_id=cid, tool_args=args,
-                                          status="OK" if ok else "MODEL_INVALID_ACTION"))
+                                          status="OK" if ok else Status.MODEL_INVALID_ACTION))
                     if cid is not None:
                         call_names[cid] = name
                 pending = (calls[0][1], calls[0][0])
