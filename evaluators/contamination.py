@@ -47,6 +47,7 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from trajlake.schemas.vocab import Role
 
 from trajlake.errors import TrajlakeError
 from trajlake.lake.store import Lake
@@ -85,7 +86,7 @@ class ScanSettings:
     num_perm: int = 128
     lsh_threshold: float = 0.7
     minhash_seed: int = 1
-    near_dup_roles: tuple[str, ...] = ("user", "system")
+    near_dup_roles: tuple[str, ...] = (Role.USER.value, Role.SYSTEM.value)
     near_dup_min_tokens: int = 20     # shorter texts (a one-line fix: `if not v0:`) match too much to mean anything
     action_ngram: int = 3
     action_threshold: float = 0.5     # trajectory flags a task when this share of its action n-grams is seen
