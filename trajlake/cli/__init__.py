@@ -84,19 +84,10 @@ def sql(query: Annotated[str, typer.Argument(help="SQL over the views episodes, 
                                                "gateway_events (DuckDB dialect).")],
         as_of: AsOfOpt = None, fmt: FormatOpt = Format.table,
         memory_limit: Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")] = None) -> None:
-    """Run a SQL query against the lake."""
-    import duckdb
+    """Run one read-only SQL statement (SELECT, EXPLAIN) against the lake."""
+    from trajlake.query import run_read_only
 
-    from trajlake.errors import QueryError
-    from trajlake.query import connect
-
-    con = connect(_lake(), as_of, memory_limit=memory_limit)
-    try:
-        rel = con.execute(query)
-        cols = [d[0] for d in rel.description] if rel.description else []
-        rows = rel.fetchall() if cols else []
-    except duckdb.Error as e:
-        raise QueryError(str(e).splitlines()[0]) from e
+    cols, rows = run_read_only(_lake(), query, as_of, memory_limit=memory_limit)
     emit(cols, rows, fmt)
 
 
