@@ -66,7 +66,7 @@ def test_copy_to_outside_and_over_lake_files_is_refused(capsys, small_lake, tmp_
     "   ",
 ])
 def test_non_read_statements_are_refused_with_one_line(capsys, small_lake, tmp_path, query) -> None:
-    code, out, err = sql(capsys, small_lake, query.format(tmp=tmp_path))
+    code, _, err = sql(capsys, small_lake, query.format(tmp=tmp_path))
     assert code != 0 and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err and "AttributeError" not in err
     assert list(tmp_path.iterdir()) == []
@@ -77,7 +77,7 @@ def test_reading_files_outside_the_lake_is_refused(capsys, small_lake, tmp_path)
     secret.write_text("root:$6$secret-hash:19000::::::\n")
     for query in (f"SELECT * FROM read_text('{secret}')", f"SELECT * FROM read_csv('{secret}')",
                   "SELECT * FROM read_text('/etc/passwd')", "SELECT * FROM read_csv('https://example.com/x.csv')"):
-        code, out, err = sql(capsys, small_lake, query)
+        code, out, _ = sql(capsys, small_lake, query)
         assert code != 0 and "secret-hash" not in out and "root:" not in out, query
 
 
