@@ -44,7 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Limits", "PytestRun", "SandboxKind", "bwrap_available", "junit_address", "resolve_sandbox", "run_pytest"]
+from trajlake.envs.core import Requirement
+
+__all__ = ["Limits", "PytestRun", "SandboxKind", "bwrap_available", "junit_address", "pytest_requirement",
+           "resolve_sandbox", "run_pytest"]
 
 SandboxKind = Literal["bwrap", "rlimit"]
 PLUGIN_NAME = "trajlake_mini_swe_report"
@@ -406,7 +409,7 @@ def resolve_sandbox(sandbox: str) -> SandboxKind:
     raise ValueError(f"unknown sandbox {sandbox!r} (auto, bwrap or rlimit)")
 
 
-_resolve_sandbox = resolve_sandbox
+_resolve_sandbox = resolve_sandbox  # the name older callers import
 
 
 def run_pytest(
@@ -586,3 +589,16 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
+
+
+def pytest_requirement() -> Requirement:
+    """Grading runs ``python -m pytest`` with this interpreter: is pytest importable by it?"""
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import pytest; print(pytest.__version__)"],
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        return Requirement("pytest", False, f"{sys.executable} could not run: {e}", "pip install pytest")
+    if proc.returncode != 0:
+        return Requirement("pytest", False, f"not importable by {sys.executable} (the grader runs the hidden "
+                           f"tests with `python -m pytest`)", "pip install pytest")
+    return Requirement("pytest", True, f"pytest {proc.stdout.strip()} ({sys.executable})")

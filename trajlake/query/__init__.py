@@ -27,7 +27,8 @@ from trajlake.schema import TABLES, table_def
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["READ_STATEMENT_TYPES", "check_read_only_sql", "connect", "run_read_only", "scan"]
+__all__ = ["READ_STATEMENT_TYPES", "check_read_only_sql", "connect", "lake_versions", "run_query", "scan",
+           "sql_literal"]
 
 _COMMITTED_BY_EPISODE = ("turns", "gateway_events")
 
@@ -68,8 +69,40 @@ def _load_delta(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("LOAD delta")
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
+def sql_literal(value: object) -> str:
+    """A SQL string literal (the one place quoting is written; DuckDB doubles single quotes)."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _select_list(con: duckdb.DuckDBPyConnection, name: str, src: str) -> str:
+    """The view's columns in schema order. A table written under an older minor schema version lacks the
+    columns added since: they read as typed nulls, so queries never depend on when a lake was written."""
+    have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+    out = []
+    for c in table_def(name).columns:
+        if c.name in have:
+            out.append(f'"{c.name}"')
+        else:
+            out.append(f'CAST(NULL AS {_duckdb_type(c.arrow_type)}) AS "{c.name}"')
+    return ", ".join(out)
+
+
+def _duckdb_type(t: Any) -> str:
+    import pyarrow as pa
+
+    simple = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.int8(): "TINYINT",
+              pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
+    if t in simple:
+        return simple[t]
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMP WITH TIME ZONE"
+    if pa.types.is_list(t):
+        return _duckdb_type(t.value_type) + "[]"
+    if pa.types.is_map(t):
+        return f"MAP({_duckdb_type(t.key_type)}, {_duckdb_type(t.item_type)})"
+    if pa.types.is_struct(t):
+        return "STRUCT(" + ", ".join(f'"{f.name}" {_duckdb_type(f.type)}' for f in t) + ")"
+    raise TrajlakeError(f"no DuckDB type for {t}")
 
 
 def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | None = None, *,
@@ -101,8 +134,8 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     con = duckdb.connect(":memory:", config=config)
     _load_delta(con)
     for name in TABLES:
-        cols = ", ".join(f'"{c}"' for c in table_def(name).column_names)
-        src = f"delta_scan({_sql_str(lk.table_uri(name))}, version={int(versions[name])})"
+        src = f"delta_scan({sql_literal(lk.table_uri(name))}, version={int(versions[name])})"
+        cols = _select_list(con, name, src)
         if name in _COMMITTED_BY_EPISODE:
             con.execute(f"CREATE VIEW _{name}_all AS SELECT {cols} FROM {src}")
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_all "
@@ -123,7 +156,7 @@ def _lock_down(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
     ext = con.execute("SELECT current_setting('extension_directory')").fetchone()
     assert ext is not None
     allowed = [str(lk.root.resolve()) + "/", str(pathlib.Path(str(ext[0])).resolve()) + "/"]
-    con.execute("SET allowed_directories = [" + ", ".join(_sql_str(d) for d in allowed) + "]")
+    con.execute("SET allowed_directories = [" + ", ".join(sql_literal(d) for d in allowed) + "]")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET enable_external_access = false")
@@ -138,7 +171,7 @@ as SELECT)."""
 def check_read_only_sql(query: str) -> duckdb.Statement:
     """The single read statement of ``query``, or QueryError naming what is refused."""
     if not query.strip():
-        raise QueryError("empty SQL: give one SELECT statement")
+        raise QueryError("empty query: give a SQL statement, e.g. \"select count(*) from episodes\"")
     try:
         statements = duckdb.extract_statements(query)
     except duckdb.Error as e:
@@ -154,9 +187,10 @@ def check_read_only_sql(query: str) -> duckdb.Statement:
     return statement
 
 
-def run_read_only(lake: Lake | str | os.PathLike[str], query: str, as_of: str | dict[str, int] | None = None, *,
-                  memory_limit: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run one untrusted read statement on a locked-down connection; returns (column names, rows)."""
+def run_query(lake: Lake | str | os.PathLike[str], query: str, as_of: str | dict[str, int] | None = None, *,
+              memory_limit: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one untrusted read statement over the lake's views (``trajlake sql``) on a locked-down connection:
+    (column names, rows). A refused statement or a DuckDB error becomes a one-line ``QueryError``."""
     statement = check_read_only_sql(query)
     con = connect(lake, as_of, memory_limit=memory_limit, read_only=True)
     try:
@@ -188,7 +222,14 @@ def scan(lake: Lake | str | os.PathLike[str], table: str, as_of: str | dict[str,
     def raw(name: str) -> pl.LazyFrame:
         return pl.scan_delta(lk.table_uri(name), version=versions[name])
 
-    lf = raw(table).select(cols)
+    base = raw(table)
+    have = set(base.collect_schema().names())
+    if have.issuperset(cols):
+        lf = base.select(cols)
+    else:  # written under an older minor schema version: the columns added since read as typed nulls
+        empty = pl.from_arrow(table_def(table).arrow_schema().empty_table())
+        assert isinstance(empty, pl.DataFrame)
+        lf = base.select([pl.col(c) if c in have else pl.lit(None, dtype=empty.schema[c]).alias(c) for c in cols])
     if table in _COMMITTED_BY_EPISODE:
         lf = lf.join(raw("episodes").select("episode_id"), on="episode_id", how="semi")
     return lf
