@@ -17,7 +17,7 @@ import typer
 
 from trajlake.cli.options import AsOfOpt, CliContext, FormatOpt, LakeOpt, MemoryOpt, lake_path
 from trajlake.cli.output import Format, emit
-from trajlake.errors import TrajlakeError, ValidationError
+from trajlake.errors import TrajlakeError, ValidationError, one_line
 
 app = typer.Typer(
     name="trajlake",
@@ -391,7 +391,7 @@ def main() -> None:
             typer.echo(f"error: ... and {len(e.issues) - 20} more", err=True)
         sys.exit(1)
     except TrajlakeError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {one_line(e)}", err=True)
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -402,7 +402,7 @@ def main() -> None:
         if isinstance(e, _click_exceptions()):
             e.show()  # type: ignore[attr-defined]
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
-        typer.echo(f"error: {type(e).__name__}: {e}", err=True)
+        typer.echo(f"error: {type(e).__name__}: {one_line(e)}", err=True)
         sys.exit(1)
 
 

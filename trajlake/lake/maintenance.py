@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -27,8 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import TrajlakeError, one_line
 from trajlake.lake.store import (
+    COMMIT_RECORDS,
     DEFAULT_RETENTION_HOURS,
     TARGET_FILE_BYTES,
     DataFile,
@@ -106,6 +108,43 @@ def _check_log_chain(lake: Lake, name: str, version: int, report: VerifyReport) 
                             raise ValueError(f"line {i} is not one Delta action")
         except (OSError, ValueError) as e:
             report.problems.append(f"{name}/_delta_log/{path.name}: unreadable commit: {e}")
+
+
+def _newest_log_entry(lake: Lake, name: str) -> int:
+    try:
+        found = [int(m.group(1)) for n in os.listdir(lake.root / name / "_delta_log") if (m := _LOG_ENTRY.match(n))]
+    except OSError:
+        return -1
+    return max(found, default=-1)
+
+
+def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, report: VerifyReport) -> None:
+    """The log entries trajlake recorded at commit time must still be there, byte for byte."""
+    folder = lake.meta_dir / COMMIT_RECORDS / name
+    log = lake.root / name / "_delta_log"
+    try:
+        records = sorted((int(n), folder / n) for n in os.listdir(folder) if n.isdigit())
+    except OSError:
+        return  # a lake written before commit records existed
+    # a record above the version read whose entry exists now is a commit made while verify runs
+    lost = [v for v, _ in records if v > version and not (log / f"{v:020d}.json").exists()] if latest else []
+    if lost:
+        report.problems.append(f"{name}/_delta_log: {len(lost)} committed version(s) are gone from the log "
+                               f"(newest recorded {lost[-1]}, the log ends at {version}): the newest entries were "
+                               f"deleted and their rows are silently dropped")
+    for v, path in records:
+        entry = log / f"{v:020d}.json"
+        if v > version or not entry.exists():
+            continue  # a gap is reported by the chain check, a checkpointed entry may be cleaned up
+        try:
+            recorded = path.read_text(encoding="ascii").strip()
+            actual = hashlib.sha256(entry.read_bytes()).hexdigest()
+        except OSError as e:
+            report.problems.append(f"{name}/_delta_log/{entry.name}: cannot check: {e}")
+            continue
+        if recorded != actual:
+            report.problems.append(f"{name}/_delta_log/{entry.name}: the log entry changed after it was "
+                                   f"committed (sha256 {actual[:12]}, recorded {recorded[:12]})")
 
 
 def _log_stats(lake: Lake, name: str, version: int) -> dict[str, dict[str, Any]]:
@@ -188,7 +227,7 @@ def _read(lake: Lake, name: str, f: DataFile, report: VerifyReport,
     except TrajlakeError as e:
         report.problems.append(f"{name}/{f.path}: {e}")
     except Exception as e:  # pyarrow raises OSError/ArrowInvalid on corrupt pages, checksums, footers
-        report.problems.append(f"{name}/{f.path}: unreadable or corrupt data file: {e}")
+        report.problems.append(f"{name}/{f.path}: unreadable or corrupt data file: {one_line(e)}")
     return None
 
 
@@ -198,11 +237,19 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
 
     Orphan turns/events (written by a writer that died before committing their episode row) are invisible to
     readers and reported as notes; with ``strict`` they are problems. Works one run partition at a time."""
-    versions = lake.resolve_as_of(as_of) or lake.versions()
+    try:
+        versions = lake.resolve_as_of(as_of) or lake.versions()
+    except TrajlakeError as e:  # delta-rs refuses a broken log: name what is broken instead
+        report = VerifyReport({})
+        for name in TABLES:
+            _check_log_chain(lake, name, _newest_log_entry(lake, name), report)
+        report.problems.append(one_line(e))
+        return report
     report = VerifyReport(versions)
     counts: dict[str, int] = defaultdict(int)
     for name in TABLES:
         _check_log_chain(lake, name, versions[name], report)
+        _check_commit_records(lake, name, versions[name], as_of is None, report)
     stats = {name: _log_stats(lake, name, versions[name]) for name in TABLES}
     for _run, tables in sorted(_partitions(lake, versions).items(), key=lambda kv: str(kv[0])):
         turn_hashes: dict[str, list[tuple[int, str]]] = defaultdict(list)
@@ -337,6 +384,7 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
             d = lake.delta(name)
             d.create_checkpoint()
             d.cleanup_metadata()
+            _prune_commit_records(lake, name)
             if vacuum:
                 removed = d.vacuum(retention_hours=int(retention_hours), dry_run=False,
                                    enforce_retention_duration=False)
@@ -344,6 +392,17 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
             report.files_after[name] = len(lake.files(name))
         report.versions = lake.versions()
     return report
+
+
+def _prune_commit_records(lake: Lake, name: str) -> None:
+    """Drop commit records of log entries cleaned up after a checkpoint (the checkpoint now stands for them)."""
+    folder = lake.meta_dir / COMMIT_RECORDS / name
+    log = lake.root / name / "_delta_log"
+    with contextlib.suppress(OSError):
+        current = lake.delta(name).version()
+        for n in os.listdir(folder):
+            if n.isdigit() and not (log / f"{n}.json").exists() and int(n) <= current:
+                os.remove(folder / n)
 
 
 def _compact_partition(lake: Lake, name: str, part: str | None, files: list[DataFile], now_ms: float,
