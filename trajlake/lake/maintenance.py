@@ -239,11 +239,11 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
     readers and reported as notes; with ``strict`` they are problems. Works one run partition at a time."""
     try:
         versions = lake.resolve_as_of(as_of) or lake.versions()
-    except TrajlakeError as e:  # delta-rs refuses a broken log: name what is broken instead
+    except TrajlakeError as broken:  # delta-rs refuses a broken log: name what is broken instead
         report = VerifyReport({})
         for name in TABLES:
             _check_log_chain(lake, name, _newest_log_entry(lake, name), report)
-        report.problems.append(one_line(e))
+        report.problems.append(one_line(broken))
         return report
     report = VerifyReport(versions)
     counts: dict[str, int] = defaultdict(int)
