@@ -175,9 +175,14 @@ class Lake:
         if meta.exists():
             lake = cls.open(root)
         else:
+            if root.exists() and not root.is_dir():
+                raise TrajlakeError(f"{root} is a file, not a folder: a lake needs an empty or new folder")
             if root.exists() and any(p for p in root.iterdir() if p.name != META_DIR):
                 raise TrajlakeError(f"{root} exists and is not an empty directory or a trajlake lake")
-            (root / META_DIR).mkdir(parents=True, exist_ok=True)
+            try:
+                (root / META_DIR).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise TrajlakeError(f"cannot create a lake at {root}: {e.strerror or one_line(e)}") from e
             tmp = meta.with_suffix(".tmp")
             tmp.write_text(json.dumps({
                 "format": "trajlake",
