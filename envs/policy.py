@@ -67,6 +67,10 @@ class Policy(abc.ABC):
 
     name: str = "policy"
     needs_oracle: bool = False
+    """True for a policy that reads the task's known solution (``TaskView.oracle``)."""
+    checkpoint_hash: str | None = None
+    """Hash of the weights the policy samples from (``runs.policy_checkpoint_hash``); None for scripted
+    policies, which have none."""
 
     def __init__(self, policy_version: str):
         self.policy_version = policy_version
