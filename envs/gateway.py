@@ -303,6 +303,8 @@ class ToolSpec:
       without a shell.
     - ``host_arg`` (``network`` tools, required there): the argument holding a URL or a host name.
     - ``secret_arg`` (``secret`` tools, required there): the argument holding the secret's name.
+    - ``exec_check`` (``exec`` tools, optional): gets the argv after the generic command checks and returns why
+      the command is refused (the call is denied with that reason, status ``SAFETY_BLOCK``), or None.
     """
 
     name: str
@@ -314,6 +316,7 @@ class ToolSpec:
     exec_arg: str | None = None
     host_arg: str | None = None
     secret_arg: str | None = None
+    exec_check: Callable[[list[str]], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -673,7 +676,12 @@ class Gateway:
                 raise _Denied(f"path argument {name!r} must be a string or a list of strings",
                               "MODEL_INVALID_ACTION")
         if spec.exec_arg is not None:
-            out[spec.exec_arg] = self._check_command(out.get(spec.exec_arg))
+            argv = self._check_command(out.get(spec.exec_arg))
+            if spec.exec_check is not None:
+                problem = spec.exec_check(argv)
+                if problem is not None:
+                    raise _Denied(f"command refused: {_clip(problem, 300)}")
+            out[spec.exec_arg] = argv
         if spec.host_arg is not None:
             self._check_host(out.get(spec.host_arg))
         if spec.secret_arg is not None:
