@@ -50,6 +50,7 @@ from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
 from trajlake.envs.mini_swe.grading import TASKS_PATH, GradeResult, grade, load_tasks, materialize_workspace
 from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
 from trajlake.envs.policy import Policy, TaskView
+from trajlake.schemas.vocab import Capability, Status
 
 ENV_ID = "mini-swe"
 ENV_VERSION = "1.0"
@@ -212,7 +213,8 @@ class MiniSWEEnv(Env):
         self.grade_result = None
         self._taint = ()
         self.gateway = Gateway(self.workspace, Permissions(
-            capabilities=frozenset({"read", "write", "exec"}), exec_allowlist=frozenset({"pytest"}),
+            capabilities=frozenset({Capability.READ, Capability.WRITE, Capability.EXEC}),
+            exec_allowlist=frozenset({"pytest"}),
             irreversible_budget=1), self._tools(), self.state_hash)
         obs = self._intro(task)
         return ResetResult(episode_id=str(uuid.uuid4()), observation=obs, state_hash=self.state_hash(),
@@ -229,7 +231,7 @@ class MiniSWEEnv(Env):
         res = self.gateway.call(tool, args, idempotency_key=idempotency_key, taint=self._taint)
         tool_seconds = time.perf_counter() - t0  # the tool's own time: the sandboxed test runs dominate it
         obs = res.output if problem is None else f"{problem}\n{res.output}"
-        status = res.status if problem is None else "MODEL_INVALID_ACTION"
+        status = res.status if problem is None else Status.MODEL_INVALID_ACTION
         comps: dict[str, float] = {}
         terminated = truncated = False
         reason: str | None = None
@@ -242,7 +244,7 @@ class MiniSWEEnv(Env):
             comps = self._final_grade()
             obs += f"\nThe {spent.removeprefix('budget_')} budget is spent: the episode ends here."
             if status == "OK":
-                status = "BUDGET_EXHAUSTED"
+                status = Status.BUDGET_EXHAUSTED
         self.done = terminated or truncated
         self._taint = (UNTRUSTED,) if res.executed else ()
         return StepResult(observation=_clip(obs), reward_components=comps, terminated=terminated,
@@ -261,7 +263,7 @@ class MiniSWEEnv(Env):
         comps = self._final_grade()
         self.done = True
         return StepResult(observation=f"The {spent.removeprefix('budget_')} budget is spent.", reward_components=comps,
-                          terminated=False, truncated=True, status="BUDGET_EXHAUSTED", cost_usd=0.0,
+                          terminated=False, truncated=True, status=Status.BUDGET_EXHAUSTED, cost_usd=0.0,
                           state_hash=self.state_hash(), termination_reason=spent)
 
     def snapshot(self) -> Snapshot:
