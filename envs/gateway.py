@@ -38,8 +38,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, TypeAlias, get_args
+from typing import Any, TypeAlias, get_args
 from urllib.parse import urlsplit
+
+from trajlake.schemas.vocab import Capability, Decision, SideEffectClass, Status
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -58,16 +60,11 @@ __all__ = [
     "validate_args",
 ]
 
-Capability: TypeAlias = Literal["read", "write", "network", "secret", "exec"]
-SideEffectClass: TypeAlias = Literal["read", "write", "irreversible"]
-Decision: TypeAlias = Literal["allow", "deny", "modify", "confirm"]
-Status: TypeAlias = Literal[
-    "OK", "MODEL_INVALID_ACTION", "SAFETY_BLOCK", "BUDGET_EXHAUSTED", "ENV_BUG", "ENV_TRANSIENT"]
 ToolOutput: TypeAlias = str
 """What a handler returns: the text shown to the agent."""
 
-CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
-SIDE_EFFECT_CLASSES: frozenset[str] = frozenset(get_args(SideEffectClass))
+CAPABILITIES: frozenset[str] = frozenset(Capability)
+SIDE_EFFECT_CLASSES: frozenset[str] = frozenset(SideEffectClass)
 
 EVENT_COLUMNS: tuple[str, ...] = (
     "tool", "capability", "args_hash", "decision", "reason", "executed", "side_effect_class",
@@ -80,7 +77,7 @@ REASON_DUPLICATE = "duplicate idempotency key: returned the first result"
 REASON_KEY_REUSED = "idempotency key reused with different arguments"
 # Status of a call denied because its side-effect budget is spent. The turns table's status enum has a
 # dedicated class for it; change to "SAFETY_BLOCK" here if budget denials should count as safety blocks.
-BUDGET_STATUS: Status = "BUDGET_EXHAUSTED"
+BUDGET_STATUS: Status = Status.BUDGET_EXHAUSTED
 
 # Shell metacharacters refused anywhere in an exec argument (no shell ever runs, but a handler or a later
 # tool might hand the string to one): command separators, pipes, substitutions, redirections, line breaks.
@@ -303,6 +300,8 @@ class ToolSpec:
       without a shell.
     - ``host_arg`` (``network`` tools, required there): the argument holding a URL or a host name.
     - ``secret_arg`` (``secret`` tools, required there): the argument holding the secret's name.
+    - ``exec_check`` (``exec`` tools, optional): gets the argv after the generic command checks and returns why
+      the command is refused (the call is denied with that reason, status ``SAFETY_BLOCK``), or None.
     """
 
     name: str
@@ -314,6 +313,7 @@ class ToolSpec:
     exec_arg: str | None = None
     host_arg: str | None = None
     secret_arg: str | None = None
+    exec_check: Callable[[list[str]], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -335,7 +335,8 @@ class ToolSpec:
         for role, arg in [*(("path_args", a) for a in self.path_args), *named.items()]:
             if arg is not None and arg not in props:
                 raise ValueError(f"tool {self.name!r}: {role} {arg!r} is not a property of args_schema")
-        needed = {"exec": "exec_arg", "network": "host_arg", "secret": "secret_arg"}.get(self.capability)
+        needed = {Capability.EXEC: "exec_arg", Capability.NETWORK: "host_arg",
+                  Capability.SECRET: "secret_arg"}.get(self.capability)
         if needed is not None and named[needed] is None:
             raise ValueError(f"tool {self.name!r}: a {self.capability} tool needs {needed}")
 
@@ -442,7 +443,7 @@ _STATUSES: frozenset[str] = frozenset(get_args(Status))
 class _Denied(Exception):
     """A check refused the call."""
 
-    def __init__(self, reason: str, status: Status = "SAFETY_BLOCK", decision: Decision = "deny") -> None:
+    def __init__(self, reason: str, status: Status = Status.SAFETY_BLOCK, decision: Decision = "deny") -> None:
         super().__init__(reason)
         self.reason = reason
         self.status: Status = status
@@ -546,7 +547,7 @@ class Gateway:
         for key, tool, h, output, status in state.done:
             if not all(isinstance(v, str) for v in (key, tool, h, output)) or status not in _STATUSES:
                 raise ValueError(f"invalid idempotency record for key {key!r}")
-            done[key] = _Done(tool, h, output, status)  # type: ignore[arg-type]  # status checked above
+            done[key] = _Done(tool, h, output, status)  # status checked above
         with self._lock:
             self._spent = spent
             self._done = done
@@ -586,15 +587,15 @@ class Gateway:
         with self._lock:
             try:
                 if spec is None:
-                    raise _Denied(f"unknown tool {_echo(tool_name)}", "MODEL_INVALID_ACTION")
+                    raise _Denied(f"unknown tool {_echo(tool_name)}", Status.MODEL_INVALID_ACTION)
                 if parse_error is not None:
-                    raise _Denied(parse_error, "MODEL_INVALID_ACTION")
+                    raise _Denied(parse_error, Status.MODEL_INVALID_ACTION)
                 if not isinstance(parsed, Mapping):
                     raise _Denied(f"arguments must be a JSON object, got {_json_type(parsed)}",
-                                  "MODEL_INVALID_ACTION")
+                                  Status.MODEL_INVALID_ACTION)
                 problem = validate_args(self._schemas[spec.name], parsed)
                 if problem is not None:
-                    raise _Denied(f"invalid arguments: {problem}", "MODEL_INVALID_ACTION")
+                    raise _Denied(f"invalid arguments: {problem}", Status.MODEL_INVALID_ACTION)
                 if spec.capability not in self._permissions.capabilities:
                     raise _Denied(f"capability not granted: {spec.capability}")
                 side_effecting = spec.side_effect_class != "read"
@@ -602,7 +603,7 @@ class Gateway:
                     done = self._done.get(idempotency_key)
                     if done is not None:
                         if done.tool != spec.name or done.args_hash != h:
-                            raise _Denied(REASON_KEY_REUSED, "MODEL_INVALID_ACTION")
+                            raise _Denied(REASON_KEY_REUSED, Status.MODEL_INVALID_ACTION)
                         return self._result(spec, tool_name, h, "allow", REASON_DUPLICATE, False, done.output,
                                             done.status, idempotency_key, taint_list, at, None, None)
                 handler_args, changes = self._check_arguments(spec, parsed)
@@ -621,14 +622,14 @@ class Gateway:
             try:
                 out = spec.handler(handler_args)
                 if not isinstance(out, str):
-                    status = "ENV_BUG"
+                    status = Status.ENV_BUG
                     out = f"error: tool {spec.name!r} returned {type(out).__name__}, expected text"
             except TransientToolError as e:
-                status, out = "ENV_TRANSIENT", _clip(f"error: tool {spec.name!r} is temporarily unavailable: {e}")
+                status, out = Status.ENV_TRANSIENT, _clip(f"error: tool {spec.name!r} is temporarily unavailable: {e}")
             except Exception as e:
-                status, out = "ENV_BUG", _clip(f"error: tool {spec.name!r} failed: {type(e).__name__}: {e}")
+                status, out = Status.ENV_BUG, _clip(f"error: tool {spec.name!r} failed: {type(e).__name__}: {e}")
             after = self._state_hash()
-            if status != "ENV_TRANSIENT" and side_effecting:
+            if status != Status.ENV_TRANSIENT and side_effecting:
                 self._spent[spec.side_effect_class] = self._spent.get(spec.side_effect_class, 0) + 1
                 if idempotency_key is not None:
                     self._done[idempotency_key] = _Done(spec.name, h, out, status)
@@ -671,9 +672,14 @@ class Gateway:
                 out[name] = norms
             else:
                 raise _Denied(f"path argument {name!r} must be a string or a list of strings",
-                              "MODEL_INVALID_ACTION")
+                              Status.MODEL_INVALID_ACTION)
         if spec.exec_arg is not None:
-            out[spec.exec_arg] = self._check_command(out.get(spec.exec_arg))
+            argv = self._check_command(out.get(spec.exec_arg))
+            if spec.exec_check is not None:
+                problem = spec.exec_check(argv)
+                if problem is not None:
+                    raise _Denied(f"command refused: {_clip(problem, 300)}")
+            out[spec.exec_arg] = argv
         if spec.host_arg is not None:
             self._check_host(out.get(spec.host_arg))
         if spec.secret_arg is not None:
@@ -692,7 +698,7 @@ class Gateway:
     def _normalise_path(self, raw: str) -> str:
         """Normalised workspace-relative form of a path argument, or raise _Denied."""
         if not raw:
-            raise _Denied("empty path", "MODEL_INVALID_ACTION")
+            raise _Denied("empty path", Status.MODEL_INVALID_ACTION)
         if "\x00" in raw:
             raise _Denied("NUL byte in path")
         if raw.startswith("~"):
@@ -737,13 +743,13 @@ class Gateway:
             try:
                 argv = shlex.split(command)
             except ValueError as e:
-                raise _Denied(f"command cannot be parsed: {e}", "MODEL_INVALID_ACTION") from None
+                raise _Denied(f"command cannot be parsed: {e}", Status.MODEL_INVALID_ACTION) from None
         elif isinstance(command, list | tuple) and all(isinstance(a, str) for a in command):
             argv = list(command)
         else:
-            raise _Denied("command must be a string or a list of strings", "MODEL_INVALID_ACTION")
+            raise _Denied("command must be a string or a list of strings", Status.MODEL_INVALID_ACTION)
         if not argv:
-            raise _Denied("empty command", "MODEL_INVALID_ACTION")
+            raise _Denied("empty command", Status.MODEL_INVALID_ACTION)
         for arg in argv:
             for meta in _SHELL_METACHARACTERS:
                 if meta in arg:
@@ -763,7 +769,7 @@ class Gateway:
 
     def _check_host(self, target: Any) -> None:
         if not isinstance(target, str) or not target:
-            raise _Denied("network target must be a non-empty string", "MODEL_INVALID_ACTION")
+            raise _Denied("network target must be a non-empty string", Status.MODEL_INVALID_ACTION)
         if any(c.isspace() or c == "\\" or ord(c) < 32 or ord(c) == 127 for c in target):
             raise _Denied(f"malformed network target {_echo(target)}")
         try:
@@ -780,7 +786,7 @@ def _denial_text(d: _Denied) -> str:
     """The error text the agent sees for a refused call."""
     if d.decision == "confirm":
         return f"error: not executed, {d.reason} (no confirmation is available in this environment)"
-    if d.status == "MODEL_INVALID_ACTION":
+    if d.status == Status.MODEL_INVALID_ACTION:
         return f"error: invalid action: {d.reason}"
     if d.status == BUDGET_STATUS and d.reason == REASON_BUDGET:
         return "error: budget for this kind of call is spent"

@@ -243,11 +243,15 @@ def build_browser(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[st
     ``max_episodes`` caps the failing-episode index (most recent first) and ``max_chars`` the text and tool
     arguments of each turn."""
     t0 = time.perf_counter()
+    path = Path(out)
+    # a mistyped --out must not create a folder tree (nor cost the whole collection first)
+    if not path.parent.is_dir():
+        raise TrajlakeError(f"--out {path}: the folder {path.parent} does not exist; create it first")
+    if path.is_dir():
+        raise TrajlakeError(f"--out {path}: is a folder; give the HTML file to write")
     data = collect(lake, runs=runs, as_of=as_of, max_episodes=max_episodes, max_chars=max_chars)
     html = render_html(data)
-    path = Path(out)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(html, encoding="utf-8")
     except OSError as e:
         raise TrajlakeError(f"cannot write {path}: {e.strerror or e}") from e

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,10 @@ import pytest
 
 from trajlake import Lake, LakeWriter, open_lake
 from trajlake.demo import write_demo
+
+# Mini SWE refuses to run agent code without bubblewrap unless the caller opts in; the suite opts in so it
+# runs on machines without bubblewrap (tests/test_security.py checks the refusal with this unset).
+os.environ.setdefault("TRAJLAKE_ALLOW_UNISOLATED", "1")
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 

@@ -64,3 +64,12 @@ class IntegrityError(TrajlakeError):
 
 class QueryError(TrajlakeError):
     """A query against the lake failed."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message (Rust errors from delta-rs append a backtrace when
+    ``RUST_BACKTRACE`` is set); the exception's type name when the message is empty."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__

@@ -11,6 +11,12 @@ Actions are JSON objects ``{"tool": NAME, "args": {...}}``. Tools (every call pa
 
 The state hash covers the workspace's files and whether the episode was submitted; observations carry no
 timings, so a replay under pinned versions reproduces every state hash.
+
+Code the agent writes runs inside :mod:`.sandbox`; the environment's own file access never follows a
+symlink out of the workspace and never opens a FIFO, socket or device the agent's code left behind (the
+tools, the state hash, snapshots and ``restore`` look at entries with ``lstat`` first). Without a working
+bubblewrap the environment refuses to start unless the caller opts in with ``allow_unisolated=True`` (or
+``TRAJLAKE_ALLOW_UNISOLATED=1``); the isolation each episode had is in :attr:`MiniSWEEnv.sandbox_kind`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -43,12 +50,20 @@ from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
 from trajlake.envs.mini_swe.grading import TASKS_PATH, GradeResult, grade, load_tasks, materialize_workspace
 from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
 from trajlake.envs.policy import Policy, TaskView
+from trajlake.schemas.vocab import Capability, Status
 
 ENV_ID = "mini-swe"
 ENV_VERSION = "1.0"
 TASKS_CREATED_AT = dt.datetime(2026, 11, 29, tzinfo=dt.UTC)
 MAX_READ_LINES = 400
 MAX_OUTPUT_CHARS = 32_000
+MAX_FILE_BYTES = 4 * 1024**2  # the tools never read more than this from one file
+UNISOLATED_ENV = "TRAJLAKE_ALLOW_UNISOLATED"
+# run_tests accepts these options and test paths (node ids) inside the workspace, nothing else: options
+# such as -o, -c, -p, --rootdir or --junitxml would let the agent reconfigure pytest or write elsewhere.
+RUN_TESTS_FLAGS = frozenset({"-q", "-qq", "-v", "-vv", "-x", "-l", "-rA", "-ra", "--tb=short", "--tb=long",
+                             "--tb=line", "--tb=no", "--tb=native", "--exitfirst", "--quiet", "--verbose"})
+RUN_TESTS_VALUE_FLAGS = frozenset({"-k", "--maxfail"})
 _IGNORED = {"__pycache__", ".pytest_cache"}
 UNTRUSTED = "untrusted_tool_output"
 
@@ -84,7 +99,7 @@ class MiniSWEEnv(Env):
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  workdir: str | os.PathLike[str] | None = None, sandbox: str = "auto",
-                 budget: Budget | None = None, test_timeout_s: float = 60.0):
+                 budget: Budget | None = None, test_timeout_s: float = 60.0, allow_unisolated: bool | None = None):
         all_tasks = [dict(t) for t in (tasks if tasks is not None else load_tasks())]
         self.tasks = sorted((t for t in all_tasks if split is None or t["split"] == split),
                                  key=lambda t: t["task_id"])
@@ -96,6 +111,8 @@ class MiniSWEEnv(Env):
         self.split = split
         self.sandbox = sandbox
         self.sandbox_kind: str | None = None
+        self.allow_unisolated = (os.environ.get(UNISOLATED_ENV, "") in ("1", "true", "yes")
+                                 if allow_unisolated is None else bool(allow_unisolated))
         self.budget_override = budget
         self.test_timeout_s = test_timeout_s
         self._workdir = Path(workdir) if workdir else None
@@ -135,10 +152,15 @@ class MiniSWEEnv(Env):
         out: list[Requirement] = []
         try:
             kind = resolve_sandbox(self.sandbox)
-            note = ("bubblewrap: no network, read-only system" if kind == "bwrap" else
-                    "rlimit fallback: resource limits only, no filesystem or network isolation "
-                    "(install bubblewrap for isolation)")
-            out.append(Requirement("sandbox", True, f"{kind} ({note})"))
+            if kind == "bwrap":
+                out.append(Requirement("sandbox", True, "bwrap (unprivileged user namespace, no capabilities, no "
+                                       "network; only the workspace, Python and pytest are mounted)"))
+            else:
+                allowed = " (allowed by allow_unisolated)" if self.allow_unisolated else ""
+                out.append(Requirement(
+                    "sandbox", self.allow_unisolated, "rlimit fallback: resource limits only; agent code can read "
+                    f"the hidden tests, the lake and $HOME and reach the network{allowed}",
+                    "install bubblewrap (apt-get install bubblewrap), or opt in with --allow-unisolated"))
         except Exception as e:  # an explicit sandbox="bwrap" without a working bwrap
             out.append(Requirement("sandbox", False, str(e), "apt-get install bubblewrap, or use sandbox='auto'"))
         out.append(pytest_requirement())
@@ -161,8 +183,22 @@ class MiniSWEEnv(Env):
                 return t
         raise EnvError(f"task {task_id!r} has no version {task_version!r}; pinned replays need that version")
 
+    def isolation(self) -> str:
+        """The sandbox kind agent code runs in here; raises EnvError when that is the unisolated ``rlimit``
+        fallback and the caller did not opt in."""
+        try:
+            kind = resolve_sandbox(self.sandbox)
+        except (RuntimeError, ValueError) as e:
+            raise EnvError(str(e)) from None
+        if kind != "bwrap" and not self.allow_unisolated:
+            raise EnvError("no isolating sandbox here (bubblewrap is missing or does not work): agent code would "
+                           "run as a plain subprocess that can read the hidden tests and reach the network; "
+                           "install bubblewrap, or opt in with allow_unisolated=True / --allow-unisolated")
+        return kind
+
     def reset(self, seed: int, task_version: str | None = None, *, task_id: str | None = None) -> ResetResult:
         self._cleanup()
+        self.sandbox_kind = self.isolation()
         task = self.task_for(seed, task_version, task_id)
         base = self._workdir
         if base is not None:
@@ -177,7 +213,8 @@ class MiniSWEEnv(Env):
         self.grade_result = None
         self._taint = ()
         self.gateway = Gateway(self.workspace, Permissions(
-            capabilities=frozenset({"read", "write", "exec"}), exec_allowlist=frozenset({"pytest"}),
+            capabilities=frozenset({Capability.READ, Capability.WRITE, Capability.EXEC}),
+            exec_allowlist=frozenset({"pytest"}),
             irreversible_budget=1), self._tools(), self.state_hash)
         obs = self._intro(task)
         return ResetResult(episode_id=str(uuid.uuid4()), observation=obs, state_hash=self.state_hash(),
@@ -194,7 +231,7 @@ class MiniSWEEnv(Env):
         res = self.gateway.call(tool, args, idempotency_key=idempotency_key, taint=self._taint)
         tool_seconds = time.perf_counter() - t0  # the tool's own time: the sandboxed test runs dominate it
         obs = res.output if problem is None else f"{problem}\n{res.output}"
-        status = res.status if problem is None else "MODEL_INVALID_ACTION"
+        status = res.status if problem is None else Status.MODEL_INVALID_ACTION
         comps: dict[str, float] = {}
         terminated = truncated = False
         reason: str | None = None
@@ -207,7 +244,7 @@ class MiniSWEEnv(Env):
             comps = self._final_grade()
             obs += f"\nThe {spent.removeprefix('budget_')} budget is spent: the episode ends here."
             if status == "OK":
-                status = "BUDGET_EXHAUSTED"
+                status = Status.BUDGET_EXHAUSTED
         self.done = terminated or truncated
         self._taint = (UNTRUSTED,) if res.executed else ()
         return StepResult(observation=_clip(obs), reward_components=comps, terminated=terminated,
@@ -226,13 +263,13 @@ class MiniSWEEnv(Env):
         comps = self._final_grade()
         self.done = True
         return StepResult(observation=f"The {spent.removeprefix('budget_')} budget is spent.", reward_components=comps,
-                          terminated=False, truncated=True, status="BUDGET_EXHAUSTED", cost_usd=0.0,
+                          terminated=False, truncated=True, status=Status.BUDGET_EXHAUSTED, cost_usd=0.0,
                           state_hash=self.state_hash(), termination_reason=spent)
 
     def snapshot(self) -> Snapshot:
         if self.task is None or self.gateway is None:
             raise EnvError("snapshot before reset")
-        files = {rel: (self.workspace / rel).read_bytes() for rel in self._files()}
+        files = self._entries()
         payload = (files, self.submitted, self.done, self.grade_result, self._taint, self.tracker.state(),
                    self.gateway.export_state(), self.task["task_id"], self.task["task_version"])
         return Snapshot(self.env_id, self.env_version, self.state_hash(), payload)
@@ -244,14 +281,13 @@ class MiniSWEEnv(Env):
         if self.task is None or (self.task["task_id"], self.task["task_version"]) != (task_id, task_version):
             raise EnvError("restore needs the environment reset on the snapshot's task")
         assert self.gateway is not None
-        for rel in self._files():
+        current = self._entries()
+        for rel in current:
             if rel not in files:
-                (self.workspace / rel).unlink()
-        for rel, data in files.items():
-            p = self.workspace / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            if not p.exists() or p.read_bytes() != data:
-                p.write_bytes(data)
+                _remove_entry(self.workspace, rel)
+        for rel, entry in files.items():
+            if current.get(rel) != entry:
+                _safe_put(self.workspace, rel, entry)
         self.submitted, self.done, self.grade_result, self._taint = submitted, done, grade_result, taint
         self.tracker.set_state(tracker)
         self.gateway.import_state(gw_state)
@@ -268,18 +304,50 @@ class MiniSWEEnv(Env):
             raise EnvError("no workspace: call reset")
         return self._ws / "repo"
 
-    def _files(self) -> list[str]:
+    def _walk(self) -> list[tuple[str, os.stat_result]]:
+        """(relative path, lstat) of every non-folder entry of the workspace; symlinked folders are entries,
+        never descended into."""
         out = []
         for root, dirs, names in os.walk(self.workspace):
-            dirs[:] = sorted(d for d in dirs if d not in _IGNORED)
+            keep = []
+            for d in sorted(dirs):
+                if d in _IGNORED:
+                    continue
+                if os.path.islink(os.path.join(root, d)):
+                    names.append(d)
+                else:
+                    keep.append(d)
+            dirs[:] = keep
             for n in sorted(names):
                 if n.endswith(".pyc"):
                     continue
-                out.append(os.path.relpath(os.path.join(root, n), self.workspace))
-        return sorted(out)
+                path = os.path.join(root, n)
+                out.append((os.path.relpath(path, self.workspace), os.lstat(path)))
+        return sorted(out, key=lambda e: e[0])
+
+    def _files(self) -> list[str]:
+        """The workspace's regular files (what the tools show and the grader copies)."""
+        return [rel for rel, st in self._walk() if stat.S_ISREG(st.st_mode)]
+
+    def _entries(self) -> dict[str, tuple[str, bytes]]:
+        """Every entry as (kind, content): file bytes, a symlink's target, or a marker for a FIFO, socket or
+        device (never opened: reading a FIFO blocks and /dev/zero never ends)."""
+        out: dict[str, tuple[str, bytes]] = {}
+        for rel, st in self._walk():
+            path = self.workspace / rel
+            if stat.S_ISREG(st.st_mode):
+                out[rel] = ("file", _read_regular(path, None))
+            elif stat.S_ISLNK(st.st_mode):
+                out[rel] = ("symlink", os.fsencode(os.readlink(path)))
+            else:
+                out[rel] = ("fifo" if stat.S_ISFIFO(st.st_mode) else "special", b"")
+        return out
 
     def state_hash(self) -> str:
-        files = {rel: hashlib.sha256((self.workspace / rel).read_bytes()).hexdigest() for rel in self._files()}
+        files = {}
+        for rel, (kind, data) in self._entries().items():
+            digest = hashlib.sha256(data).hexdigest()
+            files[rel] = digest if kind == "file" else f"{kind}:{digest}"
         return stable_hash({"files": files, "submitted": self.submitted})
 
     def _cleanup(self) -> None:
@@ -302,9 +370,10 @@ class MiniSWEEnv(Env):
             ToolSpec("edit", "write", "write", {"type": "object", "properties": {"path": s, "old": s, "new": s},
                                                 "required": ["path", "old", "new"], "additionalProperties": False},
                      self._edit, path_args=("path",)),
-            ToolSpec("run_tests", "exec", "read", {"type": "object", "properties": {"command": {
+            # "write": the test code can change the workspace, so a repeated idempotency key must not rerun it
+            ToolSpec("run_tests", "exec", "write", {"type": "object", "properties": {"command": {
                 "type": "string", "maxLength": 500}}, "required": ["command"], "additionalProperties": False},
-                     self._run_tests, exec_arg="command"),
+                     self._run_tests, exec_arg="command", exec_check=check_run_tests_argv),
             ToolSpec("submit", "write", "irreversible", {"type": "object", "properties": {},
                                                          "additionalProperties": False}, self._submit),
         ]
@@ -316,7 +385,10 @@ class MiniSWEEnv(Env):
         p = self.workspace / args["path"]
         if not p.is_file():
             return f"error: no such file: {args['path']}"
-        lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+        try:
+            lines = _read_regular(p, MAX_FILE_BYTES).decode("utf-8", "replace").splitlines()
+        except OSError as e:
+            return f"error: cannot read {args['path']}: {e}"
         shown = [f"{i:>5}| {line}" for i, line in enumerate(lines[:MAX_READ_LINES], start=1)]
         if len(lines) > MAX_READ_LINES:
             shown.append(f"... ({len(lines) - MAX_READ_LINES} more lines)")
@@ -326,11 +398,12 @@ class MiniSWEEnv(Env):
         base = self.workspace / args.get("path", ".")
         pattern = args["pattern"]
         hits = []
-        targets = [base] if base.is_file() else [self.workspace / r for r in self._files()
-                                                 if (self.workspace / r).is_relative_to(base)]
+        # only the workspace's regular files: a symlink (even to a file inside) is never followed
+        targets = [self.workspace / r for r in self._files()
+                   if (self.workspace / r) == base or (self.workspace / r).is_relative_to(base)]
         for p in targets:
             try:
-                text = p.read_text(encoding="utf-8")
+                text = _read_regular(p, MAX_FILE_BYTES).decode("utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
             for i, line in enumerate(text.splitlines(), start=1):
@@ -342,7 +415,10 @@ class MiniSWEEnv(Env):
         p = self.workspace / args["path"]
         if not p.is_file():
             return f"error: no such file: {args['path']}"
-        text = p.read_text(encoding="utf-8")
+        try:
+            text = _read_regular(p, MAX_FILE_BYTES).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            return f"error: cannot edit {args['path']}: {e}"
         n = text.count(args["old"]) if args["old"] else 0
         if n != 1:
             return f"error: `old` occurs {n} times in {args['path']}; it must occur exactly once"
@@ -352,13 +428,14 @@ class MiniSWEEnv(Env):
     def _run_tests(self, args: dict[str, Any]) -> str:
         argv: list[str] = args["command"]
         extra = [a for a in argv[1:] if a not in ("-q", "-x", "-v")]
-        run = run_pytest(self.workspace, timeout_s=self.test_timeout_s, sandbox=self.sandbox, pytest_args=tuple(extra))
+        run = run_pytest(self.workspace, timeout_s=self.test_timeout_s, sandbox=self.isolation(),
+                         pytest_args=tuple(extra))
         self.sandbox_kind = run.sandbox
         return _summarise(run.outcomes, run.exit_code, run.timed_out, run.collect_errors)
 
     def _submit(self, args: dict[str, Any]) -> str:
         assert self.task is not None
-        self.grade_result = grade(self.workspace, self.task, timeout_s=self.test_timeout_s, sandbox=self.sandbox)
+        self.grade_result = grade(self.workspace, self.task, timeout_s=self.test_timeout_s, sandbox=self.isolation())
         self.sandbox_kind = self.grade_result.sandbox
         self.submitted = True
         g = self.grade_result
@@ -370,12 +447,15 @@ class MiniSWEEnv(Env):
         g = self.grade_result
         if g is None:
             return {"resolved": 0.0, "partial": 0.0}
-        return {"resolved": 1.0 if g.resolved else 0.0, "partial": float(g.partial)}
+        comps = {"resolved": 1.0 if g.resolved else 0.0, "partial": float(g.partial)}
+        if g.suspected_reward_hacking:
+            comps["suspected_reward_hacking"] = 1.0  # never resolved: grade() refuses such results
+        return comps
 
     def _final_grade(self) -> dict[str, float]:
         """Hidden tests also run when an episode ends without a submit (budget): the workspace is graded."""
         assert self.task is not None
-        self.grade_result = grade(self.workspace, self.task, timeout_s=self.test_timeout_s, sandbox=self.sandbox)
+        self.grade_result = grade(self.workspace, self.task, timeout_s=self.test_timeout_s, sandbox=self.isolation())
         self.sandbox_kind = self.grade_result.sandbox
         return self._rewards()
 
@@ -407,6 +487,88 @@ def _summarise(outcomes: Mapping[str, str], exit_code: int | None, timed_out: bo
     lines = [f"{len(passed)} passed, {len(failed)} failed (exit code {exit_code})"]
     lines += [f"FAILED {k}" for k in failed[:50]]
     return "\n".join(lines)
+
+
+def check_run_tests_argv(argv: Sequence[str]) -> str | None:
+    """Why ``argv`` is not an allowed ``run_tests`` command (None when it is): ``pytest`` followed by the
+    options of :data:`RUN_TESTS_FLAGS`, ``-k EXPR``/``--maxfail N`` and relative test paths or node ids."""
+    if not argv or argv[0] != "pytest":
+        return "only `pytest` may run"
+    args = list(argv[1:])
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in RUN_TESTS_FLAGS:
+            i += 1
+            continue
+        if a in RUN_TESTS_VALUE_FLAGS:
+            if i + 1 >= len(args):
+                return f"option {a} needs a value"
+            if a == "--maxfail" and not args[i + 1].isdigit():
+                return "--maxfail needs a number"
+            i += 2
+            continue
+        if a.startswith("-"):
+            return f"option {a.split('=', 1)[0]!r} is not allowed in run_tests"
+        path = a.split("::", 1)[0]
+        if os.path.isabs(path) or path.startswith("~") or ".." in Path(path).parts:
+            return f"test path {a!r} must be relative and inside the workspace"
+        i += 1
+    return None
+
+
+def _read_regular(path: Path, limit: int | None) -> bytes:
+    """Bytes of a regular file, never a FIFO or device (opened non-blocking, checked with fstat), and never
+    through a final symlink; OSError when it is something else or larger than ``limit``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError("not a regular file")
+        if limit is not None and st.st_size > limit:
+            raise OSError(f"larger than {limit} bytes")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _remove_entry(root: Path, rel: str) -> None:
+    """Remove a workspace entry without following a symlink (a symlinked folder loses the link only)."""
+    path = root / rel
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
+
+
+def _safe_put(root: Path, rel: str, entry: tuple[str, bytes]) -> None:
+    """Recreate a snapshot entry at ``root/rel`` without ever writing through a symlink: a symlink or other
+    non-folder on the way is removed and replaced by a real folder, the target is removed and written new."""
+    parts = Path(rel).parts
+    current = root
+    for part in parts[:-1]:
+        current = current / part
+        if current.is_symlink() or (current.exists() and not current.is_dir()):
+            current.unlink()
+        if not current.exists():
+            current.mkdir()
+    target = current / parts[-1]
+    if target.is_symlink() or target.exists():
+        _remove_entry(root, rel)
+    kind, data = entry
+    if kind == "symlink":
+        os.symlink(os.fsdecode(data), target)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "file":
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+    else:
+        raise EnvError(f"cannot restore {rel}: the snapshot holds a {kind} file")
 
 
 def _clip(text: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,7 +18,7 @@ import typer
 
 from trajlake.cli.options import AsOfOpt, CliContext, FormatOpt, LakeOpt, MemoryOpt, lake_path
 from trajlake.cli.output import Format, emit
-from trajlake.errors import TrajlakeError, ValidationError
+from trajlake.errors import TrajlakeError, ValidationError, one_line
 
 app = typer.Typer(
     name="trajlake",
@@ -69,7 +70,7 @@ def sql(ctx: typer.Context,
                                                "gateway_events (DuckDB dialect).")],
         as_of: AsOfOpt = None, fmt: FormatOpt = Format.table, memory_limit: MemoryOpt = None,
         lake: LakeOpt = None) -> None:
-    """Run a SQL query against the lake."""
+    """Run one read-only SQL statement (SELECT, EXPLAIN) against the lake."""
     from trajlake.query import run_query
 
     cols, rows = run_query(_open(ctx, lake), query, as_of, memory_limit=memory_limit)
@@ -206,9 +207,15 @@ def demo(
     _emit_info(lk, fmt)
 
 
-def _parse_env_args(values: list[str] | None) -> dict[str, Any]:
-    """``--env-arg KEY=VALUE`` (VALUE as JSON when it parses, else text)."""
-    out: dict[str, Any] = {}
+AllowUnisolatedOpt = Annotated[bool, typer.Option(
+    "--allow-unisolated", help="Run agent code without bubblewrap isolation (rlimit fallback: it can read the "
+                               "hidden tests and reach the network) when bubblewrap is missing. See docs/security.md.")]
+
+
+def _parse_env_args(values: list[str] | None, allow_unisolated: bool = False) -> dict[str, Any]:
+    """``--env-arg KEY=VALUE`` (VALUE as JSON when it parses, else text), plus the unisolated opt-in (recorded
+    in the run's config with the other environment settings)."""
+    out: dict[str, Any] = {"allow_unisolated": True} if allow_unisolated else {}
     for item in values or []:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
@@ -252,6 +259,7 @@ def rollout(
     env_arg: Annotated[list[str] | None, typer.Option(help="Environment setting KEY=VALUE (repeatable).")] = None,
     preflight: Annotated[bool, typer.Option(help="Check the environment (sandbox, grader, one oracle "
                                                  "solution graded end to end) before playing.")] = True,
+    allow_unisolated: AllowUnisolatedOpt = False,
     lake: LakeOpt = None,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
@@ -274,7 +282,7 @@ def rollout(
                         policy=policy, split=split, seeds=parse_seeds(seeds), workers=workers,
                         fault_rate=fault_rate, fault_seed=fault_seed, policy_version=policy_version,
                         max_policy_lag=max_policy_lag, commit_every_s=commit_every,
-                        env_kwargs=_parse_env_args(env_arg), cost_model=cost, engine=engine)
+                        env_kwargs=_parse_env_args(env_arg, allow_unisolated), cost_model=cost, engine=engine)
     make_policy(env, policy, "check")  # fail fast on unknown env/policy names
     if preflight:
         _print_checks(check_env(env, split, **cfg.env_kwargs), env)
@@ -296,9 +304,12 @@ def rollout(
 
 @app.command()
 def replay(ctx: typer.Context, episode: Annotated[str, typer.Option("--episode", help="Episode id.")],
-           as_of: AsOfOpt = None, lake: LakeOpt = None) -> None:
+           as_of: AsOfOpt = None, allow_unisolated: AllowUnisolatedOpt = False, lake: LakeOpt = None) -> None:
     """Re-run a stored episode under its pinned versions; exit 0 only if every state hash matches."""
     from trajlake.rollout.replay import replay_episode
+
+    if allow_unisolated:
+        os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
 
     outcome = replay_episode(_open(ctx, lake), episode, as_of)
     if not outcome.digest_matches:
@@ -318,6 +329,7 @@ def quickstart(
     env: Annotated[str, typer.Option(help="Environment (a registered name).")] = "mini-swe",
     split: Annotated[str, typer.Option(help="Task split to play.")] = "dev",
     preflight: Annotated[bool, typer.Option(help="Check the environment before playing.")] = True,
+    allow_unisolated: AllowUnisolatedOpt = False,
     lake: LakeOpt = None,
 ) -> None:
     """The main job on the embedded default: roll out the oracle, heuristic and random policies on Mini SWE's
@@ -329,6 +341,8 @@ def quickstart(
     from trajlake.rollout.runner import parse_seeds
 
     seed_list = parse_seeds(seeds)
+    if allow_unisolated:  # the quickstart's workers inherit the opt-in
+        os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
     if preflight:
         _print_checks(check_env(env, split), env)
     res = run_quickstart(lake_path(ctx, lake), env=env, split=split, seeds=seed_list, workers=workers,
@@ -395,7 +409,7 @@ def main() -> None:
             typer.echo(f"error: ... and {len(e.issues) - 20} more", err=True)
         sys.exit(1)
     except TrajlakeError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {one_line(e)}", err=True)
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -406,7 +420,7 @@ def main() -> None:
         if isinstance(e, _click_exceptions()):
             e.show()  # type: ignore[attr-defined]
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
-        typer.echo(f"error: {type(e).__name__}: {e}", err=True)
+        typer.echo(f"error: {type(e).__name__}: {one_line(e)}", err=True)
         sys.exit(1)
 
 

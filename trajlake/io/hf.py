@@ -661,7 +661,10 @@ def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], 
     versions = lk.resolve_as_of(as_of) or lk.versions()
 
     created = not out_p.exists()
-    out_p.mkdir(parents=True, exist_ok=True)
+    try:
+        out_p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrajlakeError(f"--out {out_p}: cannot create the folder: {e.strerror or e}") from e
     staging = Path(tempfile.mkdtemp(prefix=".trajlake-export-", dir=out_p))
     try:
         con = connect(lk, versions, memory_limit=memory_limit, threads=threads)

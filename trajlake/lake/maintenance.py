@@ -1,10 +1,23 @@
-"""verify and compact: integrity checks and table maintenance that are safe while writers run."""
+"""verify and compact: integrity checks and table maintenance that are safe while writers run.
+
+``verify`` trusts nothing it can recompute: besides content hashes and file checksums it checks that each
+table's ``_delta_log`` is an unbroken chain of readable commits (a missing or unparsable entry silently drops
+that commit's rows from every reader) and recomputes the Delta-log statistics (row counts, null counts,
+min/max) from the data, since readers and the writer's duplicate check skip files by them.
+
+Plain reads (``trajlake sql``, ``connect``, ``scan``) do not verify file checksums; only ``verify`` and the
+lake's own reader (``Lake.read_file``, which checks Parquet page checksums) do.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
+import hashlib
+import json
 import os
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -15,8 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import TrajlakeError, one_line
 from trajlake.lake.store import (
+    COMMIT_RECORDS,
     DEFAULT_RETENTION_HOURS,
     TARGET_FILE_BYTES,
     DataFile,
@@ -55,7 +69,135 @@ def _partitions(lake: Lake, versions: dict[str, int]) -> dict[str | None, dict[s
     return out
 
 
-def _read(lake: Lake, name: str, f: DataFile, report: VerifyReport) -> pa.Table | None:
+_LOG_ENTRY = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
+
+
+def _check_log_chain(lake: Lake, name: str, version: int, report: VerifyReport) -> None:
+    """Every commit up to ``version`` must be present (or covered by a checkpoint) and parse."""
+    log = lake.root / name / "_delta_log"
+    try:
+        listing = os.listdir(log)
+    except OSError as e:
+        report.problems.append(f"{name}/_delta_log: cannot list the log: {e}")
+        return
+    entries = sorted(int(m.group(1)) for n in listing if (m := _LOG_ENTRY.match(n)))
+    checkpoints = sorted(int(m.group(1)) for n in listing if (m := _CHECKPOINT.match(n)))
+    entries = [v for v in entries if v <= version]
+    covered = max((c for c in checkpoints if c <= version), default=-1)
+    needed = range(covered + 1, version + 1)
+    missing = sorted(set(needed) - set(entries))
+    if missing:
+        shown = ", ".join(f"{v:020d}.json" for v in missing[:5])
+        report.problems.append(f"{name}/_delta_log: {len(missing)} commit(s) missing from the log chain ({shown}"
+                               f"{', ...' if len(missing) > 5 else ''}): their rows are silently dropped by "
+                               f"every reader")
+    if covered < 0 and 0 not in entries:
+        report.problems.append(f"{name}/_delta_log: the first commit (00000000000000000000.json) is missing and "
+                               f"no checkpoint covers it")
+    for v in needed:
+        if v not in entries:
+            continue
+        path = log / f"{v:020d}.json"
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for i, line in enumerate(fh, start=1):
+                    if line.strip():
+                        action = json.loads(line)
+                        if not isinstance(action, dict) or len(action) != 1:
+                            raise ValueError(f"line {i} is not one Delta action")
+        except (OSError, ValueError) as e:
+            report.problems.append(f"{name}/_delta_log/{path.name}: unreadable commit: {e}")
+
+
+def _newest_log_entry(lake: Lake, name: str) -> int:
+    try:
+        found = [int(m.group(1)) for n in os.listdir(lake.root / name / "_delta_log") if (m := _LOG_ENTRY.match(n))]
+    except OSError:
+        return -1
+    return max(found, default=-1)
+
+
+def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, report: VerifyReport) -> None:
+    """The log entries trajlake recorded at commit time must still be there, byte for byte."""
+    folder = lake.meta_dir / COMMIT_RECORDS / name
+    log = lake.root / name / "_delta_log"
+    try:
+        records = sorted((int(n), folder / n) for n in os.listdir(folder) if n.isdigit())
+    except OSError:
+        return  # a lake written before commit records existed
+    # a record above the version read whose entry exists now is a commit made while verify runs
+    lost = [v for v, _ in records if v > version and not (log / f"{v:020d}.json").exists()] if latest else []
+    if lost:
+        report.problems.append(f"{name}/_delta_log: {len(lost)} committed version(s) are gone from the log "
+                               f"(newest recorded {lost[-1]}, the log ends at {version}): the newest entries were "
+                               f"deleted and their rows are silently dropped")
+    for v, path in records:
+        entry = log / f"{v:020d}.json"
+        if v > version or not entry.exists():
+            continue  # a gap is reported by the chain check, a checkpointed entry may be cleaned up
+        try:
+            recorded = path.read_text(encoding="ascii").strip()
+            actual = hashlib.sha256(entry.read_bytes()).hexdigest()
+        except OSError as e:
+            report.problems.append(f"{name}/_delta_log/{entry.name}: cannot check: {e}")
+            continue
+        if recorded != actual:
+            report.problems.append(f"{name}/_delta_log/{entry.name}: the log entry changed after it was "
+                                   f"committed (sha256 {actual[:12]}, recorded {recorded[:12]})")
+
+
+def _log_stats(lake: Lake, name: str, version: int) -> dict[str, dict[str, Any]]:
+    """path -> the Delta-log statistics of that file (num_records, null_count, min, max) at ``version``."""
+    acts = pa.table(lake.delta(name, version).get_add_actions(flatten=False))
+    out: dict[str, dict[str, Any]] = {}
+    for row in acts.to_pylist():
+        out[row["path"]] = {k: row.get(k) for k in ("num_records", "null_count", "min", "max")}
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dt.datetime) and isinstance(b, dt.datetime):
+        aware = [x if x.tzinfo else x.replace(tzinfo=dt.UTC) for x in (a, b)]
+        return aware[0] == aware[1]
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or abs(a - b) <= 1e-12 * max(abs(a), abs(b))
+    return bool(a == b)
+
+
+def _check_stats(name: str, f: DataFile, t: pa.Table, stats: dict[str, Any] | None,
+                 report: VerifyReport) -> None:
+    """Compare the Delta-log statistics of ``f`` with the values recomputed from its rows."""
+    if stats is None:
+        return
+    where = f"{name}/{f.path}"
+    if stats.get("num_records") is not None and stats["num_records"] != t.num_rows:
+        report.problems.append(f"{where}: the Delta log says {stats['num_records']} rows, the file has "
+                               f"{t.num_rows}")
+    partition = set(f.partition_values)
+    wrong: list[str] = []
+    for col, n in (stats.get("null_count") or {}).items():
+        if n is not None and col in t.column_names and col not in partition and t[col].null_count != n:
+            wrong.append(f"nullCount.{col}")
+    for kind in ("min", "max"):
+        for col, logged in (stats.get(kind) or {}).items():
+            if logged is None or col not in t.column_names or col in partition:
+                continue
+            column = t[col]
+            if column.null_count == len(column):
+                wrong.append(f"{kind}Values.{col}")
+                continue
+            actual = pc.min_max(column)[kind].as_py()
+            if not _same(logged, actual):
+                wrong.append(f"{kind}Values.{col}")
+    if wrong:
+        report.problems.append(f"{where}: Delta-log statistics do not match the data ({', '.join(wrong[:6])}"
+                               f"{', ...' if len(wrong) > 6 else ''}): readers and the duplicate check skip "
+                               f"files by them, so rows may be hidden")
+
+
+def _read(lake: Lake, name: str, f: DataFile, report: VerifyReport,
+          stats: dict[str, dict[str, Any]] | None = None) -> pa.Table | None:
     try:
         recorded = checksum_from_name(f.path)
         if recorded is not None:
@@ -77,13 +219,15 @@ def _read(lake: Lake, name: str, f: DataFile, report: VerifyReport) -> pa.Table 
         extra = set(t.column_names) - set(expected.names)
         if extra:
             report.problems.append(f"{name}/{f.path}: unknown column(s) {', '.join(sorted(extra))}")
+        if stats is not None:
+            _check_stats(name, f, t, stats.get(f.path), report)
         return t
     except FileNotFoundError:
         report.problems.append(f"{name}/{f.path}: data file listed in the Delta log is missing")
     except TrajlakeError as e:
         report.problems.append(f"{name}/{f.path}: {e}")
     except Exception as e:  # pyarrow raises OSError/ArrowInvalid on corrupt pages, checksums, footers
-        report.problems.append(f"{name}/{f.path}: unreadable or corrupt data file: {e}")
+        report.problems.append(f"{name}/{f.path}: unreadable or corrupt data file: {one_line(e)}")
     return None
 
 
@@ -93,14 +237,25 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
 
     Orphan turns/events (written by a writer that died before committing their episode row) are invisible to
     readers and reported as notes; with ``strict`` they are problems. Works one run partition at a time."""
-    versions = lake.resolve_as_of(as_of) or lake.versions()
+    try:
+        versions = lake.resolve_as_of(as_of) or lake.versions()
+    except TrajlakeError as broken:  # delta-rs refuses a broken log: name what is broken instead
+        report = VerifyReport({})
+        for name in TABLES:
+            _check_log_chain(lake, name, _newest_log_entry(lake, name), report)
+        report.problems.append(one_line(broken))
+        return report
     report = VerifyReport(versions)
     counts: dict[str, int] = defaultdict(int)
+    for name in TABLES:
+        _check_log_chain(lake, name, versions[name], report)
+        _check_commit_records(lake, name, versions[name], as_of is None, report)
+    stats = {name: _log_stats(lake, name, versions[name]) for name in TABLES}
     for _run, tables in sorted(_partitions(lake, versions).items(), key=lambda kv: str(kv[0])):
         turn_hashes: dict[str, list[tuple[int, str]]] = defaultdict(list)
         event_hashes: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
         for f in tables.get("turns", []):
-            t = _read(lake, "turns", f, report)
+            t = _read(lake, "turns", f, report, stats["turns"])
             if t is None:
                 continue
             counts["turns"] += t.num_rows
@@ -112,7 +267,7 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
                                            f"(stored {str(stored)[:12]}, recomputed {h[:12]})")
                 turn_hashes[e].append((i, h))
         for f in tables.get("gateway_events", []):
-            t = _read(lake, "gateway_events", f, report)
+            t = _read(lake, "gateway_events", f, report, stats["gateway_events"])
             if t is None:
                 continue
             counts["gateway_events"] += t.num_rows
@@ -121,7 +276,7 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
                 event_hashes[e].append((ti, ei, h))
         seen: set[str] = set()
         for f in tables.get("episodes", []):
-            t = _read(lake, "episodes", f, report)
+            t = _read(lake, "episodes", f, report, stats["episodes"])
             if t is None:
                 continue
             counts["episodes"] += t.num_rows
@@ -149,7 +304,7 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
         pk = table_def(name).primary_key
         keys: set[tuple[Any, ...]] = set()
         for f in lake.files(name, versions[name]):
-            t = _read(lake, name, f, report)
+            t = _read(lake, name, f, report, stats[name])
             if t is None:
                 continue
             counts[name] += t.num_rows
@@ -229,6 +384,7 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
             d = lake.delta(name)
             d.create_checkpoint()
             d.cleanup_metadata()
+            _prune_commit_records(lake, name)
             if vacuum:
                 removed = d.vacuum(retention_hours=int(retention_hours), dry_run=False,
                                    enforce_retention_duration=False)
@@ -236,6 +392,17 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
             report.files_after[name] = len(lake.files(name))
         report.versions = lake.versions()
     return report
+
+
+def _prune_commit_records(lake: Lake, name: str) -> None:
+    """Drop commit records of log entries cleaned up after a checkpoint (the checkpoint now stands for them)."""
+    folder = lake.meta_dir / COMMIT_RECORDS / name
+    log = lake.root / name / "_delta_log"
+    with contextlib.suppress(OSError):
+        current = lake.delta(name).version()
+        for n in os.listdir(folder):
+            if n.isdigit() and not (log / f"{n}.json").exists() and int(n) <= current:
+                os.remove(folder / n)
 
 
 def _compact_partition(lake: Lake, name: str, part: str | None, files: list[DataFile], now_ms: float,

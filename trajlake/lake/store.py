@@ -29,7 +29,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake._version import __version__
-from trajlake.errors import LakeNotFoundError, SchemaVersionError, TrajlakeError
+from trajlake.errors import LakeNotFoundError, SchemaVersionError, TrajlakeError, one_line
 from trajlake.schema import (
     PARQUET_SCHEMA_KEY,
     PARQUET_TABLE_KEY,
@@ -42,6 +42,9 @@ from trajlake.schema import (
 )
 
 META_DIR = "_trajlake"
+COMMIT_RECORDS = "commits"
+"""Folder under META_DIR holding, per table, the sha256 of every Delta log entry trajlake committed or saw
+committed (one small file per version): ``verify`` checks the log still holds them, unchanged."""
 LAKE_FILE = "lake.json"
 DEFAULT_RETENTION_HOURS = 7 * 24
 TARGET_FILE_BYTES = 256 * 1024 * 1024  # in-memory Arrow bytes per data file (zstd makes files several x smaller)
@@ -172,9 +175,14 @@ class Lake:
         if meta.exists():
             lake = cls.open(root)
         else:
+            if root.exists() and not root.is_dir():
+                raise TrajlakeError(f"{root} is a file, not a folder: a lake needs an empty or new folder")
             if root.exists() and any(p for p in root.iterdir() if p.name != META_DIR):
                 raise TrajlakeError(f"{root} exists and is not an empty directory or a trajlake lake")
-            (root / META_DIR).mkdir(parents=True, exist_ok=True)
+            try:
+                (root / META_DIR).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise TrajlakeError(f"cannot create a lake at {root}: {e.strerror or one_line(e)}") from e
             tmp = meta.with_suffix(".tmp")
             tmp.write_text(json.dumps({
                 "format": "trajlake",
@@ -224,7 +232,7 @@ class Lake:
         try:
             return deltalake.DeltaTable(uri, version=version)
         except Exception as e:  # delta-rs raises several types for missing tables / versions
-            raise TrajlakeError(f"table {name!r} at version {version}: {e}") from e
+            raise TrajlakeError(f"table {name!r} at version {version}: {one_line(e)}") from e
 
     def versions(self) -> dict[str, int]:
         """Current version of every table."""
@@ -384,14 +392,34 @@ class Lake:
                         raise ConcurrentChangeError(
                             f"{name}: {len(gone)} file(s) were removed concurrently: {gone[0]}")
                 try:
+                    before = d.version()
                     d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
                                                partition_by=list(td.partition_by) or None)
                     d.update_incremental()
+                    self._record_commits(name, before + 1, d.version())
                     return d.version()
                 except CommitFailedError as e:  # another writer won the version: refresh and try again
                     last = e
             time.sleep(min(0.5, 0.01 * (attempt + 1)))
-        raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {last}")
+        raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {one_line(last) if last else ''}")
+
+    def _record_commits(self, name: str, first: int, last: int) -> None:
+        """Record the sha256 of log entries ``first..last`` (see COMMIT_RECORDS): the log alone cannot show
+        that its newest entry was deleted or that an entry was edited."""
+        folder = self.meta_dir / COMMIT_RECORDS / name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for v in range(first, last + 1):
+                target = folder / f"{v:020d}"
+                if target.exists():
+                    continue
+                entry = Path(self.table_uri(name)) / "_delta_log" / f"{v:020d}.json"
+                digest = hashlib.sha256(entry.read_bytes()).hexdigest()
+                tmp = folder / f".{v:020d}.{os.getpid()}.{threading.get_ident()}.tmp"
+                tmp.write_text(digest, encoding="ascii")
+                os.replace(tmp, target)
+        except OSError:
+            pass  # evidence for verify only: never fail a commit that already happened
 
     def append(self, name: str, table: pa.Table) -> int:
         """Write and commit ``table`` in one transaction."""

@@ -2,6 +2,13 @@
 LazyFrame. Both read through the Delta log (DuckDB's ``delta`` extension, delta-rs for Polars), can be pinned
 to table versions, and apply the commit point: turns and gateway events appear only once their episode row
 exists. Nothing loads a whole table into Python memory.
+
+``connect(lake, read_only=True)`` (what ``trajlake sql`` uses, through :func:`run_read_only`) locks the
+connection down: file access only to the lake and the extension folder, no extension auto-install or loading,
+and a locked configuration that no query can turn back. :func:`run_read_only` also accepts only one read
+statement (SELECT, EXPLAIN), classified by DuckDB's own parser. Python callers get the writable default
+(``read_only=False``: temp tables, ``SET``, any file) because they already run arbitrary code; see
+``docs/security.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from trajlake.schema import TABLES, table_def
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["connect", "lake_versions", "run_query", "scan", "sql_literal"]
+__all__ = ["READ_STATEMENT_TYPES", "check_read_only_sql", "connect", "lake_versions", "run_query", "scan",
+           "sql_literal"]
 
 _COMMITTED_BY_EPISODE = ("turns", "gateway_events")
 
@@ -98,12 +106,18 @@ def _duckdb_type(t: Any) -> str:
 
 
 def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | None = None, *,
-            memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+            memory_limit: str | None = None, threads: int | None = None,
+            read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-process DuckDB connection with views ``episodes``, ``turns``, ``tasks``, ``runs``,
     ``gateway_events`` (committed data only) and ``turns_uncommitted`` (orphans and in-flight rows).
 
     ``as_of`` pins table versions (``{"episodes": 3, ...}``, ``"episodes=3,turns=5"`` or an ISO timestamp);
-    the versions read are in the connection's ``lake_versions`` table."""
+    the versions read are in the connection's ``lake_versions`` table.
+
+    With ``read_only`` the connection can read files only under the lake and the extension folder, cannot
+    load extensions and has its configuration locked. It can still run any statement DuckDB allows inside
+    those folders (a ``COPY ... TO`` into the lake, for one): pass untrusted SQL through
+    :func:`run_read_only`, which accepts read statements only."""
     lk = _open(lake)
     versions = lk.resolve_as_of(as_of) or lk.versions()
     config: dict[str, Any] = {
@@ -132,22 +146,61 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
                 "WHERE episode_id NOT IN (SELECT episode_id FROM episodes)")
     con.execute("CREATE TABLE lake_versions (table_name VARCHAR, version BIGINT)")
     con.executemany("INSERT INTO lake_versions VALUES (?, ?)", list(versions.items()))
+    if read_only:
+        _lock_down(con, lk)
     return con
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
+    """Limit file access to the lake and the extension folder, forbid extension loading, lock the settings."""
+    ext = con.execute("SELECT current_setting('extension_directory')").fetchone()
+    assert ext is not None
+    allowed = [str(lk.root.resolve()) + "/", str(pathlib.Path(str(ext[0])).resolve()) + "/"]
+    con.execute("SET allowed_directories = [" + ", ".join(sql_literal(d) for d in allowed) + "]")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+READ_STATEMENT_TYPES = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+"""Statement types :func:`run_read_only` accepts (``SHOW``, ``DESCRIBE``, ``SUMMARIZE`` and ``FROM x`` parse
+as SELECT)."""
+
+
+def check_read_only_sql(query: str) -> duckdb.Statement:
+    """The single read statement of ``query``, or QueryError naming what is refused."""
+    if not query.strip():
+        raise QueryError("empty query: give a SQL statement, e.g. \"select count(*) from episodes\"")
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error as e:
+        raise QueryError(str(e).splitlines()[0]) from None
+    if not statements:
+        raise QueryError("no SQL statement in the query")
+    if len(statements) > 1:
+        raise QueryError(f"give one SQL statement, got {len(statements)}")
+    statement = statements[0]
+    if statement.type not in READ_STATEMENT_TYPES:
+        kind = str(statement.type).rsplit(".", 1)[-1]
+        raise QueryError(f"only read statements (SELECT, EXPLAIN) are allowed; this is a {kind} statement")
+    return statement
 
 
 def run_query(lake: Lake | str | os.PathLike[str], query: str, as_of: str | dict[str, int] | None = None, *,
               memory_limit: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run one SQL statement over the lake's views (``trajlake sql``): (column names, rows). A DuckDB error
-    becomes a one-line ``QueryError``."""
-    if not query.strip():
-        raise QueryError("empty query: give a SQL statement, e.g. \"select count(*) from episodes\"")
-    con = connect(lake, as_of, memory_limit=memory_limit)
+    """Run one untrusted read statement over the lake's views (``trajlake sql``) on a locked-down connection:
+    (column names, rows). A refused statement or a DuckDB error becomes a one-line ``QueryError``."""
+    statement = check_read_only_sql(query)
+    con = connect(lake, as_of, memory_limit=memory_limit, read_only=True)
     try:
-        rel = con.execute(query)
+        rel = con.execute(statement)
         cols = [d[0] for d in rel.description] if rel.description else []
         rows = rel.fetchall() if cols else []
     except duckdb.Error as e:
         raise QueryError(str(e).splitlines()[0]) from e
+    finally:
+        con.close()
     return cols, rows
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
@@ -115,6 +116,7 @@ class LakeWriter:
         self.late_conflicts: dict[str, list[Issue]] = {}
         self.closed = False
         self._episodes_delta: Any = None  # cached DeltaTable of episodes, refreshed incrementally
+        self._id_bounds: dict[str, tuple[str | None, str | None]] = {}  # data file -> its own episode_id range
         self._refreshed = 0.0
         self.late_duplicates: list[str] = []
         self._bg: threading.Thread | None = None
@@ -264,9 +266,11 @@ class LakeWriter:
         acts = acts.filter(pc.is_in(acts["partition.run_id"], value_set=pa.array(sorted(set(run_ids)), pa.string())))
         wanted = sorted(set(ids))
         paths = []
-        lo_col = acts["min.episode_id"].to_pylist() if "min.episode_id" in acts.column_names else [None] * acts.num_rows
-        hi_col = acts["max.episode_id"].to_pylist() if "max.episode_id" in acts.column_names else [None] * acts.num_rows
-        for path, lo, hi in zip(acts["path"].to_pylist(), lo_col, hi_col, strict=True):
+        # Files are skipped by the episode_id range in their own Parquet footer, not by the Delta log's
+        # statistics: an edited log must not make a second copy of an episode look new. Data files never
+        # change (their name records their checksum), so each footer is read once per writer.
+        for path in acts["path"].to_pylist():
+            lo, hi = self._file_id_bounds(path)
             if lo is not None and hi is not None and bisect.bisect_left(wanted, lo) >= bisect.bisect_right(wanted, hi):
                 continue  # no wanted id falls inside this file's [min, max]
             paths.append(self.lake.abs_path("episodes", path))
@@ -276,6 +280,20 @@ class LakeWriter:
         found = dataset.to_table(columns=["episode_id", "content_hash"],
                                  filter=pads.field("episode_id").isin(pa.array(wanted, pa.string())))
         return dict(zip(found["episode_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
+
+    def _file_id_bounds(self, path: str) -> tuple[str | None, str | None]:
+        """(min, max) episode_id of an episodes data file from its Parquet footer; (None, None) when unknown."""
+        bounds = self._id_bounds.get(path)
+        if bounds is None:
+            bounds = (None, None)
+            with contextlib.suppress(Exception):  # unreadable footer: read the file instead of skipping it
+                meta = pq.ParquetFile(self.lake.abs_path("episodes", path)).metadata
+                col = meta.schema.to_arrow_schema().get_field_index("episode_id")
+                groups = [meta.row_group(i).column(col).statistics for i in range(meta.num_row_groups)]
+                if col >= 0 and groups and all(g is not None and g.has_min_max for g in groups):
+                    bounds = (min(str(g.min) for g in groups), max(str(g.max) for g in groups))
+            self._id_bounds[path] = bounds
+        return bounds
 
     def _take_buffer(self) -> tuple[pa.Table, pa.Table, pa.Table] | None:
         """Detach the buffered episodes (under the lock) for committing."""

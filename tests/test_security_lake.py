@@ -1,0 +1,118 @@
+"""Red-team tests of `verify` and the writer's duplicate check (issue 9): a broken or edited Delta log and edited
+statistics are errors by default; Delta errors print one line even with RUST_BACKTRACE=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import make_episode
+from trajlake import Lake, LakeWriter, open_lake
+from trajlake.lake.maintenance import verify
+
+pytestmark = pytest.mark.security
+
+
+def write(lake: Lake, *ids: str) -> None:
+    with LakeWriter(lake, handle_signals=False) as w:
+        for episode_id in ids:
+            ep, turns = make_episode(episode_id)
+            w.write_batch([ep], turns)
+
+
+@pytest.fixture
+def three_commits(tmp_path: Path) -> Lake:
+    lake = open_lake(tmp_path / "lake", create=True)
+    for episode_id in ("ep-a", "ep-b", "ep-c"):
+        write(lake, episode_id)
+    assert lake.versions()["episodes"] >= 3
+    return lake
+
+
+def log_entry(lake: Lake, table: str, version: int) -> Path:
+    return lake.root / table / "_delta_log" / f"{version:020d}.json"
+
+
+def stored_ids(lake: Lake) -> list[str]:
+    """Episode ids in every episodes data file on disk, whatever the log says."""
+    out: list[str] = []
+    for path in sorted((lake.root / "episodes").rglob("*.parquet")):
+        out += pq.read_table(path, columns=["episode_id"])["episode_id"].to_pylist()
+    return out
+
+
+def test_a_missing_log_entry_in_the_chain_fails_verify_by_default(three_commits) -> None:
+    assert verify(three_commits).ok
+    log_entry(three_commits, "episodes", 2).unlink()
+    report = verify(three_commits)
+    assert not report.ok
+    assert any("missing from the log chain" in p for p in report.problems), report.problems
+
+
+def test_a_deleted_newest_log_entry_fails_verify_by_default(three_commits) -> None:
+    newest = three_commits.versions()["episodes"]
+    log_entry(three_commits, "episodes", newest).unlink()
+    report = verify(three_commits)
+    assert not report.ok
+    assert any("gone from the log" in p for p in report.problems), report.problems
+
+
+def _edit_stats(lake: Lake, version: int, edit: dict[str, object]) -> None:
+    path = log_entry(lake, "episodes", version)
+    lines = []
+    for line in path.read_text().splitlines():
+        action = json.loads(line)
+        if "add" in action and action["add"].get("stats"):
+            stats = json.loads(action["add"]["stats"])
+            for key, value in edit.items():
+                kind, col = key.split(".")
+                stats[kind][col] = value
+            action["add"]["stats"] = json.dumps(stats)
+        lines.append(json.dumps(action))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_edited_statistics_are_recomputed_and_flagged(three_commits) -> None:
+    version = three_commits.versions()["episodes"]
+    _edit_stats(three_commits, version, {"minValues.episode_id": "zzz", "maxValues.episode_id": "zzzz"})
+    report = verify(three_commits)
+    assert not report.ok
+    assert any("statistics do not match" in p and "episode_id" in p for p in report.problems), report.problems
+    assert any("changed after it was committed" in p for p in report.problems), report.problems
+
+
+def test_edited_count_statistics_are_flagged(three_commits) -> None:
+    version = three_commits.versions()["episodes"]
+    path = log_entry(three_commits, "episodes", version)
+    text = path.read_text().replace('\\"numRecords\\": 1,', '\\"numRecords\\": 7,')
+    assert text != path.read_text()
+    path.write_text(text)
+    report = verify(three_commits)
+    assert any("the Delta log says 7 rows" in p for p in report.problems), report.problems
+
+
+def test_duplicate_check_is_not_defeated_by_edited_statistics(tmp_path) -> None:
+    lake = open_lake(tmp_path / "lake", create=True)
+    write(lake, "ep-1")
+    _edit_stats(lake, lake.versions()["episodes"], {"minValues.episode_id": "zzz", "maxValues.episode_id": "zzzz"})
+    write(lake, "ep-1")  # the same episode again: must be recognised as already stored
+    assert stored_ids(lake) == ["ep-1"]
+
+
+def test_delta_errors_print_one_line_with_rust_backtrace(three_commits) -> None:
+    log_entry(three_commits, "episodes", 1).write_text("garbage\n")
+    env = {**os.environ, "RUST_BACKTRACE": "1"}
+    for args in (["verify"], ["info"], ["sql", "select count(*) from episodes"]):
+        proc = subprocess.run([sys.executable, "-m", "trajlake", "--lake", str(three_commits.root), *args],
+                              capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert proc.returncode != 0
+        lines = proc.stderr.strip().splitlines()
+        # one line per problem (verify lists each), never a Rust backtrace
+        assert all(line.startswith(("error:", "problem:")) for line in lines), proc.stderr
+        assert len(lines) == (2 if args == ["verify"] else 1), proc.stderr

@@ -1,0 +1,99 @@
+"""Red-team tests of the SQL surface (issue 9): `trajlake sql` runs one read statement on a locked-down
+connection; nothing it is given writes files, attaches databases, reads outside the lake or installs
+extensions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import run_cli
+from trajlake import Lake, LakeWriter, open_lake
+from trajlake.demo import write_demo
+from trajlake.query import connect
+
+pytestmark = pytest.mark.security
+
+
+@pytest.fixture(scope="module")
+def small_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
+    lk = open_lake(tmp_path_factory.mktemp("sqlsec") / "lake", create=True)
+    with LakeWriter(lk) as w:
+        write_demo(w, seeds=1, n_tasks=3)
+    return lk
+
+
+def sql(capsys: pytest.CaptureFixture[str], lake: Lake, query: str) -> tuple[int, str, str]:
+    return run_cli(capsys, "--lake", str(lake.root), "sql", query, "--format", "csv")
+
+
+def episode_count(capsys: pytest.CaptureFixture[str], lake: Lake) -> int:
+    code, out, _ = sql(capsys, lake, "SELECT count(*) AS n FROM episodes")
+    assert code == 0
+    return int(out.strip().splitlines()[-1])
+
+
+def test_select_still_works(capsys, small_lake) -> None:
+    assert episode_count(capsys, small_lake) > 0
+    code, out, _ = sql(capsys, small_lake, "DESCRIBE episodes")
+    assert code == 0 and "episode_id" in out
+
+
+def test_copy_to_outside_and_over_lake_files_is_refused(capsys, small_lake, tmp_path) -> None:
+    before = episode_count(capsys, small_lake)
+    log = small_lake.root / "episodes" / "_delta_log" / "00000000000000000001.json"
+    data = next((small_lake.root / "episodes").rglob("*.parquet"))
+    targets = [tmp_path / "out.csv", log, data, small_lake.root / "new.csv"]
+    for target in targets:
+        code, _, err = sql(capsys, small_lake, f"COPY (SELECT 1 AS x) TO '{target}' (FORMAT csv)")
+        assert code != 0 and len(err.strip().splitlines()) == 1, err
+        assert "read statements" in err
+    assert not (tmp_path / "out.csv").exists() and not (small_lake.root / "new.csv").exists()
+    assert episode_count(capsys, small_lake) == before
+
+
+@pytest.mark.parametrize("query", [
+    "ATTACH '{tmp}/evil.duckdb' AS evil",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "CREATE TABLE t AS SELECT 1",
+    "SELECT 1; COPY (SELECT 1) TO '{tmp}/x.csv'",
+    "PRAGMA enable_profiling",
+    "",
+    "   ",
+])
+def test_non_read_statements_are_refused_with_one_line(capsys, small_lake, tmp_path, query) -> None:
+    code, _, err = sql(capsys, small_lake, query.format(tmp=tmp_path))
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and "AttributeError" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reading_files_outside_the_lake_is_refused(capsys, small_lake, tmp_path) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secret-hash:19000::::::\n")
+    for query in (f"SELECT * FROM read_text('{secret}')", f"SELECT * FROM read_csv('{secret}')",
+                  "SELECT * FROM read_text('/etc/passwd')", "SELECT * FROM read_csv('https://example.com/x.csv')"):
+        code, out, _ = sql(capsys, small_lake, query)
+        assert code != 0 and "secret-hash" not in out and "root:" not in out, query
+
+
+def test_locked_configuration_cannot_be_reopened_from_python(small_lake, tmp_path) -> None:
+    con = connect(small_lake, read_only=True)
+    with pytest.raises(duckdb.Error):
+        con.execute("SET enable_external_access = true")
+    with pytest.raises(duckdb.Error):
+        con.execute(f"SELECT * FROM read_text('{Path('/etc/passwd')}')")
+    assert con.execute("SELECT count(*) FROM episodes").fetchone()[0] > 0  # type: ignore[index]
+    con.close()
+
+
+def test_python_default_connection_stays_writable_for_trusted_callers(small_lake) -> None:
+    con = connect(small_lake)
+    con.execute("CREATE TEMP TABLE scratch AS SELECT 1 AS x")
+    con.execute("SET threads = 1")
+    assert con.execute("SELECT x FROM scratch").fetchone() == (1,)
+    con.close()
