@@ -199,27 +199,49 @@ def _encode_nested(arr: pa.Array, t: pa.DataType) -> pa.Array:
     return out.fill_null(_N) if out.null_count else out
 
 
-def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array:
+def _name_part(arr: pa.Array, name: bytes) -> pa.Array | pa.Scalar:
+    """The column's ``name + NUL`` per row, null where the value is null (then the whole column is skipped)."""
+    validity = _validity(arr)
+    if validity is None:
+        return pa.scalar(name, pa.large_binary())
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(arr), [
+        validity, pa.py_buffer(np.arange(len(arr) + 1, dtype=np.int64) * len(name)), pa.py_buffer(name * len(arr))])
+
+
+def _chunked(parts_per_chunk: list[list[pa.Array | pa.Scalar]]) -> list[pa.ChunkedArray]:
+    """Per-chunk lists of pieces -> one chunked array per piece (scalars become arrays)."""
+    out = []
+    for pieces in zip(*parts_per_chunk, strict=True):
+        arrays = [p if isinstance(p, pa.Array) else pa.array([p.as_py()] * n, pa.large_binary())
+                  for p, n in zip(pieces, [len(c[-1]) for c in parts_per_chunk], strict=True)]
+        out.append(pa.chunked_array(arrays, pa.large_binary()))
+    return out
+
+
+def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array | pa.ChunkedArray:
     """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``), as large_binary.
 
     One concatenation builds every row: per column the name and the value's pieces, all null (and so skipped)
-    where the value is null; the big numeric lists enter it straight from their Arrow buffers."""
+    where the value is null. The big numeric lists enter it chunk by chunk straight from their Arrow buffers
+    (then the result is chunked like them); only the small columns are gathered into one array first."""
     if table.num_rows == 0:
         return pa.array([], pa.large_binary())
-    parts: list[pa.Array | pa.Scalar] = [pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())]
+    parts: list[pa.Array | pa.ChunkedArray | pa.Scalar] = [
+        pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())]
     for c in table_def(table_name).columns:
         if c.name in EXCLUDED or c.name not in table.column_names:
             continue
-        arr = _arr(table.column(c.name))
-        if arr.null_count == len(arr):
+        col = table.column(c.name)
+        if col.null_count == len(col):
             continue  # omitted entirely
-        name = pa.scalar(c.name.encode() + b"\x00", pa.large_binary())
-        validity = _validity(arr)
-        if validity is not None:
-            name = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(arr), [
-                validity, pa.py_buffer(np.arange(len(arr) + 1, dtype=np.int64) * len(name.as_py())),
-                pa.py_buffer(name.as_py() * len(arr))])
-        parts += [name, *_encode_parts(arr, c.arrow_type)]
+        name = c.name.encode() + b"\x00"
+        t = c.arrow_type
+        if pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS and isinstance(col, pa.ChunkedArray) \
+                and col.num_chunks > 1:
+            parts += _chunked([[_name_part(ch, name), *_numeric_list_parts(ch, t)] for ch in col.chunks])
+            continue
+        arr = _arr(col)
+        parts += [_name_part(arr, name), *_encode_parts(arr, t)]
     if len(parts) == 1:
         parts.append(pa.array([b""] * table.num_rows, pa.large_binary()))
     return _join(*parts, skip_nulls=True)
@@ -230,17 +252,31 @@ def row_bytes(table: pa.Table, table_name: str) -> list[bytes]:
     return [b if isinstance(b, bytes) else b"" for b in row_bytes_array(table, table_name).to_pylist()]
 
 
-def sha256_each(data: pa.Array) -> list[str]:
+def sha256_each(data: pa.Array | pa.ChunkedArray) -> list[str]:
     """sha256 hex digest of every value of a large_binary array without nulls, read straight from its buffer.
 
     One digest per row is inherent; each is one call into OpenSSL over a slice of the Arrow buffer (no Python
-    object per value, no copy), and it releases the GIL for values of 2 KiB and more, so hashing the token rows
-    of a commit overlaps with the caller's next appends."""
+    object per value, no copy). Values are fed in pieces under 2 KiB, below which hashlib keeps the GIL: a
+    release and re-acquire per row made the hashing thread queue behind the appending thread at every row."""
+    if isinstance(data, pa.ChunkedArray):
+        return [h for chunk in data.chunks for h in sha256_each(chunk)]
     offsets, data_buf = _binary_parts(data)
     view = memoryview(data_buf) if data_buf is not None else memoryview(b"")
     sha = hashlib.sha256
     bounds = offsets.tolist()
-    return [sha(view[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    if len(bounds) < 2 or max(b - a for a, b in itertools.pairwise(bounds)) < _GIL_FREE_BYTES:
+        return [sha(view[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    out = []
+    step = _GIL_FREE_BYTES - 1
+    for a, b in itertools.pairwise(bounds):
+        h = sha(view[a:min(b, a + step)])
+        for c in range(a + step, b, step):
+            h.update(view[c:min(b, c + step)])
+        out.append(h.hexdigest())
+    return out
+
+
+_GIL_FREE_BYTES = 2048  # hashlib releases the GIL for updates of this many bytes or more
 
 
 def _slices(table: pa.Table, max_bytes: int) -> list[tuple[int, int]]:

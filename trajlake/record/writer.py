@@ -35,7 +35,8 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -47,7 +48,7 @@ import pyarrow.dataset as pads
 
 from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
-from trajlake.lake.store import ROW_GROUP_BYTES, ROW_GROUP_ROWS, Lake
+from trajlake.lake.store import ROW_GROUP_BYTES, ROW_GROUP_ROWS, DataFileSink, Lake
 from trajlake.record.hashing import episode_hashes, hash_rows, hash_rows_array
 from trajlake.record.validate import conform, validate_batch
 from trajlake.schema import SCHEMA_VERSION, arrow_schema
@@ -134,8 +135,8 @@ class LakeWriter:
         self._lock = threading.RLock()
         self._inflight = 0  # bytes of the buffer a commit has taken and not yet written
         self._room = threading.Condition()
-        self._acts_version = -1  # the episodes' file list as of that version, for early duplicate checks
-        self._acts: pa.Table | None = None
+        self._files_version = -1  # the episodes' files (run, path, min id, max id) as of that version
+        self._files: list[tuple[str | None, str, str | None, str | None]] | None = None
         self.committed = 0
         self.late_conflicts: dict[str, list[Issue]] = {}
         self.closed = False
@@ -190,10 +191,12 @@ class LakeWriter:
         tu = conform(to_table(turns, "turns"), "turns", source)
         ev = conform(to_table(gateway_events, "gateway_events"), "gateway_events", source)
         # Denormalised run_id of turns/events comes from their episode when not given.
-        run_of = dict(zip(ep["episode_id"].to_pylist(), ep["run_id"].to_pylist(), strict=True))
+        run_of: dict[str, str] | None = None
         for name in ("tu", "ev"):
             t = tu if name == "tu" else ev
             if t.num_rows and t["run_id"].null_count:
+                if run_of is None:
+                    run_of = dict(zip(ep["episode_id"].to_pylist(), ep["run_id"].to_pylist(), strict=True))
                 filled = [r if r is not None else run_of.get(e) for e, r in
                           zip(t["episode_id"].to_pylist(), t["run_id"].to_pylist(), strict=True)]
                 t = _set_column(t, "run_id", pa.array(filled, pa.string()))
@@ -295,7 +298,7 @@ class LakeWriter:
         if not ids:
             return {}
         if own_snapshot:  # the commit path (maybe a background thread): the lake's newest version, exactly
-            acts = self.lake.latest_add_actions("episodes")
+            files = _file_ranges(self.lake.latest_add_actions("episodes"))
         else:
             if self._episodes_delta is None:
                 self._episodes_delta = self.lake.delta("episodes")
@@ -304,18 +307,19 @@ class LakeWriter:
                 # Early duplicate reports may use a slightly stale file list; the flush re-checks exactly.
                 self._episodes_delta.update_incremental()
                 self._refreshed = time.monotonic()
-            if self._acts is None or self._acts_version != self._episodes_delta.version():
-                self._acts_version = self._episodes_delta.version()
-                self._acts = pa.table(self._episodes_delta.get_add_actions(flatten=True))
-            acts = self._acts
-        if acts.num_rows == 0:
+            if self._files is None or self._files_version != self._episodes_delta.version():
+                # once per table version, not per append
+                self._files_version = self._episodes_delta.version()
+                self._files = _file_ranges(pa.table(self._episodes_delta.get_add_actions(flatten=True)))
+            files = self._files
+        if not files:
             return {}
-        acts = acts.filter(pc.is_in(acts["partition.run_id"], value_set=pa.array(sorted(set(run_ids)), pa.string())))
         wanted = sorted(set(ids))
+        runs = set(run_ids)
         paths = []
-        lo_col = acts["min.episode_id"].to_pylist() if "min.episode_id" in acts.column_names else [None] * acts.num_rows
-        hi_col = acts["max.episode_id"].to_pylist() if "max.episode_id" in acts.column_names else [None] * acts.num_rows
-        for path, lo, hi in zip(acts["path"].to_pylist(), lo_col, hi_col, strict=True):
+        for run, path, lo, hi in files:
+            if run not in runs:
+                continue
             if lo is not None and hi is not None and bisect.bisect_left(wanted, lo) >= bisect.bisect_right(wanted, hi):
                 continue  # no wanted id falls inside this file's [min, max]
             paths.append(self.lake.abs_path("episodes", path))
@@ -394,24 +398,40 @@ class LakeWriter:
                 self._room.notify_all()
             _return_free_memory()
 
+    def _write_turns(self, sink: DataFileSink, group: pa.Table, size: int, hashes: Future[pa.Array], now: pa.Scalar,
+                     bad: dict[str, list[Issue]], turn_keys: list[pa.Table]) -> None:
+        """Write one row group of turns with its hashes, keep (episode_id, turn_idx, hash), release its bytes."""
+        h = hashes.result()
+        _check_given(group, h, "turns", bad)
+        group = _set_column(group, "content_hash", h)
+        group = _set_column(group, "written_at", pa.nulls(group.num_rows, now.type).fill_null(now))
+        sink.write(group)
+        # copies, so that nothing of the buffer's chunks outlives this row group
+        turn_keys.append(pa.table({"episode_id": pa.concat_arrays(group["episode_id"].chunks),
+                                   "turn_idx": pa.concat_arrays(group["turn_idx"].chunks), "hash": h}))
+        del group
+        self._release(size)
+        _return_free_memory()
+
     def _commit_streaming(self, batch: _Batch) -> list[str]:
         """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events,
         then, under the commit lock, re-check the ids against the lake and commit turns, events, episodes."""
         now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
         bad: dict[str, list[Issue]] = {}
         turn_keys: list[pa.Table] = []
-        with self.lake.open_sink("turns") as sink:
-            for group in _row_groups(batch.turns, self._release):
-                hashes = hash_rows_array(group, "turns")
-                _check_given(group, hashes, "turns", bad)
-                group = _set_column(group, "content_hash", hashes)
-                group = _set_column(group, "written_at", pa.nulls(group.num_rows, now.type).fill_null(now))
-                sink.write(group)
-                # copies, so that nothing of the buffer's chunks outlives this row group
-                turn_keys.append(pa.table({"episode_id": pa.concat_arrays(group["episode_id"].chunks),
-                                           "turn_idx": pa.concat_arrays(group["turn_idx"].chunks),
-                                           "hash": hashes}))
+        with self.lake.open_sink("turns") as sink, ThreadPoolExecutor(1, "trajlake-hash") as hasher:
+            # Two stages on two cores: row group k+1 is hashed while row group k is encoded (both release the GIL).
+            pending: tuple[pa.Table, int, Future[pa.Array]] | None = None
+            for group, size in _row_groups(batch.turns):
+                nxt = (group, size, hasher.submit(hash_rows_array, group, "turns"))
                 del group
+                if pending is not None:
+                    self._write_turns(sink, *pending, now, bad, turn_keys)
+                pending = nxt
+                del nxt
+            if pending is not None:
+                self._write_turns(sink, *pending, now, bad, turn_keys)
+            pending = None
             turn_actions = sink.close()
         try:
             ep = pa.concat_tables(batch.eps)
@@ -695,9 +715,19 @@ _KEYS_EMPTY = pa.table({"episode_id": pa.array([], pa.string()), "turn_idx": pa.
                         "hash": pa.array([], pa.string())})
 
 
-def _row_groups(turns: deque[tuple[pa.Table, int]], release: Callable[[int], None]) -> Iterator[pa.Table]:
-    """The buffered turn tables as row-group-sized tables (no copy), taking each buffered table off the queue
-    and releasing its bytes once the caller is done with the group that holds it."""
+def _file_ranges(acts: pa.Table) -> list[tuple[str | None, str, str | None, str | None]]:
+    """(run_id partition, path, min episode_id, max episode_id) of each file in a Delta add-actions table."""
+    n = acts.num_rows
+
+    def col(name: str) -> list[Any]:
+        return acts[name].to_pylist() if name in acts.column_names else [None] * n
+
+    return list(zip(col("partition.run_id"), col("path"), col("min.episode_id"), col("max.episode_id"), strict=True))
+
+
+def _row_groups(turns: deque[tuple[pa.Table, int]]) -> Iterator[tuple[pa.Table, int]]:
+    """The buffered turn tables as row-group-sized tables (no copy) with their buffered bytes, taking each
+    buffered table off the queue (the caller releases the bytes once the group is written)."""
     while turns:
         taken: list[pa.Table] = []
         rows = size = 0
@@ -709,10 +739,8 @@ def _row_groups(turns: deque[tuple[pa.Table, int]], release: Callable[[int], Non
             size += n
         group = taken[0] if len(taken) == 1 else pa.concat_tables(taken)
         del taken
-        yield group
+        yield group, size
         del group
-        release(size)
-        _return_free_memory()
 
 
 def _check_given(t: pa.Table, hashes: pa.Array, name: str, issues: dict[str, list[Issue]],
