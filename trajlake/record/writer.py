@@ -57,6 +57,7 @@ _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
 # All the batch data a writer holds (the buffer being filled plus what a background commit has not written):
 # with the ~70 MB a commit works in and ~185 MB of imports, a default writer stays under 512 MB (issue 16).
 DEFAULT_BUFFER_BYTES = 192 * 1024 * 1024
+_TRIM_EVERY_BYTES = 64 * 1024 * 1024
 _REFRESH_SECONDS = 1.0
 _SIGNALS_INSTALLED = False
 
@@ -134,6 +135,7 @@ class LakeWriter:
         self._oldest: float | None = None
         self._lock = threading.RLock()
         self._inflight = 0  # bytes of the buffer a commit has taken and not yet written
+        self._untrimmed = 0  # bytes released since memory was last handed back to the OS
         self._room = threading.Condition()
         self._files_version = -1  # the episodes' files (run, path, min id, max id) as of that version
         self._files: list[tuple[str | None, str, str | None, str | None]] | None = None
@@ -411,7 +413,10 @@ class LakeWriter:
                                    "turn_idx": pa.concat_arrays(group["turn_idx"].chunks), "hash": h}))
         del group
         self._release(size)
-        _return_free_memory()
+        self._untrimmed += size
+        if self._untrimmed >= _TRIM_EVERY_BYTES:  # a trim walks the heaps: not after every small row group
+            self._untrimmed = 0
+            _return_free_memory()
 
     def _commit_streaming(self, batch: _Batch) -> list[str]:
         """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events,
