@@ -20,7 +20,7 @@ from trajlake.schema import TABLES, table_def
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["connect", "scan"]
+__all__ = ["connect", "lake_versions", "run_query", "scan", "sql_literal"]
 
 _COMMITTED_BY_EPISODE = ("turns", "gateway_events")
 
@@ -61,8 +61,9 @@ def _load_delta(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("LOAD delta")
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
+def sql_literal(value: object) -> str:
+    """A SQL string literal (the one place quoting is written; DuckDB doubles single quotes)."""
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 def _select_list(con: duckdb.DuckDBPyConnection, name: str, src: str) -> str:
@@ -119,7 +120,7 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     con = duckdb.connect(":memory:", config=config)
     _load_delta(con)
     for name in TABLES:
-        src = f"delta_scan({_sql_str(lk.table_uri(name))}, version={int(versions[name])})"
+        src = f"delta_scan({sql_literal(lk.table_uri(name))}, version={int(versions[name])})"
         cols = _select_list(con, name, src)
         if name in _COMMITTED_BY_EPISODE:
             con.execute(f"CREATE VIEW _{name}_all AS SELECT {cols} FROM {src}")
@@ -132,6 +133,22 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     con.execute("CREATE TABLE lake_versions (table_name VARCHAR, version BIGINT)")
     con.executemany("INSERT INTO lake_versions VALUES (?, ?)", list(versions.items()))
     return con
+
+
+def run_query(lake: Lake | str | os.PathLike[str], query: str, as_of: str | dict[str, int] | None = None, *,
+              memory_limit: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one SQL statement over the lake's views (``trajlake sql``): (column names, rows). A DuckDB error
+    becomes a one-line ``QueryError``."""
+    if not query.strip():
+        raise QueryError("empty query: give a SQL statement, e.g. \"select count(*) from episodes\"")
+    con = connect(lake, as_of, memory_limit=memory_limit)
+    try:
+        rel = con.execute(query)
+        cols = [d[0] for d in rel.description] if rel.description else []
+        rows = rel.fetchall() if cols else []
+    except duckdb.Error as e:
+        raise QueryError(str(e).splitlines()[0]) from e
+    return cols, rows
 
 
 def lake_versions(con: duckdb.DuckDBPyConnection) -> dict[str, int]:

@@ -18,6 +18,7 @@ from trajlake.io.importers._common import (
     sha256_text,
 )
 from trajlake.io.importers._tokenize import PrefixError, TurnTokenizer
+from trajlake.record.episode import group_id_for
 
 INT32 = 1 << 31
 INT64 = 1 << 63
@@ -71,7 +72,8 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
             "observation_hash": sha256_text(t.content) if t.content is not None and t.role in ("tool", "env")
             else None,
             "started_at": t.started_at, "ended_at": t.ended_at, "latency_ms": float(t.latency_ms or 0.0),
-            "status": t.status, "tokens": int(t.tokens), "cost_usd": float(t.cost_usd),
+            "status": t.status, "tokens": int(t.tokens), "prompt_tokens": t.prompt_tokens if policy else None,
+            "cost_usd": None if t.cost_usd is None else float(t.cost_usd),
             "tool_seconds": float(t.tool_seconds),
             "reward_components": clean_components(t.reward_components) if t.reward_components else None,
         }
@@ -97,7 +99,7 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
         "episode_id": episode_id, "run_id": ctx.run_id, "task_id": spec.task_id, "task_version": spec.task_version,
         "split": "unknown", "env_id": ctx.env_id, "env_version": spec.env_version, "env_image_digest": None,
         "env_seed": spec.env_seed,
-        "group_id": f"{spec.task_id}:{spec.task_version}:{spec.env_seed}:{spec.env_version}",
+        "group_id": group_id_for(spec.task_id, spec.task_version, spec.env_seed, spec.env_version),
         "attempt": spec.attempt,
         "policy_version_start": pol[0] if pol else spec.policy_version,
         "policy_version_end": pol[-1] if pol else spec.policy_version,
@@ -106,11 +108,12 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
         "error_class": spec.error_class, "success": spec.success,
         "reward_total": float(sum(comps.values())) if spec.reward_total is None else float(spec.reward_total),
         "reward_components": comps, "tokens_in": int(tokens_in), "tokens_out": int(tokens_out),
-        "cost_usd": float(sum(r["cost_usd"] for r in turns) if spec.cost_usd is None else spec.cost_usd),
+        "cost_usd": _episode_cost(spec, turns),
         "tool_seconds": float(sum(r["tool_seconds"] for r in turns) if spec.tool_seconds is None
                               else spec.tool_seconds),
         "wall_seconds": (end - start).total_seconds(), "faults_injected": 0, "injection_attempted": False,
         "final_state_hash": None, "sandbox": spec.sandbox,
+        "served_model": spec.served_model, "verification_source": spec.verification_source,
         "source_format": ctx.fmt, "source_file_hash": ctx.file_hash, "source_format_version": ctx.format_version,
     })
     task = None
@@ -129,9 +132,18 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
     return episode, turns, task
 
 
+def _episode_cost(spec: EpisodeSpec, turns: list[dict[str, Any]]) -> float | None:
+    """The source's episode cost, else the sum of the turns that have one; null when nothing has a cost."""
+    if spec.cost_usd is not None:
+        return float(spec.cost_usd)
+    costs = [r["cost_usd"] for r in turns if r["cost_usd"] is not None]
+    return float(sum(costs)) if costs else None
+
+
 def run_row(ctx: ImportContext, run: RunInfo, explicit: bool) -> dict[str, Any]:
     """The ``runs`` row of an import. For the default (file-derived) run id it describes the file."""
-    config = {"importer": ctx.fmt, "source_format_version": ctx.format_version, **run.config}
+    config = {"importer": ctx.fmt, "source_format_version": ctx.format_version, **run.config,
+              **(run.late_config() if run.late_config is not None else {})}
     if not explicit:
         config.update({"source_file": ctx.path.name, "source_file_hash": ctx.file_hash})
     return _clean({

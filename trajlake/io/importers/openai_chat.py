@@ -36,6 +36,7 @@ from trajlake.io.importers._common import (
     req_str,
     short_hash,
     text_of,
+    tool_action_name,
 )
 
 FORMAT = "openai-chat"
@@ -84,8 +85,8 @@ def parse_conversation(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
             call_names.update((cid, name) for cid, name, _, _ in calls if cid is not None)
             fc = opt_obj(m, "function_call", loc, f"{f}.function_call")
             if fc is not None:
-                name = req_str(fc, "name", loc, f"{f}.function_call.name")
                 args, ok = decode_arguments(fc.get("arguments"))
+                name = tool_action_name(req_str(fc, "name", loc, f"{f}.function_call.name"), args)
                 calls.append((None, name, args, ok))
                 pending_function = name
             if not calls:
@@ -114,7 +115,7 @@ def parse_conversation(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
         key=key, task_id=task_id, task_version=short_hash(canonical_json(prompt)), env_version="unknown",
         terminated=final_answer, truncated=not final_answer,
         termination_reason="submitted" if final_answer else "budget_steps",
-        success=False, turns=turns, tokens_in=opt_int(usage, "prompt_tokens", loc, "usage.prompt_tokens"),
+        success=None, turns=turns,  # chat and fine-tuning files carry no grade tokens_in=opt_int(usage, "prompt_tokens", loc, "usage.prompt_tokens"),
         tokens_out=opt_int(usage, "completion_tokens", loc, "usage.completion_tokens"),
         base_time=base, started_at=base, policy_version=model or "unknown",
         task=TaskSpec(statement=statement, family=FORMAT, created_at=base),
