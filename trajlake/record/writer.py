@@ -416,7 +416,9 @@ class LakeWriter:
         del group
         self._release(size)
         self._untrimmed += size
-        if self._untrimmed >= _TRIM_EVERY_BYTES:  # a trim walks the heaps: not after every small row group
+        # a trim walks the heaps: not after every small row group, but often enough that what waits for it stays
+        # a fraction of the buffer
+        if self._untrimmed >= min(_TRIM_EVERY_BYTES, self.max_buffer_bytes // 4):
             self._untrimmed = 0
             _return_free_memory()
 
@@ -429,7 +431,7 @@ class LakeWriter:
         with self.lake.open_sink("turns") as sink, ThreadPoolExecutor(1, "trajlake-hash") as hasher:
             # Two stages on two cores: row group k+1 is hashed while row group k is encoded (both release the GIL).
             pending: tuple[pa.Table, int, Future[pa.Array]] | None = None
-            for group, size in _row_groups(batch.turns):
+            for group, size in _row_groups(batch.turns, ROW_GROUP_BYTES):
                 nxt = (group, size, hasher.submit(hash_rows_array, group, "turns"))
                 del group
                 if pending is not None:
@@ -729,14 +731,14 @@ def _file_ranges(acts: pa.Table) -> list[tuple[str | None, str, str | None, str 
     return list(zip(col("partition.run_id"), col("path"), col("min.episode_id"), col("max.episode_id"), strict=True))
 
 
-def _row_groups(turns: deque[tuple[pa.Table, int]]) -> Iterator[tuple[pa.Table, int]]:
+def _row_groups(turns: deque[tuple[pa.Table, int]], max_bytes: int) -> Iterator[tuple[pa.Table, int]]:
     """The buffered turn tables as row-group-sized tables (no copy) with their buffered bytes, taking each
     buffered table off the queue (the caller releases the bytes once the group is written)."""
     while turns:
         taken: list[pa.Table] = []
         rows = size = 0
         while turns and (not taken or (rows + turns[0][0].num_rows <= ROW_GROUP_ROWS
-                                       and size + turns[0][1] <= ROW_GROUP_BYTES)):
+                                       and size + turns[0][1] <= max_bytes)):
             t, n = turns.popleft()
             taken.append(t)
             rows += t.num_rows
