@@ -14,8 +14,9 @@ has returned.
 Memory: an automatic flush commits on a background thread while new appends fill the next buffer. The commit
 streams: it hashes and encodes the turns a row group at a time (``ROW_GROUP_BYTES``) and lets go of each part
 of the buffer once it is in the file, so ``max_buffer_bytes`` bounds what the writer holds in all, the buffer
-being filled plus what the commit has not written yet (an append waits for room). Past that, a commit's working
-set is about two row groups, whatever the buffer or row size.
+being filled plus what the commit has not written yet (an append waits for room). Past that, a commit works in
+~90-100 MB (two row groups in flight, the Parquet encoder's scratch, memory freed since the last trim), measured
+by bench/bench_lake.py.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from trajlake.schemas.vocab import Actor, Role, Status
 
 _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
 # All the batch data a writer holds (the buffer being filled plus what a background commit has not written):
-# with the ~70 MB a commit works in and ~185 MB of imports, a default writer stays under 512 MB (issue 16).
+# with the ~100 MB a commit works in and ~185 MB of imports, a default writer stays under 512 MB (issue 16).
 DEFAULT_BUFFER_BYTES = 192 * 1024 * 1024
 _TRIM_EVERY_BYTES = 64 * 1024 * 1024
 _REFRESH_SECONDS = 1.0
@@ -114,8 +115,7 @@ class _Batch:
 
     eps: list[pa.Table]
     turns: deque[tuple[pa.Table, int]]  # (table, its bytes as counted in the buffer)
-    events: list[pa.Table]
-    other_bytes: int  # episodes and events: held until the end of the commit
+    events: list[pa.Table]  # the episodes and events are small: held until the end of the commit
 
 
 class LakeWriter:
@@ -339,9 +339,7 @@ class LakeWriter:
         the commit has written them."""
         if not self._eps:
             return None
-        turn_bytes = sum(self._turn_bytes)
-        batch = _Batch(self._eps, deque(zip(self._turns, self._turn_bytes, strict=True)), self._events,
-                       self._bytes - turn_bytes)
+        batch = _Batch(self._eps, deque(zip(self._turns, self._turn_bytes, strict=True)), self._events)
         self._eps, self._turns, self._events, self._turn_bytes = [], [], [], []
         self._buffered.clear()
         with self._room:
