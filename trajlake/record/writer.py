@@ -59,7 +59,7 @@ from trajlake.schemas.vocab import Actor, Role, Status
 _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
 # All the batch data a writer holds (the buffer being filled plus what a background commit has not written):
 # with the ~100 MB a commit works in and ~185 MB of imports, a default writer stays under 512 MB (issue 16).
-DEFAULT_BUFFER_BYTES = 192 * 1024 * 1024
+DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 _TRIM_EVERY_BYTES = 64 * 1024 * 1024
 _REFRESH_SECONDS = 1.0
 _SIGNALS_INSTALLED = False
