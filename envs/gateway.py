@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeAlias, get_args
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
 from trajlake.schemas.vocab import Capability, Decision, SideEffectClass, Status
@@ -437,7 +437,7 @@ class GatewayState:
     done: tuple[tuple[str, str, str, str, str], ...] = ()
 
 
-_STATUSES: frozenset[str] = frozenset(get_args(Status))
+_STATUSES: frozenset[str] = frozenset(Status)
 
 
 class _Denied(Exception):

@@ -8,6 +8,7 @@ data files do not contain the partition column, and removed files stay on disk u
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -49,6 +50,14 @@ LAKE_FILE = "lake.json"
 DEFAULT_RETENTION_HOURS = 7 * 24
 TARGET_FILE_BYTES = 256 * 1024 * 1024  # in-memory Arrow bytes per data file (zstd makes files several x smaller)
 ROW_GROUP_ROWS = 32_768
+# In-memory Arrow bytes per row group (32,768 rows of ~400 tokens would be ~120 MB): the Parquet encoder's
+# working set is one row group, so this caps what a commit holds besides its buffer.
+ROW_GROUP_BYTES = 32 * 1024 * 1024
+# The Parquet encoder's scratch memory (levels, pages, compression) lives for one row group: the system allocator
+# gives it back at once, where pyarrow's default pool (mimalloc) keeps tens of MB of it.
+_ENCODER_POOL = pa.system_memory_pool()
+# Partition files a sink keeps open at once (one writer per partition); past it the oldest is finished.
+MAX_OPEN_FILES = 32
 # Columns never given min/max statistics in the Delta log (large free text, hashes).
 _NO_STATS = frozenset({"raw_content", "tool_args", "statement", "config", "reason", "content_hash",
                        "observation_hash", "env_state_hash", "final_state_hash", "args_hash",
@@ -99,26 +108,56 @@ def _part_dir(col: str, value: str | None) -> str:
     return f"{col}=h{hashlib.sha256(value.encode()).hexdigest()[:20]}"
 
 
+class _FileStats:
+    """Delta file statistics (numRecords, minValues, maxValues, nullCount) accumulated over row groups."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.nulls: dict[str, int] = {}
+        self.lo: dict[str, Any] = {}
+        self.hi: dict[str, Any] = {}
+
+    def add(self, t: pa.Table) -> None:
+        self.rows += t.num_rows
+        for f in t.schema:
+            if pa.types.is_nested(f.type):
+                continue
+            col = t.column(f.name)
+            self.nulls[f.name] = self.nulls.get(f.name, 0) + col.null_count
+            if f.name in _NO_STATS or col.null_count == len(col) or pa.types.is_boolean(f.type):
+                continue
+            mm = pc.min_max(col)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            self.lo[f.name] = _pick(self.lo.get(f.name), lo, min)
+            self.hi[f.name] = _pick(self.hi.get(f.name), hi, max)
+
+    def json(self) -> str:
+        mins: dict[str, Any] = {}
+        maxs: dict[str, Any] = {}
+        for name, lo in self.lo.items():
+            hi = self.hi[name]
+            if isinstance(lo, str) and (len(lo) > 64 or len(hi) > 64):
+                continue  # a truncated max would be wrong; skip instead
+            if isinstance(lo, dt.datetime):
+                lo = lo.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                hi = hi.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            mins[name], maxs[name] = lo, hi
+        return json.dumps({"numRecords": self.rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls})
+
+
+def _pick(old: Any, new: Any, better: Any) -> Any:
+    """min/max of two partial results; a NaN (all values of a row group NaN) loses to a number."""
+    if old is None or (isinstance(old, float) and old != old):
+        return new
+    if new is None or (isinstance(new, float) and new != new):
+        return old
+    return better(old, new)
+
+
 def _stats_json(t: pa.Table, name: str) -> str:
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for f in t.schema:
-        col = t.column(f.name)
-        if pa.types.is_nested(f.type):
-            continue
-        nulls[f.name] = col.null_count
-        if f.name in _NO_STATS or col.null_count == len(col) or pa.types.is_boolean(f.type):
-            continue
-        mm = pc.min_max(col)
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        if isinstance(lo, str) and (len(lo) > 64 or len(hi) > 64):
-            continue  # a truncated max would be wrong; skip instead
-        if isinstance(lo, dt.datetime):
-            lo = lo.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            hi = hi.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        mins[f.name], maxs[f.name] = lo, hi
-    return json.dumps({"numRecords": t.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
+    stats = _FileStats()
+    stats.add(t)
+    return stats.json()
 
 
 ZSTD_LEVEL = 1
@@ -317,59 +356,34 @@ class Lake:
         """Write ``table`` (already in the table's schema) as data files; returns Add actions to commit.
 
         Nothing is visible until the actions are committed (``commit``)."""
-        td = table_def(name)
-        schema = arrow_schema(name)
-        table = table.cast(pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata))
-        groups: list[tuple[dict[str, str | None], pa.Table]]
-        if td.partition_by:
-            (pcol,) = td.partition_by
-            keys = table.column(pcol).to_pylist()
-            uniq = list(dict.fromkeys(keys))
-            if len(uniq) == 1:
-                groups = [({pcol: uniq[0]}, table.drop_columns([pcol]))]
-            else:
-                groups = []
-                col = table.column(pcol)
-                for k in uniq:
-                    mask = pc.is_null(col) if k is None else pc.equal(col, k)
-                    groups.append(({pcol: k}, table.filter(mask).drop_columns([pcol])))
-        else:
-            groups = [({}, table)]
-        actions: list[AddAction] = []
-        for pvals, part in groups:
-            if part.num_rows == 0:
-                continue
-            rel_dir = "/".join(_part_dir(k, v) for k, v in pvals.items())
-            rows_per_file = max(1, int(TARGET_FILE_BYTES / max(1, part.nbytes / part.num_rows)))
-            for start in range(0, part.num_rows, rows_per_file):
-                chunk = part.slice(start, rows_per_file)
-                tmp_rel = (rel_dir + "/" if rel_dir else "") + f"part-{uuid.uuid4().hex}"
-                tmp = os.path.join(self.table_uri(name), tmp_rel + ".inprogress")
-                os.makedirs(os.path.dirname(tmp), exist_ok=True)
-                digest = self._write_parquet(chunk, tmp, name)
-                # The file name carries the sha256 of its bytes, so `verify` detects any flipped byte.
-                rel = f"{tmp_rel}.{digest[:CHECKSUM_HEX]}.zstd.parquet"
-                path = os.path.join(self.table_uri(name), rel)
-                os.replace(tmp, path)
-                actions.append(AddAction(rel, os.path.getsize(path), pvals, int(time.time() * 1000), True,
-                                         _stats_json(chunk, name)))
-        return actions
+        with self.open_sink(name) as sink:
+            sink.write(table)
+            return sink.close()
 
-    @staticmethod
-    def _write_parquet(t: pa.Table, path: str, name: str) -> str:
-        """Write ``t`` to ``path`` durably; returns the sha256 of the file's bytes."""
-        meta = dict(t.schema.metadata or {})
-        meta[PARQUET_SCHEMA_KEY] = SCHEMA_VERSION.encode()
-        meta[PARQUET_TABLE_KEY] = name.encode()
-        meta[b"trajlake.writer_version"] = __version__.encode()
-        t = t.replace_schema_metadata(meta)
-        # Dictionary encoding made list columns (token ids, masks, log-probs) ~31% larger: scalars only.
-        # zstd level 1 (Arrow's default) writes ~40% faster than level 3 for files ~3% larger.
-        dict_cols = [f.name for f in t.schema if not pa.types.is_nested(f.type)]
-        pq.write_table(t, path, compression="zstd", compression_level=ZSTD_LEVEL, use_dictionary=dict_cols,
-                       row_group_size=ROW_GROUP_ROWS, write_page_checksum=True,
-                       write_statistics=[f.name for f in t.schema if not pa.types.is_nested(f.type)])
-        return file_sha256(path, fsync=True)
+    def open_sink(self, name: str) -> DataFileSink:
+        """A streaming writer of ``name``'s data files: ``write`` tables as they come (each is encoded as row
+        groups right away), ``close`` for the Add actions to commit."""
+        return DataFileSink(self, name)
+
+    def drop_rows(self, name: str, actions: Sequence[AddAction], column: str, values: Sequence[str]) -> list[AddAction]:
+        """Rewrite uncommitted data files without the rows whose ``column`` is in ``values`` (a row group at a
+        time); removes the old files and returns the new files' Add actions."""
+        drop = pa.array(sorted(set(values)), pa.string())
+        with self.open_sink(name) as sink:
+            for a in actions:
+                path = self.abs_path(name, a.path)
+                pf = pq.ParquetFile(path)
+                for i in range(pf.num_row_groups):
+                    t = pf.read_row_group(i)
+                    for k, v in a.partition_values.items():
+                        t = t.append_column(k, pa.array([v] * t.num_rows, pa.string()))
+                    sink.write(t.filter(pc.invert(pc.is_in(t[column], value_set=drop))))
+                pf.close()
+            new = sink.close()
+        for a in actions:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.abs_path(name, a.path))
+        return new
 
     def commit(self, name: str, actions: Sequence[AddAction | RemoveAction], retries: int = 200,
                expect_present: list[str] | None = None) -> int:
@@ -450,6 +464,130 @@ class Lake:
                     partition_filters: list[tuple[str, str, Any]] | None = None) -> Iterator[tuple[DataFile, pa.Table]]:
         for f in self.files(name, version, partition_filters):
             yield f, self.read_file(name, f, columns)
+
+
+class DataFileSink:
+    """Streams rows into data files of one table (one open file per partition value).
+
+    Every ``write`` is encoded at once as row groups of at most ``ROW_GROUP_ROWS`` rows and ``ROW_GROUP_BYTES``
+    in-memory bytes, so the caller can release what it wrote: memory stays at one row group, whatever the
+    total. Files roll over at ``TARGET_FILE_BYTES``. ``close`` finishes the files (sha256 of the bytes in the
+    name, fsync) and returns their Add actions; ``abort`` (or leaving the ``with`` block on an error) removes
+    them. zstd level 1, page checksums, no dictionary on list columns, the schema version in the key-value
+    metadata."""
+
+    def __init__(self, lake: Lake, name: str):
+        self.lake = lake
+        self.name = name
+        td = table_def(name)
+        schema = arrow_schema(name)
+        self._loose = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+        self._pcol = td.partition_by[0] if td.partition_by else None
+        meta = dict(schema.metadata or {})
+        meta[PARQUET_SCHEMA_KEY] = SCHEMA_VERSION.encode()
+        meta[PARQUET_TABLE_KEY] = name.encode()
+        meta[b"trajlake.writer_version"] = __version__.encode()
+        fields = [f for f in self._loose if f.name != self._pcol]
+        self._file_schema = pa.schema(fields, metadata=meta)
+        # Dictionary encoding made list columns (token ids, masks, log-probs) ~31% larger: scalars only.
+        self._scalars = [f.name for f in fields if not pa.types.is_nested(f.type)]
+        self._open: dict[str | None, _OpenFile] = {}  # insertion order = least recently used first
+        self._done: list[AddAction] = []
+        self._closed = False
+
+    def __enter__(self) -> DataFileSink:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None or not self._closed:
+            self.abort()
+
+    def write(self, table: pa.Table) -> None:
+        """Encode ``table`` (the table's columns, partition column included) into the open files."""
+        if table.num_rows == 0:
+            return
+        table = table.select(self._loose.names).cast(self._loose)
+        if self._pcol is None:
+            self._write_part(None, table)
+            return
+        col = table.column(self._pcol)
+        keys = pc.unique(col).to_pylist()
+        if len(keys) == 1:
+            self._write_part(keys[0], table.drop_columns([self._pcol]))
+            return
+        for k in keys:
+            mask = pc.is_null(col) if k is None else pc.equal(col, k)
+            self._write_part(k, table.filter(mask).drop_columns([self._pcol]))
+
+    def _write_part(self, key: str | None, part: pa.Table) -> None:
+        per_row = max(1, part.nbytes // max(1, part.num_rows))
+        step = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES // per_row))
+        for start in range(0, part.num_rows, step):
+            group = part.slice(start, step)
+            f = self._open.pop(key, None)
+            if f is not None and f.nbytes and f.nbytes + group.nbytes > TARGET_FILE_BYTES:
+                self._finish(f)
+                f = None
+            if f is None:
+                if len(self._open) >= MAX_OPEN_FILES:
+                    self._finish(self._open.pop(next(iter(self._open))))
+                f = self._new_file(key)
+            self._open[key] = f  # most recently used last
+            f.writer.write_table(group, row_group_size=group.num_rows)
+            f.stats.add(group)
+            f.nbytes += group.nbytes
+
+    def _new_file(self, key: str | None) -> _OpenFile:
+        pvals: dict[str, str | None] = {self._pcol: key} if self._pcol is not None else {}
+        rel_dir = "/".join(_part_dir(k, v) for k, v in pvals.items())
+        tmp_rel = (rel_dir + "/" if rel_dir else "") + f"part-{uuid.uuid4().hex}"
+        tmp = os.path.join(self.lake.table_uri(self.name), tmp_rel + ".inprogress")
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+        writer = pq.ParquetWriter(tmp, self._file_schema, compression="zstd", compression_level=ZSTD_LEVEL,
+                                  use_dictionary=self._scalars, write_page_checksum=True,
+                                  write_statistics=self._scalars, memory_pool=_ENCODER_POOL)
+        return _OpenFile(tmp_rel, tmp, pvals, writer, _FileStats())
+
+    def _finish(self, f: _OpenFile) -> None:
+        f.writer.close()
+        # The file name carries the sha256 of its bytes, so `verify` detects any flipped byte.
+        digest = file_sha256(f.tmp, fsync=True)
+        rel = f"{f.tmp_rel}.{digest[:CHECKSUM_HEX]}.zstd.parquet"
+        path = os.path.join(self.lake.table_uri(self.name), rel)
+        os.replace(f.tmp, path)
+        self._done.append(AddAction(rel, os.path.getsize(path), f.pvals, int(time.time() * 1000), True,
+                                    f.stats.json()))
+
+    def close(self) -> list[AddAction]:
+        """Finish every file; returns the Add actions (nothing is visible until they are committed)."""
+        while self._open:
+            self._finish(self._open.pop(next(iter(self._open))))
+        self._closed = True
+        return list(self._done)
+
+    def abort(self) -> None:
+        """Remove every file this sink wrote (finished or not)."""
+        for f in self._open.values():
+            with contextlib.suppress(Exception):
+                f.writer.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f.tmp)
+        self._open.clear()
+        for a in self._done:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.lake.abs_path(self.name, a.path))
+        self._done.clear()
+        self._closed = True
+
+
+@dataclass
+class _OpenFile:
+    tmp_rel: str
+    tmp: str
+    pvals: dict[str, str | None]
+    writer: pq.ParquetWriter
+    stats: _FileStats
+    nbytes: int = 0
 
 
 def file_sha256(path: str, fsync: bool = False) -> str:

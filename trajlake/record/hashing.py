@@ -27,10 +27,10 @@ hashes of its gateway events: ``row_bytes + b"turns\\x00" + hex(turn_0) + ... + 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,83 +41,41 @@ from trajlake.schema import table_def
 EXCLUDED = frozenset({"content_hash", "written_at", "schema_version", "writer_version"})
 _NAN64 = struct.pack("<d", math.nan)
 _NAN32 = np.array([np.nan], dtype="<f4").tobytes()
-_U64 = struct.Struct("<Q")
-_SEP = pa.scalar(b"", pa.large_binary())
-_I64 = struct.Struct("<q")
-_F64 = struct.Struct("<d")
+_EMPTY = pa.scalar(b"", pa.large_binary())
+_NULL = pa.scalar(None, pa.large_binary())
+_N = pa.scalar(b"N", pa.large_binary())
+# The row encodings are scratch memory that lives for one slice of rows: the system allocator gives it back at
+# once, where pyarrow's default pool (mimalloc) keeps tens of MB of it (measured by bench/bench_lake.py).
+SCRATCH_POOL = pa.system_memory_pool()
+# Rows are encoded and hashed this many in-memory bytes at a time: the encoding copies what it covers (the
+# token lists most of all), so a large table costs a bounded working set instead of a second copy of itself.
+HASH_SLICE_BYTES = 8 * 1024 * 1024
 
 
-def _enc_float(x: float) -> bytes:
-    return b"F" + (_NAN64 if x != x else _F64.pack(x))
+# -- bulk byte-string building ----------------------------------------------------------------------------------
+def _arr(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return col.combine_chunks(memory_pool=SCRATCH_POOL) if isinstance(col, pa.ChunkedArray) else col
 
 
-def _enc_str(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return b"S" + _U64.pack(len(b)) + b
+def _validity(arr: pa.Array) -> pa.Buffer | None:
+    """A validity bitmap (offset 0) for ``arr``'s rows, or None when it has no nulls."""
+    if not arr.null_count:
+        return None
+    valid = arr.is_valid()
+    if valid.offset:
+        valid = pa.concat_arrays([valid])
+    return valid.buffers()[1]
 
 
-def _enc_value(v: Any, t: pa.DataType) -> bytes:
-    """Encode one Python value of arrow type ``t`` (slow path for small, nested columns)."""
-    if v is None:
-        return b"N"
-    if pa.types.is_boolean(t):
-        return b"B\x01" if v else b"B\x00"
-    if pa.types.is_integer(t):
-        return b"I" + _I64.pack(int(v))
-    if pa.types.is_floating(t):
-        return _enc_float(float(v))
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return _enc_str(v)
-    if pa.types.is_timestamp(t):
-        return b"T" + _I64.pack(_micros(v))
-    if pa.types.is_map(t):
-        items = sorted(v, key=lambda kv: kv[0])
-        return b"M" + _U64.pack(len(items)) + b"".join(
-            _enc_value(k, t.key_type) + _enc_value(x, t.item_type) for k, x in items
-        )
-    if pa.types.is_struct(t):
-        return b"R" + _U64.pack(t.num_fields) + b"".join(
-            _enc_value(v.get(t.field(i).name), t.field(i).type) for i in range(t.num_fields)
-        )
-    if pa.types.is_list(t):
-        vt = t.value_type
-        if pa.types.is_int32(vt):
-            return b"Li" + _U64.pack(len(v)) + np.asarray(v, dtype="<i4").tobytes()
-        if pa.types.is_int8(vt):
-            return b"Lb" + _U64.pack(len(v)) + np.asarray(v, dtype="i1").tobytes()
-        if pa.types.is_float32(vt):
-            return b"Lf" + _U64.pack(len(v)) + _f32_bytes(np.asarray(v, dtype="<f4"))
-        return b"Ls" + _U64.pack(len(v)) + b"".join(_enc_value(x, vt) for x in v)
-    raise TypeError(f"cannot hash values of type {t}")
-
-
-def _micros(v: Any) -> int:
-    import datetime as dt
-
-    if isinstance(v, dt.datetime):
-        if v.tzinfo is None:
-            raise ValueError("naive datetime")
-        delta = v - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    return int(v)
-
-
-def _f32_bytes(a: np.ndarray) -> bytes:
-    if np.isnan(a).any():
-        a = a.copy()
-        a[np.isnan(a)] = np.frombuffer(_NAN32, dtype="<f4")[0]
-    return a.astype("<f4", copy=False).tobytes()
-
-
-def _fixed(tag: bytes, payload: np.ndarray) -> pa.Array:
-    """Per-row ``tag + payload[i]`` where ``payload`` is an (n, width) uint8 matrix; as large_binary."""
+def _fixed(tag: bytes, payload: np.ndarray, validity: pa.Buffer | None = None) -> pa.Array:
+    """Per-row ``tag + payload[i]`` (``payload``: an (n, width) uint8 matrix) as large_binary, null where
+    ``validity`` says so."""
     n = payload.shape[0]
     mat = np.empty((n, len(tag) + payload.shape[1]), dtype=np.uint8)
     mat[:, : len(tag)] = np.frombuffer(tag, dtype=np.uint8)
     mat[:, len(tag):] = payload
-    width = mat.shape[1]
-    arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(mat)])
-    return arr.cast(pa.large_binary())
+    offsets = np.arange(n + 1, dtype=np.int64) * mat.shape[1]
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(mat)])
 
 
 def _le_bytes(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -125,76 +83,168 @@ def _le_bytes(values: np.ndarray, dtype: str) -> np.ndarray:
     return a.view(np.uint8).reshape(len(a), np.dtype(dtype).itemsize)
 
 
-def _raw_lists(arr: pa.ListArray, dtype: str) -> tuple[pa.Array, np.ndarray]:
-    """The raw little-endian bytes of each list (as large_binary, zero-copy where possible) and their lengths."""
-    offsets = np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Buffer | None]:
+    """The int64 offsets (one per row, plus one) and the data buffer of a large_binary array."""
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]
+    return offsets, bufs[2]
+
+
+def _concat_groups(parts: pa.Array, bounds: np.ndarray) -> pa.Array:
+    """Group ``g`` = the concatenation of ``parts[bounds[g]:bounds[g + 1]]`` (large_binary without nulls), as a
+    large_binary array sharing ``parts``' data buffer: consecutive values are already contiguous bytes."""
+    offsets, data = _binary_parts(parts)
+    out = np.ascontiguousarray(offsets[bounds])
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(bounds) - 1,
+                                            [None, pa.py_buffer(out), data if data is not None else pa.py_buffer(b"")])
+
+
+def _join(*parts: pa.Array | pa.Scalar, skip_nulls: bool = False) -> pa.Array:
+    """Row-wise concatenation; a null part makes the row null, or (``skip_nulls``) contributes nothing."""
+    if skip_nulls:
+        return pc.binary_join_element_wise(*parts, _EMPTY, null_handling="replace", null_replacement=b"",
+                                           memory_pool=SCRATCH_POOL)
+    return pc.binary_join_element_wise(*parts, _EMPTY, null_handling="emit_null", memory_pool=SCRATCH_POOL)
+
+
+def _live_children(arr: pa.ListArray | pa.MapArray) -> tuple[np.ndarray, np.ndarray]:
+    """For a list or map array: the child positions of its non-null slots (in row order) and the per-row counts
+    (0 for a null slot, whose offsets may still span child values)."""
+    offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    counts = np.diff(offsets)
+    if arr.null_count:
+        counts = np.where(np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool), counts, 0)
+    total = int(counts.sum())
+    starts = np.repeat(offsets[:-1], counts)
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts + within, counts
+
+
+_NUMERIC_LISTS = {pa.int32(): ("<i4", b"Li"), pa.int8(): ("i1", b"Lb"), pa.float32(): ("<f4", b"Lf")}
+
+
+def _numeric_list_parts(arr: pa.ListArray, t: pa.DataType) -> list[pa.Array]:
+    """``Lx + count`` and the raw little-endian values of each list, both null on a null slot. The values are
+    read in place from the child buffer (no copy unless a cast or a NaN needs one)."""
+    dtype, tag = _NUMERIC_LISTS[t.value_type]
+    offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
     base = int(offsets[0])
-    offsets = offsets - base
-    values = arr.values.slice(base, int(offsets[-1]))  # child values, also under null list slots
-    flat = np.asarray(values.to_numpy(zero_copy_only=False))
-    if values.null_count:
-        flat = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False))
-    flat = flat.astype(dtype, copy=False)
+    values = arr.values.slice(base, int(offsets[-1]) - base)  # child values, also under null list slots
+    flat = np.asarray((values.fill_null(0) if values.null_count else values).to_numpy(zero_copy_only=False))
+    flat = np.ascontiguousarray(flat.astype(dtype, copy=False))
     if dtype == "<f4":
         nan = np.isnan(flat)
         if nan.any():
             flat = flat.copy()
             flat[nan] = np.frombuffer(_NAN32, dtype="<f4")[0]
-    width = np.dtype(dtype).itemsize
-    raw = pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), len(arr), [None, pa.py_buffer(offsets * width), pa.py_buffer(np.ascontiguousarray(flat))])
-    return raw, np.diff(offsets)
+    validity = _validity(arr)
+    header = _fixed(tag, _le_bytes(np.diff(offsets), "<u8"), validity)
+    raw = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(arr), [
+        validity, pa.py_buffer((offsets - base) * np.dtype(dtype).itemsize), pa.py_buffer(flat)])
+    return [header, raw]
 
 
-def _encode_column(col: pa.ChunkedArray | pa.Array, t: pa.DataType) -> pa.Array:
-    """Vectorised ``encode(value)`` of every row as large_binary (null where the value is null)."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+def _encode_parts(arr: pa.Array, t: pa.DataType) -> list[pa.Array]:
+    """Pieces whose row-wise concatenation is ``encode(value)``; every piece is null where the value is."""
     n = len(arr)
-    if pa.types.is_list(t) and (pa.types.is_int32(t.value_type) or pa.types.is_int8(t.value_type)
-                                or pa.types.is_float32(t.value_type)):
-        dtype, tag = ("<f4", b"Lf") if pa.types.is_float32(t.value_type) else (
-            ("<i4", b"Li") if pa.types.is_int32(t.value_type) else ("i1", b"Lb"))
-        raw, lengths = _raw_lists(arr, dtype)
-        out = pc.binary_join_element_wise(_fixed(tag, _le_bytes(lengths, "<u8")), raw, _SEP)
-    elif pa.types.is_timestamp(t):
-        ints = np.asarray(arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False))
-        out = _fixed(b"T", _le_bytes(ints, "<i8"))
-    elif pa.types.is_boolean(t):
-        b = np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.uint8).reshape(n, 1)
-        out = _fixed(b"B", b)
-    elif pa.types.is_integer(t):
-        ints = np.asarray(arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False))
-        out = _fixed(b"I", _le_bytes(ints, "<i8"))
-    elif pa.types.is_floating(t):
-        fl = np.array(arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False), dtype="<f8")
-        fl[np.isnan(fl)] = np.frombuffer(_NAN64, dtype="<f8")[0]
-        out = _fixed(b"F", _le_bytes(fl, "<f8"))
-    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+    if pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS:
+        return _numeric_list_parts(arr, t)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
         data = arr.cast(pa.large_binary())
         lengths = np.asarray(pc.binary_length(data).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-        out = pc.binary_join_element_wise(_fixed(b"S", _le_bytes(lengths, "<u8")), data.fill_null(_SEP), _SEP)
-    else:  # nested columns (maps, structs, lists of strings) are small: encode value by value
-        out = pa.array([None if v is None else _enc_value(v, t) for v in arr.to_pylist()], pa.large_binary())
-    if arr.null_count:
-        out = pc.if_else(arr.is_valid(), out, pa.scalar(None, pa.large_binary()))
+        return [_fixed(b"S", _le_bytes(lengths, "<u8"), _validity(arr)), data]
+    if pa.types.is_boolean(t):
+        b = np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.uint8).reshape(n, 1)
+        return [_fixed(b"B", b, _validity(arr))]
+    if pa.types.is_integer(t) or pa.types.is_timestamp(t):  # timestamps: int64 microseconds (schema unit us)
+        ints = np.asarray(arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False))
+        return [_fixed(b"T" if pa.types.is_timestamp(t) else b"I", _le_bytes(ints, "<i8"), _validity(arr))]
+    if pa.types.is_floating(t):
+        fl = np.array(arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False), dtype="<f8")
+        fl[np.isnan(fl)] = np.frombuffer(_NAN64, dtype="<f8")[0]
+        return [_fixed(b"F", _le_bytes(fl, "<f8"), _validity(arr))]
+    if pa.types.is_map(t):  # entries sorted by key, stably like Python's sorted (UTF-8 byte order = code points)
+        idx, counts = _live_children(arr)
+        entries = arr.values.take(pa.array(idx))
+        keys, items = entries.field(0), entries.field(1)
+        row = np.repeat(np.arange(n, dtype=np.int64), counts)
+        order = pc.sort_indices(pa.table({"r": row, "k": keys}), sort_keys=[("r", "ascending"), ("k", "ascending")])
+        body = _join(_encode_nested(keys, t.key_type), _encode_nested(items, t.item_type)).take(order)
+        tag = b"M"
+    elif pa.types.is_list(t):  # other lists (of strings): item by item
+        idx, counts = _live_children(arr)
+        body = _encode_nested(arr.values.take(pa.array(idx)), t.value_type)
+        tag = b"Ls"
+    elif pa.types.is_struct(t):
+        header = _fixed(b"R", _le_bytes(np.full(n, t.num_fields, dtype=np.int64), "<u8"), _validity(arr))
+        return [header, *(_encode_nested(child, t.field(i).type) for i, child in enumerate(arr.flatten()))]
+    else:
+        raise TypeError(f"cannot hash values of type {t}")
+    validity = _validity(arr)
+    grouped = _concat_groups(body, np.r_[0, np.cumsum(counts)])
+    if validity is not None:
+        grouped = pc.if_else(arr.is_valid(), grouped, _NULL)
+    return [_fixed(tag, _le_bytes(counts, "<u8"), validity), grouped]
+
+
+def _encode(arr: pa.Array, t: pa.DataType) -> pa.Array:
+    """``encode(value)`` of every element as large_binary, null where the element is null."""
+    parts = _encode_parts(arr, t)
+    return parts[0] if len(parts) == 1 else _join(*parts)
+
+
+def _encode_nested(arr: pa.Array, t: pa.DataType) -> pa.Array:
+    """``encode`` for values inside a list, map or struct: a null there is ``N``."""
+    out = _encode(arr, t)
+    return out.fill_null(_N) if out.null_count else out
+
+
+def _name_part(arr: pa.Array, name: bytes) -> pa.Array | pa.Scalar:
+    """The column's ``name + NUL`` per row, null where the value is null (then the whole column is skipped)."""
+    validity = _validity(arr)
+    if validity is None:
+        return pa.scalar(name, pa.large_binary())
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(arr), [
+        validity, pa.py_buffer(np.arange(len(arr) + 1, dtype=np.int64) * len(name)), pa.py_buffer(name * len(arr))])
+
+
+def _chunked(parts_per_chunk: list[list[pa.Array | pa.Scalar]]) -> list[pa.ChunkedArray]:
+    """Per-chunk lists of pieces -> one chunked array per piece (scalars become arrays)."""
+    out = []
+    for pieces in zip(*parts_per_chunk, strict=True):
+        arrays = [p if isinstance(p, pa.Array) else pa.array([p.as_py()] * n, pa.large_binary())
+                  for p, n in zip(pieces, [len(c[-1]) for c in parts_per_chunk], strict=True)]
+        out.append(pa.chunked_array(arrays, pa.large_binary()))
     return out
 
 
-def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array:
-    """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``), as large_binary."""
+def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array | pa.ChunkedArray:
+    """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``), as large_binary.
+
+    One concatenation builds every row: per column the name and the value's pieces, all null (and so skipped)
+    where the value is null. The big numeric lists enter it chunk by chunk straight from their Arrow buffers
+    (then the result is chunked like them); only the small columns are gathered into one array first."""
     if table.num_rows == 0:
         return pa.array([], pa.large_binary())
-    td = table_def(table_name)
-    prefix = pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())
-    parts: list[pa.Array | pa.Scalar] = [pa.array([b""] * table.num_rows, pa.large_binary()), prefix]
-    for c in td.columns:
+    parts: list[pa.Array | pa.ChunkedArray | pa.Scalar] = [
+        pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())]
+    for c in table_def(table_name).columns:
         if c.name in EXCLUDED or c.name not in table.column_names:
             continue
-        name = pa.scalar(c.name.encode() + b"\x00", pa.large_binary())
-        # name + value; null when the value is null, and then dropped entirely by the outer join
-        parts.append(pc.binary_join_element_wise(name, _encode_column(table.column(c.name), c.arrow_type), _SEP,
-                                                 null_handling="emit_null"))
-    return pc.binary_join_element_wise(*parts, _SEP, null_handling="replace", null_replacement=b"")
+        col = table.column(c.name)
+        if col.null_count == len(col):
+            continue  # omitted entirely
+        name = c.name.encode() + b"\x00"
+        t = c.arrow_type
+        if pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS and isinstance(col, pa.ChunkedArray) \
+                and col.num_chunks > 1:
+            parts += _chunked([[_name_part(ch, name), *_numeric_list_parts(ch, t)] for ch in col.chunks])
+            continue
+        arr = _arr(col)
+        parts += [_name_part(arr, name), *_encode_parts(arr, t)]
+    if len(parts) == 1:
+        parts.append(pa.array([b""] * table.num_rows, pa.large_binary()))
+    return _join(*parts, skip_nulls=True)
 
 
 def row_bytes(table: pa.Table, table_name: str) -> list[bytes]:
@@ -202,70 +252,86 @@ def row_bytes(table: pa.Table, table_name: str) -> list[bytes]:
     return [b if isinstance(b, bytes) else b"" for b in row_bytes_array(table, table_name).to_pylist()]
 
 
-def hash_rows(table: pa.Table, table_name: str) -> list[str]:
-    """sha256 hex digest of each row's canonical encoding (equal to hashing ``row_bytes_array``).
+def sha256_each(data: pa.Array | pa.ChunkedArray) -> list[str]:
+    """sha256 hex digest of every value of a large_binary array without nulls, read straight from its buffer.
 
-    The big numeric list columns (token ids, masks, log-probs) are fed to sha256 straight from their Arrow
-    buffers; only the small columns are joined into per-row byte strings. That avoids copying the token data."""
-    if table.num_rows == 0:
-        return []
-    td = table_def(table_name)
-    n = table.num_rows
-    # (buffer, per-row offsets, per-row validity or None): concatenated per row, in order
-    segments: list[tuple[memoryview, list[int], list[bool] | None]] = []
-    small: list[pa.Array | pa.Scalar] = [pa.array([b""] * n, pa.large_binary()),
-                                         pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())]
-
-    def close_small() -> None:
-        joined = pc.binary_join_element_wise(*small, _SEP, null_handling="replace", null_replacement=b"")
-        segments.append((*_view(joined), None))
-        small.clear()
-        small.append(pa.array([b""] * n, pa.large_binary()))
-
-    for c in td.columns:
-        if c.name in EXCLUDED or c.name not in table.column_names:
-            continue
-        t = c.arrow_type
-        name = pa.scalar(c.name.encode() + b"\x00", pa.large_binary())
-        col = table.column(c.name)
-        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        if pa.types.is_list(t) and (pa.types.is_int32(t.value_type) or pa.types.is_int8(t.value_type)
-                                    or pa.types.is_float32(t.value_type)):
-            dtype, tag = ("<f4", b"Lf") if pa.types.is_float32(t.value_type) else (
-                ("<i4", b"Li") if pa.types.is_int32(t.value_type) else ("i1", b"Lb"))
-            raw, lengths = _raw_lists(arr, dtype)
-            header = _fixed(tag, _le_bytes(lengths, "<u8"))
-            if arr.null_count:
-                header = pc.if_else(arr.is_valid(), header, pa.scalar(None, pa.large_binary()))
-            small.append(pc.binary_join_element_wise(name, header, _SEP, null_handling="emit_null"))
-            close_small()
-            # a null list contributes nothing (its slot may still span child values, so skip it explicitly)
-            valid = arr.is_valid().to_pylist() if arr.null_count else None
-            segments.append((*_view(raw), valid))
-        else:
-            small.append(pc.binary_join_element_wise(name, _encode_column(arr, t), _SEP, null_handling="emit_null"))
-    close_small()
+    One digest per row is inherent; each is one call into OpenSSL over a slice of the Arrow buffer (no Python
+    object per value, no copy). Values are fed in pieces under 2 KiB, below which hashlib keeps the GIL: a
+    release and re-acquire per row made the hashing thread queue behind the appending thread at every row."""
+    if isinstance(data, pa.ChunkedArray):
+        return [h for chunk in data.chunks for h in sha256_each(chunk)]
+    offsets, data_buf = _binary_parts(data)
+    view = memoryview(data_buf) if data_buf is not None else memoryview(b"")
     sha = hashlib.sha256
-    out: list[str] = []
-    (mv0, off0, _), rest = segments[0], segments[1:]
-    if not rest:
-        return [sha(mv0[off0[i]:off0[i + 1]]).hexdigest() for i in range(n)]
-    for i in range(n):
-        h = sha(mv0[off0[i]:off0[i + 1]])
-        for mv, off, valid in rest:
-            a, b = off[i], off[i + 1]
-            if b > a and (valid is None or valid[i]):
-                h.update(mv[a:b])
+    bounds = offsets.tolist()
+    if len(bounds) < 2 or max(b - a for a, b in itertools.pairwise(bounds)) < _GIL_FREE_BYTES:
+        return [sha(view[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    out = []
+    step = _GIL_FREE_BYTES - 1
+    for a, b in itertools.pairwise(bounds):
+        h = sha(view[a:min(b, a + step)])
+        for c in range(a + step, b, step):
+            h.update(view[c:min(b, c + step)])
         out.append(h.hexdigest())
     return out
 
 
-def _view(arr: pa.Array) -> tuple[memoryview, list[int]]:
-    """The data buffer and per-row offsets of a large_binary array."""
-    bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]
-    data = bufs[2]
-    return (memoryview(data) if data is not None else memoryview(b"")), offsets.tolist()
+_GIL_FREE_BYTES = 2048  # hashlib releases the GIL for updates of this many bytes or more
+
+
+def _slices(table: pa.Table, max_bytes: int) -> list[tuple[int, int]]:
+    n = table.num_rows
+    per_row = max(1, table.nbytes // max(1, n))
+    step = max(1, max_bytes // per_row)
+    return [(a, min(step, n - a)) for a in range(0, n, step)]
+
+
+def hash_rows(table: pa.Table, table_name: str) -> list[str]:
+    """sha256 hex digest of each row's canonical encoding (``row_bytes_array``), a slice of rows at a time."""
+    out: list[str] = []
+    for start, length in _slices(table, HASH_SLICE_BYTES):
+        out += sha256_each(row_bytes_array(table.slice(start, length), table_name))
+    return out
+
+
+def hash_rows_array(table: pa.Table, table_name: str) -> pa.Array:
+    """``hash_rows`` as an Arrow string array."""
+    return pa.array(hash_rows(table, table_name), pa.string())
+
+
+def concat_hashes(keys: pa.Table, sort_keys: Sequence[str], hashes: str = "hash") -> tuple[pa.Array, pa.Array]:
+    """Per episode, the concatenation of its rows' hex hashes in ``sort_keys`` order (episode_id first).
+
+    Returns (episode ids, concatenated hashes as large_binary), both in episode-id order: a sort and new
+    offsets into the sorted hashes' buffer, no loop per episode."""
+    if keys.num_rows == 0:
+        return pa.array([], pa.string()), pa.array([], pa.large_binary())
+    order = pc.sort_indices(keys, sort_keys=[(k, "ascending") for k in sort_keys])
+    eps = _arr(keys["episode_id"]).take(order)
+    hexes = _arr(keys[hashes]).take(order).cast(pa.large_binary())
+    n = len(eps)
+    change = np.ones(n, dtype=bool)
+    if n > 1:
+        change[1:] = np.asarray(pc.not_equal(eps.slice(1), eps.slice(0, n - 1)).to_numpy(zero_copy_only=False))
+    starts = np.flatnonzero(change)
+    return eps.take(pa.array(starts)), _concat_groups(hexes, np.r_[starts, n])
+
+
+def episode_hashes(episodes: pa.Table, turn_keys: pa.Table, event_keys: pa.Table) -> list[str]:
+    """Content hashes of ``episodes`` rows from their turns' and events' hashes.
+
+    ``turn_keys``: episode_id, turn_idx, hash (hex); ``event_keys``: episode_id, turn_idx, event_idx, hash."""
+    if episodes.num_rows == 0:
+        return []
+    ids = episodes["episode_id"]
+    joined: list[pa.Array | pa.Scalar] = [row_bytes_array(episodes, "episodes")]
+    for tag, keys, order in ((b"turns\x00", turn_keys, ["episode_id", "turn_idx"]),
+                             (b"events\x00", event_keys, ["episode_id", "turn_idx", "event_idx"])):
+        owners, concat = concat_hashes(keys, order)
+        at = _arr(pc.index_in(ids, value_set=owners))
+        joined += [pa.scalar(tag, pa.large_binary()), concat.take(at).fill_null(_EMPTY)]
+    return sha256_each(_join(*joined))
+
 
 def episode_hash(episode_row: bytes, turn_hashes: Sequence[str], event_hashes: Sequence[str]) -> str:
     """Content hash of an episode from its canonical row bytes and its turns' and events' hashes (in order)."""
