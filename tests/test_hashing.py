@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajlake.record.hashing import episode_hash, hash_rows, row_bytes
+from trajlake.lake.hashing import episode_hash, hash_rows, row_bytes
 from trajlake.record.validate import conform
 from trajlake.record.writer import to_table
 
@@ -37,7 +37,7 @@ def test_golden_hash_is_stable() -> None:
 
 def test_hash_is_the_same_in_another_process() -> None:
     code = ("import datetime as dt; from tests.test_hashing import turn_table, base_turn; "
-            "from trajlake.record.hashing import hash_rows; print(hash_rows(turn_table([base_turn()]), 'turns')[0])")
+            "from trajlake.lake.hashing import hash_rows; print(hash_rows(turn_table([base_turn()]), 'turns')[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}, cwd=str(_root()))
     assert out.stdout.strip() == hash_rows(turn_table([base_turn()]), "turns")[0]
@@ -129,7 +129,7 @@ def test_fast_hash_equals_hash_of_canonical_bytes_with_null_list_slots() -> None
 
     import numpy as np
 
-    from trajlake.record.hashing import row_bytes_array
+    from trajlake.lake.hashing import row_bytes_array
 
     # null list slots that still span child values (as pyarrow builds them from offsets + a mask)
     offsets = pa.array([0, 2, 5, 5, 9], pa.int32())

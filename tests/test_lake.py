@@ -82,7 +82,7 @@ def _orphan_turns(lake: Lake, episode_id: str) -> None:
     _, turns = make_episode(episode_id)
     t = conform(to_table(turns, "turns"), "turns")
     t = t.set_column(t.schema.get_field_index("run_id"), "run_id", pa.array(["run-1"] * t.num_rows))
-    from trajlake.record.hashing import hash_rows
+    from trajlake.lake.hashing import hash_rows
 
     t = t.set_column(t.schema.get_field_index("content_hash"), "content_hash", pa.array(hash_rows(t, "turns")))
     import datetime as dt

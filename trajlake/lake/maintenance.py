@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.errors import TrajlakeError, one_line
+from trajlake.lake.hashing import episode_hash, hash_rows, row_bytes
 from trajlake.lake.store import (
     COMMIT_RECORDS,
     DEFAULT_RETENTION_HOURS,
@@ -38,7 +39,6 @@ from trajlake.lake.store import (
     checksum_from_name,
     file_sha256,
 )
-from trajlake.record.hashing import episode_hash, hash_rows, row_bytes
 from trajlake.schema import TABLES, arrow_schema, table_def
 
 DEFAULT_ORPHAN_GRACE_HOURS = 1.0

@@ -50,9 +50,9 @@ import pyarrow.parquet as pq
 
 from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
+from trajlake.lake.hashing import episode_hashes, hash_rows, hash_rows_array
 from trajlake.lake.store import ROW_GROUP_BYTES, ROW_GROUP_ROWS, DataFileSink, Lake
 from trajlake.record.episode import build_episode, group_id_for
-from trajlake.record.hashing import episode_hashes, hash_rows, hash_rows_array
 from trajlake.record.validate import conform, validate_batch
 from trajlake.schema import SCHEMA_VERSION, arrow_schema
 from trajlake.schemas.vocab import Actor, Role, Status
