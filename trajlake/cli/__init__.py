@@ -254,7 +254,9 @@ def _parse_seeds(text: str) -> tuple[int, ...]:
 @app.command()
 def rollout(
     env: Annotated[str, typer.Option(help="Environment: mini-swe.")] = "mini-swe",
-    policy: Annotated[str, typer.Option(help="Policy: oracle, random or heuristic.")] = "heuristic",
+    policy: Annotated[str, typer.Option(help="Policy: oracle, random, heuristic, hf:PATH (local model folder), "
+                                             "openai:MODEL (with --base-url) or single-turn:SPEC (baseline B0).")
+                      ] = "heuristic",
     split: Annotated[str, typer.Option(help="Task split: train, dev or hidden.")] = "dev",
     seeds: Annotated[str, typer.Option(help="Seeds: 0,1,2 or an inclusive range 0-4.")] = "0",
     workers: Annotated[int, typer.Option(help="Parallel workers (processes, or Ray actors).")] = 1,
@@ -268,25 +270,50 @@ def rollout(
     engine: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
     commit_every: Annotated[float, typer.Option(help="Seconds between a worker's commits (0: after every "
                                                      "episode); a crash loses at most that much work.")] = 30.0,
+    attempts: Annotated[int, typer.Option(help="Attempts per task and seed (attempt 0..N-1, one group_id, "
+                                               "distinct sampling seeds).")] = 1,
+    policy_arg: Annotated[list[str] | None, typer.Option(
+        "--policy-arg", help="KEY=VALUE setting of a language-model policy (repeatable): temperature, top_p, "
+        "max_new_tokens, seed, price_in, price_out, ... (docs/policies.md).")] = None,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server of an openai: policy.")] = None,
+    tasks: Annotated[str | None, typer.Option(help="Only these task ids of the split (comma-separated).")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file of rollout options (keys as the option names, "
+                                                     "[policy_args] table); options given here win.")] = None,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
 
     Resumable: episodes already committed for the run are skipped, never duplicated."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from trajlake.policies import check_policy_spec, parse_policy_args
     from trajlake.rollout.runner import RolloutConfig, run_rollout
 
+    file_cfg = _rollout_config_file(config) if config else {}
+    policy = policy if policy != "heuristic" else str(file_cfg.get("policy", policy))
+    split = split if split != "dev" else str(file_cfg.get("split", split))
+    seeds = seeds if seeds != "0" else str(file_cfg.get("seeds", seeds))
+    attempts = attempts if attempts != 1 else int(file_cfg.get("attempts", attempts))
+    workers = workers if workers != 1 else int(file_cfg.get("workers", workers))
+    run_id = run_id or file_cfg.get("run_id")
+    file_tasks = file_cfg.get("tasks")
+    tasks = tasks or (",".join(map(str, file_tasks)) if isinstance(file_tasks, list) else file_tasks)
+    args = {str(k): str(v) for k, v in (file_cfg.get("policy_args") or {}).items()}
+    args.update(parse_policy_args(policy_arg or []))
+    if base_url:
+        args["base_url"] = base_url
+    if attempts < 1:
+        raise TrajlakeError("--attempts must be at least 1")
     if engine not in ("local", "ray"):
         raise TrajlakeError(f"--engine must be local or ray, not {engine!r}")
     if not 0.0 <= fault_rate <= 1.0:
         raise TrajlakeError("--fault-rate must be between 0 and 1")
-    cfg = RolloutConfig(lake=str(state.lake_path), run_id=run_id or f"{policy}-{split}", env=env, policy=policy,
+    cfg = RolloutConfig(lake=str(state.lake_path), run_id=run_id or f"{policy.replace('/', '_')}-{split}", env=env,
+                        policy=policy,
                         split=split, seeds=_parse_seeds(seeds), workers=max(1, workers), fault_rate=fault_rate,
                         fault_seed=fault_seed, policy_version=policy_version, max_policy_lag=max_policy_lag,
-                        commit_every_s=commit_every)
-    from trajlake.envs import make_policy
-
-    make_policy(env, policy, "check")  # fail fast on unknown env/policy names
+                        commit_every_s=commit_every, attempts=attempts, policy_args=args,
+                        task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else ())
+    check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=False, disable=not sys.stderr.isatty()) as bar:
         job = bar.add_task(f"rollout {cfg.run_id}", total=None)
@@ -301,6 +328,23 @@ def rollout(
         typer.echo(f"  failed: {f}", err=True)
     if s.failed_items:
         raise typer.Exit(1)
+
+
+def _rollout_config_file(path: Path) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise TrajlakeError(f"--config {path}: {e}") from e
+    data = data.get("rollout", data)
+    known = {"policy", "split", "seeds", "attempts", "workers", "run_id", "tasks", "policy_args"}
+    unknown = set(data) - known - {"select"}
+    if unknown:
+        raise TrajlakeError(f"--config {path}: unknown key(s) {', '.join(sorted(unknown))}; keys: "
+                            f"{', '.join(sorted(known))}")
+    return dict(data)
 
 
 @app.command()

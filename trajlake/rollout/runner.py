@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
 from trajlake.rollout.faults import FaultInjector
-from trajlake.rollout.policy import BYTE_TOKENIZER_ID, Policy, byte_tokenize
+from trajlake.rollout.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, byte_tokenize
 
 if TYPE_CHECKING:
     from trajlake.record.writer import LakeWriter
@@ -88,6 +89,7 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         view = TaskView(r.task_id, r.task_version, r.observation, {})
     else:
         view = task_view(r.task_id, r.task_version)
+    policy.attempt = attempt  # attempts of one group sample with distinct seeds
     policy.reset(view, seed)
     pv = policy.policy_version
     turns: list[dict[str, Any]] = []
@@ -120,7 +122,9 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         action = out.action
         tool = _tool_name(action)
         key = f"{ep_id}#{step_idx}"
-        n_out = _n_tokens(out.token_ids)
+        if out.context_token_ids is not None:
+            tokens_in += _use_policy_context_tokens(turns[-1], out)
+        n_out = _n_tokens(out.token_ids) if out.completion_tokens is None else out.completion_tokens
         tokens_out += n_out
         tokens_in += out.prompt_tokens
         cost += out.cost_usd
@@ -129,8 +133,9 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
                            behavior_logprobs=_array(out.behavior_logprobs, np.float32),
                            tokenizer_id=out.tokenizer_id, action_schema=tool, tool_call_id=f"call-{step_idx}",
                            tool_args=_tool_args(action), idempotency_key=key, started_at=t0, ended_at=t1,
-                           latency_ms=(t1 - t0).total_seconds() * 1000, status="OK",
-                           tokens=n_out, cost_usd=out.cost_usd, tool_seconds=0.0)
+                           latency_ms=(t1 - t0).total_seconds() * 1000, status=out.status or "OK",
+                           tokens=n_out, cost_usd=out.cost_usd, tool_seconds=0.0,
+                           context_dropped_hash=out.context_dropped_hash, **_strategy_column(out))
         fault = faults.decide(ep_id, step_idx)
         if fault is not None:
             # The call never reaches the environment: its state is unchanged, the agent sees an error.
@@ -162,6 +167,12 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         step_idx += 1
         if res.done:
             break
+    final = policy.observation_tokens(observation)
+    if final is not None:  # the last observation in the policy's tokenizer too, for one tokenizer per episode
+        final_ids = np.asarray(final[0], dtype=np.int32)
+        tokens_in += final_ids.shape[0] - len(turns[-1]["token_ids"])
+        turns[-1].update(token_ids=final_ids, loss_mask=np.zeros(final_ids.shape[0], dtype=np.int8),
+                         tokenizer_id=final[1], tokens=final_ids.shape[0])
     end = utcnow()
     comps = dict(last.reward_components) if last else {}
     success = bool(comps.get("resolved", 0.0) >= 1.0)
@@ -186,6 +197,28 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "sandbox": sandbox or getattr(env, "sandbox_kind", None),
     }
     return EpisodeRecord(episode, turns, events)
+
+
+def _use_policy_context_tokens(obs_turn: dict[str, Any], out: PolicyOutput) -> int:
+    """Record the tokens an LM policy rendered for the observation turn before its own turn (replacing the byte
+    tokens), so the turns concatenate to the model's context. Returns the change of the turn's token count."""
+    ids = np.asarray(out.context_token_ids, dtype=np.int32).reshape(-1)
+    delta = ids.shape[0] - _n_tokens(obs_turn.get("token_ids"))
+    obs_turn.update(token_ids=ids, loss_mask=np.zeros(ids.shape[0], dtype=np.int8),
+                    tokenizer_id=out.context_tokenizer_id, tokens=ids.shape[0])
+    return delta
+
+
+@cache
+def _has_context_strategy_column() -> bool:
+    from trajlake.schema import table_def
+
+    return any(c.name == "context_strategy" for c in table_def("turns").columns)
+
+
+def _strategy_column(out: PolicyOutput) -> dict[str, Any]:
+    # turns.context_strategy arrives with schema 1.1; before it the strategy is only in the run's config.
+    return {"context_strategy": out.context_strategy} if _has_context_strategy_column() else {}
 
 
 def _count_budget_on_fault(env: Env, res: StepResult, tokens: int, cost: float) -> StepResult:
@@ -297,6 +330,12 @@ class RolloutConfig:
     and costs ~0.1 s whatever its size, so frequent commits from many workers grow the log that every reader
     replays and cost more per step (docs/benchmarks.md)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 1
+    """Attempts per (task, seed): attempt 0..N-1, one group (same group_id), distinct sampling seeds."""
+    policy_args: dict[str, str] = field(default_factory=dict)
+    """Settings of an LM policy (``--policy-arg KEY=VALUE``), recorded in the run's config."""
+    task_ids: tuple[str, ...] = ()
+    """Only these tasks of the split (empty: all)."""
 
 
 @dataclass
@@ -315,13 +354,14 @@ class _Worker:
 
     def __init__(self, cfg: RolloutConfig):
         from trajlake import LakeWriter, open_lake
-        from trajlake.envs import make_env, make_policy, task_view_fn
+        from trajlake.envs import make_env, task_view_fn
+        from trajlake.policies import make_rollout_policy
         from trajlake.rollout.versions import PolicyVersions
 
         self.cfg = cfg
         self.env = make_env(cfg.env, split=cfg.split, **cfg.env_kwargs)
         self.versions = PolicyVersions(Path(cfg.lake), cfg.policy)
-        self.policy = make_policy(cfg.env, cfg.policy, self._current_version())
+        self.policy = make_rollout_policy(cfg.env, cfg.policy, self._current_version(), cfg.policy_args)
         self.task_view = task_view_fn(self.env, oracle=self.policy.needs_oracle)
         # The worker hands its finished episodes to the writer in one batch per commit (validation has a fixed
         # cost per call that a 3-step episode cannot amortise); the writer then commits in the background while
@@ -389,7 +429,15 @@ def plan(cfg: RolloutConfig) -> list[WorkItem]:
     from trajlake.envs import list_tasks
 
     tasks = list_tasks(cfg.env, cfg.split, **cfg.env_kwargs)
-    return [WorkItem(t["task_id"], t["task_version"], s) for t in tasks for s in cfg.seeds]
+    if cfg.task_ids:
+        missing = set(cfg.task_ids) - {t["task_id"] for t in tasks}
+        if missing:
+            from trajlake.errors import TrajlakeError
+
+            raise TrajlakeError(f"--tasks: not in split {cfg.split!r}: {', '.join(sorted(missing))}")
+        tasks = [t for t in tasks if t["task_id"] in cfg.task_ids]
+    return [WorkItem(t["task_id"], t["task_version"], s, a) for t in tasks for s in cfg.seeds
+            for a in range(cfg.attempts)]
 
 
 def existing_episode_ids(lake: str, run_id: str) -> set[str]:
@@ -500,7 +548,11 @@ class _RayWorker:
 def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
     return {"env": cfg.env, "policy": cfg.policy, "split": cfg.split, "fault_rate": cfg.fault_rate,
             "fault_seed": cfg.fault_seed, "policy_version": cfg.policy_version, "max_policy_lag": cfg.max_policy_lag,
-            "env_kwargs": cfg.env_kwargs}
+            "env_kwargs": cfg.env_kwargs,
+            # Keys added after the first runs appear only when set, so resuming an older run still matches.
+            **({"attempts": cfg.attempts} if cfg.attempts != 1 else {}),
+            **({"policy_args": cfg.policy_args} if cfg.policy_args else {}),
+            **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {})}
 
 
 def _code_version() -> str:
