@@ -154,9 +154,11 @@ class LMPolicy(Policy):
 
     @staticmethod
     def status_of(parsed: bool, retries: int) -> str | None:
-        if not parsed:
-            return "MODEL_INVALID_ACTION"
-        return "ENV_TRANSIENT" if retries else None
+        # A model call that needed retries is recorded as infrastructure first: an unparsable reply stays
+        # visible as MODEL_INVALID_ACTION on the environment's turn that answers it.
+        if retries:
+            return "ENV_TRANSIENT"
+        return None if parsed else "MODEL_INVALID_ACTION"
 
     def _trim(self) -> str | None:
         """Apply the context strategy; returns the hash of the dropped turns (None when none are dropped)."""

@@ -148,8 +148,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
             res = env.step(action, key, tokens=n_out, cost_usd=out.cost_usd)
         t2 = utcnow()
         statuses.append(res.status)
-        if res.status in MODEL_STATUSES:
-            turns[pol_idx]["status"] = res.status
+        if res.status in MODEL_STATUSES and turns[pol_idx]["status"] != "ENV_TRANSIENT":
+            turns[pol_idx]["status"] = res.status  # a retried model call stays recorded as infrastructure
         for j, ev in enumerate(res.gateway_events):
             events.append({**ev, "episode_id": ep_id, "run_id": run_id, "turn_idx": pol_idx, "event_idx": j})
         obs_ids = byte_tokenize(res.observation)
