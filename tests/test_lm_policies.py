@@ -326,3 +326,71 @@ def test_openai_retries_timeouts_and_5xx_as_infrastructure(tiny: Path, env: Any,
     with pytest.raises(ModelServerError, match=r"3 attempt\(s\) failed; last: InternalServerError"):
         _play(env, _openai("tiny", server, tokenizer=str(tiny), max_retries=2))
     server.faults.clear()
+
+
+# -- group rollouts, B0 and B2 through the command line, then eval -------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_cli_group_rollout_b0_b2_and_eval(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from conftest import run_cli
+
+    from trajlake.query import connect
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny, tmp_path / "models" / "tiny")  # where the shipped configs expect the tiny model
+    cfg = REPO / "configs"
+    small = ["--tasks", TASK, "--policy-arg", "max_new_tokens=8"]
+    code, out, err = run_cli(capsys, "--lake", "lake", "rollout", "--config", str(cfg / "agent-tiny.toml"), *small)
+    assert code == 0, err
+    group = ["--lake", "lake", "rollout", "--policy", "hf:models/tiny", "--attempts", "2", "--run-id", "pool",
+             "--split", "dev", "--seeds", "0", *small]
+    code, out, err = run_cli(capsys, *group)
+    assert code == 0, err
+    assert "2 episode(s) written" in out
+    code, out, err = run_cli(capsys, *group)  # resumable: nothing played twice
+    assert code == 0 and "0 episode(s) written" in out and "2 already in the lake" in out
+    con = connect("lake")
+    rows = con.execute("select attempt, group_id, episode_id from episodes where run_id = 'pool' order by attempt"
+                       ).fetchall()
+    assert [r[0] for r in rows] == [0, 1] and rows[0][1] == rows[1][1]
+    toks = [con.execute("select flatten(list(token_ids order by turn_idx)) from turns where episode_id = ? and "
+                        "actor = 'policy'", [r[2]]).fetchone()[0] for r in rows]
+    assert toks[0] != toks[1]  # distinct sampling seeds
+    config = json.loads(con.execute("select config from runs where run_id = 'pool'").fetchone()[0])
+    assert config["attempts"] == 2 and config["policy_args"]["max_new_tokens"] == "8"
+
+    code, out, err = run_cli(capsys, "--lake", "lake", "best-of", "--run", "pool", "--out-run", "b2",
+                             "--match", "agent-tiny")
+    assert code == 0, err
+    assert "matched to run agent-tiny" in out and "never hidden tests" in out
+    code, out, err = run_cli(capsys, "--lake", "lake", "rollout", "--config", str(cfg / "b0-tiny.toml"), *small)
+    assert code == 0, err
+    for run in ("pool", "b2", "b0-tiny", "agent-tiny"):
+        code, out, err = run_cli(capsys, "--lake", "lake", "eval", "--run", run, "--format", "json")
+        assert code == 0, err
+    n = connect("lake").execute("select count(*) from episodes where run_id in ('b2', 'b0-tiny')").fetchone()[0]
+    assert n == 2
+
+
+def test_best_of_uses_only_visible_signals_within_budget() -> None:
+    from trajlake.policies.best_of import Candidate, choose, visible_pass_rate
+
+    assert visible_pass_rate("3 passed, 1 failed (exit code 1)\nFAILED t") == 0.75
+    assert visible_pass_rate("tests timed out") is None
+
+    def c(attempt: int, tokens: int, vis: float | None, lp: float | None) -> Candidate:
+        return Candidate(f"e{attempt}", "g", "t", attempt, tokens, 0.0, vis, lp)
+
+    pool = [c(0, 100, 0.5, -1.0), c(1, 100, None, -0.1), c(2, 100, 1.0, -3.0), c(3, 100, 1.0, -2.0)]
+    chosen, considered = choose(pool, None)
+    assert chosen["g"].attempt == 3  # all visible tests pass, then the higher own log-prob
+    chosen, considered = choose(pool, 250)  # only attempts 0 and 1 fit the budget
+    assert [x.attempt for x in considered["g"]] == [0, 1] and chosen["g"].attempt == 0
+    chosen, considered = choose(pool, 10)  # attempt 0 is always considered
+    assert chosen["g"].attempt == 0

@@ -417,6 +417,7 @@ def quickstart(
 
 
 def _register_command_groups() -> None:
+    from trajlake.cli.best_of_cmd import register as register_best_of
     from trajlake.cli.browse_cmd import register as register_browse
     from trajlake.cli.eval_cmd import register as register_eval
     from trajlake.cli.export_cmd import register as register_export
@@ -424,6 +425,7 @@ def _register_command_groups() -> None:
     register_eval(app)
     register_export(app)
     register_browse(app)
+    register_best_of(app)
 
 
 _register_command_groups()
