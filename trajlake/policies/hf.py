@@ -88,6 +88,8 @@ class HFPolicy(LMPolicy):
     name = "hf"
 
     def __init__(self, policy_version: str, path: str, settings: LMSettings):
+        if settings.threads > 0:
+            _torch().set_num_threads(settings.threads)
         model, tok = load_model(path, settings.device, settings.dtype)
         renderer = ChatRenderer(tok, f"hf:{Path(path).name}")
         window = getattr(model.config, "max_position_embeddings", None)

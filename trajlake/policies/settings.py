@@ -47,6 +47,8 @@ class LMSettings:
     """hf: torch device."""
     dtype: str = "float32"
     """hf: torch dtype of the weights."""
+    threads: int = 0
+    """hf: torch CPU threads of this process (0: torch's default). One per worker avoids oversubscription."""
     n_files: int = 4
     """single-turn: most files named in the task statement to show the model."""
 
