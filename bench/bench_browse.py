@@ -1,5 +1,5 @@
 """Benchmark ``trajlake browse`` on a large lake: generate N demo episodes (tiny token lists, big write
-batches), then time :func:`trajlake.browse.build_browser` and report the page size.
+batches), then time :func:`trajlake.evaluators.browse.build_browser` and report the page size.
 
     python bench/bench_browse.py --episodes 100000 --lake /tmp/browse-lake --out /tmp/browse.html
 
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from trajlake.evaluators.browse import build_browser
 
 from trajlake import LakeWriter, connect, open_lake
-from trajlake.browse import build_browser
 from trajlake.demo import _T0, RUNS, demo_tasks, generate_episode
 
 

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 
 from trajlake.envs.core import Env, ResetResult, Snapshot, StepResult
+from trajlake.envs.policy import TaskView
 
 from trajlake.policies.hf import HFPolicy
 from trajlake.policies.lm import Generation
 from trajlake.policies.settings import LMSettings
 from trajlake.policies.tiny import build_tiny_model
-from trajlake.rollout.policy import TaskView
 from trajlake.rollout.runner import RolloutConfig, play_episode, run_rollout
 
 OBSERVATION = ("1 passed, 2 failed (exit code 1)\nFAILED tests/test_durations.py::test_parse_units\n"

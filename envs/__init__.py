@@ -1,12 +1,14 @@
 """Reference environments behind one contract (installed as ``trajlake.envs``).
 
-Importing this package registers each environment with Gymnasium (when it is installed): Mini SWE as
-``trajlake/MiniSWE-v0``.
+Every environment is reached through the registry (``trajlake.envs.registry``): ``make("mini-swe", split=...)``.
+Importing this package registers the built-in environments (and their Gymnasium ids, when gymnasium is
+installed: Mini SWE as ``trajlake/MiniSWE-v0``); third-party ones come from the ``trajlake.envs`` entry-point
+group. The helpers below resolve everything through the registry and the ``Env`` contract.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from trajlake.envs.core import (
@@ -16,98 +18,99 @@ from trajlake.envs.core import (
     LoggedStep,
     ReplayLog,
     ReplayReport,
+    Requirement,
     ResetResult,
     Snapshot,
     StepResult,
 )
+from trajlake.envs.policy import Policy, PolicyOutput, TaskView
+from trajlake.envs.registry import EnvSpec, UnknownEnvironmentError, make, names, register, spec
 
 from trajlake.errors import TrajlakeError
 
-ENV_NAMES = ("mini-swe",)
-
-
-def _check(name: str) -> None:
-    if name not in ENV_NAMES:
-        raise TrajlakeError(f"unknown environment {name!r}; environments: {', '.join(ENV_NAMES)}")
+register("mini-swe", "trajlake.envs.mini_swe.env:MiniSWEEnv", gym_id="trajlake/MiniSWE-v0",
+         gym_kwargs={"split": "dev"})
 
 
 def make_env(name: str, split: str | None = None, **kwargs: Any) -> Env:
-    """Create an environment by id (``mini-swe``) over one split (None: all tasks)."""
-    _check(name)
-    from trajlake.envs.mini_swe.env import MiniSWEEnv
-
-    return MiniSWEEnv(split, **kwargs)
+    """Create a registered environment over one split (None: all tasks)."""
+    return make(name, split=split, **kwargs)
 
 
 def list_tasks(name: str, split: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     """The environment's task records of a split (None: all), sorted by task id."""
-    _check(name)
-    from trajlake.envs.mini_swe.grading import load_tasks
+    env = make(name, split=split, **kwargs)
+    try:
+        return env.list_tasks()
+    finally:
+        env.close()
 
-    tasks = load_tasks(kwargs.get("tasks_path"))
-    return sorted((t for t in tasks if split is None or t["split"] == split), key=lambda t: t["task_id"])
 
-
-def task_rows(name: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def task_rows(name: str, tasks: list[dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
     """``tasks`` table rows of an environment's task records."""
-    _check(name)
-    from trajlake.envs.mini_swe.env import task_row
-
-    return [task_row(t) for t in tasks]
-
-
-def make_policy(env_name: str, policy: str, policy_version: str) -> Any:
-    """A built-in policy of an environment: oracle, heuristic or random."""
-    _check(env_name)
-    from trajlake.envs.mini_swe.policies import POLICIES
-
-    if policy not in POLICIES:
-        raise TrajlakeError(f"unknown policy {policy!r}; policies: {', '.join(sorted(POLICIES))}")
-    return POLICIES[policy](policy_version)
+    env = make(name, **kwargs)
+    try:
+        return [env.task_row(t) for t in tasks]
+    finally:
+        env.close()
 
 
-def task_view_fn(env: Env, *, oracle: bool = False) -> Callable[[str, str], Any]:
-    """A function (task_id, task_version) -> TaskView: the public statement and tools; the fix only for the
-    oracle."""
-    from trajlake.envs.mini_swe.env import TOOL_DOCS, MiniSWEEnv
+def policy_names(env_name: str) -> list[str]:
+    """The built-in scripted policies of an environment."""
+    cls = spec(env_name).env_class()
+    return sorted(cls.policies()) if cls is not None else []
 
-    from trajlake.rollout.policy import TaskView
 
-    assert isinstance(env, MiniSWEEnv)
+def make_policy(env_name: str, policy: str, policy_version: str) -> Policy:
+    """A built-in policy of an environment (e.g. oracle, heuristic, random)."""
+    cls = spec(env_name).env_class()
+    policies = cls.policies() if cls is not None else {}
+    if policy not in policies:
+        raise TrajlakeError(f"unknown policy {policy!r} for environment {env_name!r}; policies: "
+                            f"{', '.join(sorted(policies)) or 'none'}")
+    return policies[policy](policy_version)
+
+
+def task_view_fn(env: Env, *, oracle: bool = False) -> Callable[[str, str], TaskView]:
+    """A function (task_id, task_version) -> TaskView: the public statement and tools; the known solution only
+    for the oracle."""
 
     def view(task_id: str, task_version: str) -> TaskView:
-        t = env.task_for(0, task_version, task_id)
-        secret: Mapping[str, Any] | None = {"fix_diff": t["fix_diff"]} if oracle else None
-        return TaskView(task_id, task_version, t["statement"], TOOL_DOCS, secret)
+        return env.task_view(task_id, task_version, oracle=oracle)
 
     return view
 
 
-def _register_gymnasium() -> None:
-    try:
-        import gymnasium
-    except ImportError:
-        return
-    if "trajlake/MiniSWE-v0" not in gymnasium.registry:
-        gymnasium.register(id="trajlake/MiniSWE-v0", entry_point="trajlake.envs.gym:MiniSWEGymEnv")
+def env_names() -> list[str]:
+    """Every registered environment name."""
+    return names()
 
-
-_register_gymnasium()
 
 __all__ = [
-    "ENV_NAMES",
     "Budget",
     "Env",
     "EnvError",
+    "EnvSpec",
     "LoggedStep",
+    "Policy",
+    "PolicyOutput",
     "ReplayLog",
     "ReplayReport",
+    "Requirement",
     "ResetResult",
     "Snapshot",
     "StepResult",
+    "TaskView",
+    "UnknownEnvironmentError",
+    "env_names",
     "list_tasks",
+    "make",
     "make_env",
     "make_policy",
+    "names",
+    "policy_names",
+    "register",
+    "spec",
     "task_rows",
     "task_view_fn",
 ]

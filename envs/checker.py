@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trajlake.envs.core import Env, EnvError, LoggedStep, ReplayLog, StepResult
+from trajlake.schemas.vocab import Status
 
 
 class EnvCheckError(AssertionError):
@@ -27,7 +28,7 @@ def check_env(env: Env, actions: list[str], seed: int = 0) -> None:
             "reset(seed) must be deterministic (observation, state hash, task)")
     _expect(a.episode_id != b.episode_id, "every reset starts a new episode id")
     bad = env.step("this is not an action \x00 {")
-    _expect(isinstance(bad, StepResult) and bad.status == "MODEL_INVALID_ACTION",
+    _expect(isinstance(bad, StepResult) and bad.status == Status.MODEL_INVALID_ACTION,
             "an invalid action must give a typed MODEL_INVALID_ACTION result, not an exception")
     _expect(not (bad.terminated and bad.truncated), "terminated and truncated are never both true")
     r = env.reset(seed)

@@ -11,13 +11,15 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-STATUS_OK = "OK"
-ERROR_CLASSES: tuple[str, ...] = ("MODEL_INVALID_ACTION", "MODEL_BAD_PLAN", "ENV_TRANSIENT", "ENV_BUG",
-                                  "SAFETY_BLOCK", "BUDGET_EXHAUSTED")
+from trajlake.envs.policy import Policy, TaskView
+from trajlake.schemas.vocab import ErrorClass, Status, TerminationReason
+
+STATUS_OK = Status.OK
+ERROR_CLASSES: tuple[str, ...] = tuple(ErrorClass)
 
 
 class EnvError(Exception):
@@ -137,6 +139,22 @@ class ReplayReport:
     message: str = ""
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """One thing an environment needs, and whether this machine has it."""
+
+    name: str
+    """What is checked, e.g. "sandbox" or "pytest"."""
+    ok: bool
+    """Whether it is there and works."""
+    detail: str
+    """What was found (a version, a path, the isolation kind), or what is wrong."""
+    fix: str = ""
+    """How to fix it when not ok (one line, e.g. the command to run)."""
+    required: bool = True
+    """False for optional features (their absence is reported, not fatal)."""
+
+
 def stable_hash(obj: Any) -> str:
     """sha256 of canonical JSON (sorted keys, no whitespace): for state hashes and args hashes."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
@@ -148,6 +166,11 @@ class Env(abc.ABC):
 
     env_id: ClassVar[str]
     env_version: ClassVar[str]
+    success_component: ClassVar[str] = "resolved"
+    """The reward component that grades an episode: success means it reached 1.0; an episode whose final
+    rewards lack it was never graded (``success`` null)."""
+    verification_source: ClassVar[str | None] = None
+    """How the environment verifies success (``episodes.verification_source``), e.g. ``hidden_tests``."""
 
     @property
     @abc.abstractmethod
@@ -174,6 +197,32 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release resources (temporary workspaces, processes)."""
+
+    # -- what an environment supplies to the runner, the CLI and the evaluators (no isinstance checks) --------
+    def list_tasks(self) -> list[dict[str, Any]]:
+        """The task records this instance plays (its split), sorted by task id. Each has at least task_id,
+        task_version and split."""
+        raise NotImplementedError(f"{type(self).__name__} does not list its tasks")
+
+    def task_row(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``tasks`` table row of one of its task records (nothing the agent must not see)."""
+        raise NotImplementedError(f"{type(self).__name__} gives no tasks table rows")
+
+    def task_view(self, task_id: str, task_version: str, *, oracle: bool = False) -> TaskView:
+        """What a policy may know of a task: the public statement and tools; privileged data (the known
+        solution) only when ``oracle``."""
+        raise NotImplementedError(f"{type(self).__name__} gives no task views")
+
+    @classmethod
+    def policies(cls) -> Mapping[str, Callable[[str], Policy]]:
+        """Built-in scripted policies by name (e.g. oracle, heuristic, random); each is called with a policy
+        version. An ``oracle`` policy (``needs_oracle``) lets preflight checks and ENV_BUG attribution run."""
+        return {}
+
+    def requirements(self) -> list[Requirement]:
+        """What the environment needs on this machine (tools, isolation), checked before a rollout plays and
+        printed by ``trajlake doctor``."""
+        return []
 
     def replay(self, log: ReplayLog) -> ReplayReport:
         """Re-run a recorded episode and compare every state hash; reports the first divergence."""
@@ -214,11 +263,11 @@ class BudgetTracker:
         self.cost += cost_usd
         b = self.budget
         if b.max_tokens is not None and self.tokens > b.max_tokens:
-            return "budget_tokens"
+            return TerminationReason.BUDGET_TOKENS
         if b.max_cost is not None and self.cost > b.max_cost:
-            return "budget_cost"
+            return TerminationReason.BUDGET_COST
         if b.max_steps is not None and self.steps >= b.max_steps:
-            return "budget_steps"
+            return TerminationReason.BUDGET_STEPS
         return None
 
     def state(self) -> tuple[int, int, float]:
@@ -238,6 +287,7 @@ __all__ = [
     "LoggedStep",
     "ReplayLog",
     "ReplayReport",
+    "Requirement",
     "ResetResult",
     "Snapshot",
     "StepResult",

@@ -22,7 +22,13 @@ class TrajlakeGymEnv(gymnasium.Env[str, str]):
 
     metadata = {"render_modes": []}  # noqa: RUF012  (gymnasium declares it as an instance attribute)
 
-    def __init__(self, env: Env):
+    def __init__(self, env: Env | None = None, *, name: str | None = None, **kwargs: Any):
+        if env is None:
+            if name is None:
+                raise ValueError("TrajlakeGymEnv needs an Env or the registered name of one")
+            from trajlake.envs.registry import make
+
+            env = make(name, **kwargs)
         self.env = env
         self.observation_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET)
         self.action_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET)
@@ -48,6 +54,4 @@ class MiniSWEGymEnv(TrajlakeGymEnv):
     """``trajlake/MiniSWE-v0``."""
 
     def __init__(self, split: str | None = "dev", **kwargs: Any):
-        from trajlake.envs.mini_swe.env import MiniSWEEnv
-
-        super().__init__(MiniSWEEnv(split, **kwargs))
+        super().__init__(name="mini-swe", split=split, **kwargs)

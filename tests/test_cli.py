@@ -33,7 +33,7 @@ def test_demo_info_sql_verify(capsys, lake_dir: Path) -> None:
     code, out, _ = run(capsys, "--lake", str(lake_dir), "info", "--format", "json")
     rows = {r["table"]: r for r in json.loads(out)}
     assert rows["episodes"]["rows"] == 30 and rows["tasks"]["rows"] == 10 and rows["runs"]["rows"] == 3
-    assert rows["turns"]["version"] >= 1 and rows["episodes"]["schema_version"] == "1.0"
+    assert rows["turns"]["version"] >= 1 and rows["episodes"]["schema_version"] == "1.1"
     code, out, _ = run(capsys, "--lake", str(lake_dir), "info")
     assert "--as-of episodes=" in out
     code, out, _ = run(capsys, "--lake", str(lake_dir), "sql",

@@ -40,3 +40,37 @@ def test_golden_interchange_file_ingests_to_the_same_hashes(tmp_path: Path) -> N
     assert summary.episodes_written == 8 and summary.tasks_written == 2 and not summary.rejected
     got = dict(connect(lake).execute("select episode_id, content_hash from episodes").fetchall())
     assert got and all(expected[e] == h for e, h in got.items())
+
+
+def test_a_1_0_lake_is_upgraded_in_place_by_its_first_writer(golden_lake) -> None:
+    """Schema 1.1 made success and cost_usd nullable and added columns. A lake written under 1.0 reads the new
+    columns as null without being touched; its first 1.1 writer upgrades the Delta schema, and every old row
+    keeps its content hash."""
+    from tests.conftest import make_episode
+    from trajlake.schema import table_def
+
+    expected = json.loads((GOLDEN / "expected.json").read_text())
+    con = connect(golden_lake)
+    assert con.execute("select count(*) from episodes where served_model is null and policy_lag is null"
+                       ).fetchone() == (expected["episodes"],)
+    assert "prompt_tokens" in scan(golden_lake, "turns").collect_schema().names()
+    before = golden_lake.versions()
+
+    ep, turns = make_episode("ungraded-1", run_id="new-run", success=None, cost_usd=None,
+                             served_model="model-2026-01-01", verification_source=None, policy_lag=0)
+    for t in turns:
+        t["cost_usd"] = None
+    with LakeWriter(open_lake(golden_lake.root), handle_signals=False) as w:
+        w.write_batch([ep], turns).raise_if_rejected()
+    schema = {f.name: f for f in golden_lake.delta("episodes").schema().fields}
+    assert schema["success"].nullable and schema["cost_usd"].nullable and "served_model" in schema
+    assert all(c.name in schema for c in table_def("episodes").columns)
+    assert golden_lake.versions()["episodes"] > before["episodes"]
+
+    rep = verify(golden_lake, strict=True)
+    assert rep.ok, rep.problems
+    con = connect(golden_lake)
+    hashes = dict(con.execute("select episode_id, content_hash from episodes where run_id != 'new-run'").fetchall())
+    assert hashes == expected["episode_hashes"]
+    assert con.execute("select success, cost_usd, served_model, policy_lag from episodes where run_id = 'new-run'"
+                       ).fetchall() == [(None, None, "model-2026-01-01", 0)]

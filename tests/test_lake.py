@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import make_episode
 from trajlake import (
+    SCHEMA_VERSION,
     ConflictError,
     Lake,
     LakeNotFoundError,
@@ -187,7 +188,7 @@ def test_data_files_record_schema_version_and_avoid_dictionary_on_lists(lake: La
     write(lake, make_episode("a"))
     (f,) = lake.files("turns")
     pf = pq.ParquetFile(lake.abs_path("turns", f.path))
-    assert pf.schema_arrow.metadata[b"trajlake.schema_version"] == b"1.0"
+    assert pf.schema_arrow.metadata[b"trajlake.schema_version"] == SCHEMA_VERSION.encode() == b"1.1"
     rg = pf.metadata.row_group(0)
     encodings = {rg.column(i).path_in_schema: rg.column(i).encodings for i in range(rg.num_columns)}
     assert not any("DICTIONARY" in e for e in encodings["token_ids.list.element"])

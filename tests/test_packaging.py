@@ -45,5 +45,10 @@ def test_wheel_layout(tmp_path: Path) -> None:
     names = zipfile.ZipFile(whl).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"trajlake"}, tops
-    assert "trajlake/schemas/turns.v1.json" in names
     assert "trajlake/envs/__init__.py" in names and "trajlake/evaluators/__init__.py" in names
+    # the packaged table definitions are the repository's, byte for byte (an editable install cannot show this)
+    with zipfile.ZipFile(whl) as z:
+        for table in ("episodes", "turns", "tasks", "runs", "gateway_events"):
+            assert z.read(f"trajlake/schemas/{table}.v1.json") == (ROOT / "schemas" / f"{table}.v1.json").read_bytes()
+        assert z.read("trajlake/schemas/vocab.py") == (ROOT / "schemas" / "vocab.py").read_bytes()
+        assert "trajlake/envs/mini_swe/tasks.json" in names and "trajlake/evaluators/taxonomy.sql" in names

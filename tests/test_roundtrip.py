@@ -89,7 +89,7 @@ def test_roundtrip(rt_lake: Lake, case) -> None:
             assert _same_float(got, v), k
         else:
             assert got == v, k
-    assert row["content_hash"] and row["schema_version"] == "1.0"
+    assert row["content_hash"] and row["schema_version"] == "1.1"
     back = con.execute("select * from turns where episode_id = ? order by turn_idx", [ep["episode_id"]]
                        ).to_arrow_table().to_pylist()
     assert len(back) == len(turns)

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -64,13 +63,6 @@ def test_types_and_enums() -> None:
 def test_docs_schema_md_matches_json_definitions() -> None:
     doc = (ROOT / "docs" / "schema.md").read_text()
     assert doc == schema_markdown(), "docs/schema.md drifted: run `trajlake schema --format markdown > docs/schema.md`"
-
-
-def test_schema_files_are_the_packaged_ones() -> None:
-    for name in TABLES:
-        on_disk = json.loads((ROOT / "schemas" / f"{name}.v1.json").read_text())
-        assert on_disk["table"] == name
-        assert [c["name"] for c in on_disk["columns"]] == table_def(name).column_names
 
 
 def test_malformed_definitions_are_rejected() -> None:

@@ -17,11 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from trajlake.record.episode import CostModel, build_episode, price_turns
 from trajlake.record.writer import LakeWriter
+from trajlake.schemas.vocab import ErrorClass, Split, Status
 
 VOCAB = 32_000
 TOOLS = ("read_file", "search", "edit", "run_tests", "submit")
-PRICE_IN, PRICE_OUT = 0.5e-6, 1.5e-6
+#: Demo prices: USD per million input / output tokens, and the default tool-second price.
+DEMO_COSTS = CostModel(price_in=0.5, price_out=1.5)
 _T0 = dt.datetime(2026, 1, 5, 9, 0, tzinfo=dt.UTC)
 
 
@@ -41,7 +44,7 @@ def demo_tasks(n_tasks: int = 40) -> list[dict[str, Any]]:
     out = []
     for i in range(n_tasks):
         fam = f"lib{i % 5}/mut{(i // 5) % 4}"
-        split = ("train", "train", "dev", "hidden")[(i // 5) % 4]
+        split = (Split.TRAIN, Split.TRAIN, Split.DEV, Split.HIDDEN)[(i // 5) % 4]
         out.append({
             "task_id": f"demo/task-{i:03d}", "task_version": f"v{1 + i % 2}", "env_id": "demo-swe",
             "split": split, "family": fam, "difficulty": ("easy", "medium", "hard")[i % 3],
@@ -82,8 +85,7 @@ def generate_episode(rng: np.random.Generator, run: DemoRun, task: dict[str, Any
                "token_ids": toks, "loss_mask": [1 if is_pol else 0] * len(toks),
                "behavior_logprobs": (-rng.exponential(0.4, len(toks))).astype(np.float32).tolist() if is_pol else None,
                "tokenizer_id": "demo-bpe-32k", "started_at": begin, "ended_at": t, "latency_ms": lat_ms,
-               "status": "OK", "tokens": len(toks),
-               "cost_usd": len(toks) * (PRICE_OUT if is_pol else PRICE_IN), "tool_seconds": 0.0}
+               "status": Status.OK, "tokens": len(toks), "cost_usd": None, "tool_seconds": 0.0}
         row.update(kw)
         turns.append(row)
 
@@ -96,7 +98,7 @@ def generate_episode(rng: np.random.Generator, run: DemoRun, task: dict[str, Any
     for step in range(n_steps):
         if step >= max_steps:
             truncated = True
-            error_class = "BUDGET_EXHAUSTED"
+            error_class = ErrorClass.BUDGET_EXHAUSTED
             break
         steps += 1
         last = step == n_steps - 1
@@ -117,7 +119,7 @@ def generate_episode(rng: np.random.Generator, run: DemoRun, task: dict[str, Any
         if tool == "submit":
             break
         fault = rng.random() < 0.08
-        status = "ENV_TRANSIENT" if fault else ("SAFETY_BLOCK" if denied else "OK")
+        status = Status.ENV_TRANSIENT if fault else (Status.SAFETY_BLOCK if denied else Status.OK)
         faults += int(fault)
         tool_s = float(rng.lognormal(-1.0, 0.8))
         add("tool", "env", int(rng.integers(obs_tokens // 2, obs_tokens * 3 // 2)),
@@ -132,24 +134,20 @@ def generate_episode(rng: np.random.Generator, run: DemoRun, task: dict[str, Any
         reason = "success"
     else:
         reason = "submitted" if rng.random() < 0.8 else "gave_up"
-        error_class = "MODEL_BAD_PLAN" if rng.random() < 0.7 else "MODEL_INVALID_ACTION"
+        error_class = ErrorClass.MODEL_BAD_PLAN if rng.random() < 0.7 else ErrorClass.MODEL_INVALID_ACTION
     comps = {"resolved": 1.0 if success else 0.0, "partial": 1.0 if success else float(rng.choice([0.0, 0.5]))}
-    pol = [x for x in turns if x["actor"] == "policy"]
-    ep = {
+    price_turns(turns, DEMO_COSTS)
+    ep = build_episode({
         "episode_id": ep_id, "run_id": run.run_id, "task_id": task["task_id"], "task_version": task["task_version"],
         "split": task["split"], "env_id": "demo-swe", "env_version": "1.0", "env_image_digest": "sha256:demo",
-        "env_seed": seed, "group_id": f"{task['task_id']}:{task['task_version']}:{seed}:1.0", "attempt": 0,
-        "policy_version_start": run.policy_version, "policy_version_end": run.policy_version,
-        "started_at": start, "ended_at": t, "n_turns": len(turns),
-        "n_policy_tokens": sum(len(x["token_ids"]) for x in pol),
+        "env_seed": seed, "attempt": 0, "policy_version_start": run.policy_version,
+        "policy_version_end": run.policy_version, "started_at": start, "ended_at": t,
         "terminated": not truncated, "truncated": truncated, "termination_reason": reason,
         "error_class": error_class, "success": bool(success), "reward_total": comps["resolved"] + 0.1 * comps["partial"],
-        "reward_components": comps, "tokens_in": sum(x["tokens"] for x in turns if x["actor"] != "policy"),
-        "tokens_out": sum(x["tokens"] for x in pol), "cost_usd": float(sum(x["cost_usd"] for x in turns)),
-        "tool_seconds": float(sum(x["tool_seconds"] for x in turns)),
-        "wall_seconds": (t - start).total_seconds(), "faults_injected": faults, "injection_attempted": False,
-        "final_state_hash": f"s{steps}", "sandbox": "none",
-    }
+        "reward_components": comps, "wall_seconds": (t - start).total_seconds(), "injection_attempted": False,
+        "final_state_hash": f"s{steps}", "sandbox": "none", "verification_source": "synthetic",
+    }, turns)
+    assert ep["faults_injected"] == faults
     return ep, turns, events
 
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from trajlake.errors import SchemaDefinitionError, SchemaVersionError
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 SCHEMA_MAJOR = 1
 TABLES: tuple[str, ...] = ("episodes", "turns", "tasks", "runs", "gateway_events")
 # Parquet key-value metadata key under which every data file records its schema version.
@@ -49,6 +49,8 @@ class Column:
     nullable: bool
     description: str
     enum: tuple[str, ...] | None = None
+    since: str = "1.0"
+    """Schema version that added the column; files written before it lack it and read it as null."""
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -124,6 +126,7 @@ def _parse(raw: dict[str, Any], origin: str) -> TableDef:
                 nullable=bool(c["nullable"]),
                 description=c["description"],
                 enum=tuple(c["enum"]) if "enum" in c else None,
+                since=str(c.get("since", "1.0")),
             )
             for c in raw["columns"]
         )
@@ -166,6 +169,18 @@ def arrow_schema(name: str) -> pa.Schema:
 
 def all_table_defs() -> list[TableDef]:
     return [table_def(t) for t in TABLES]
+
+
+def version_tuple(version: str | bytes) -> tuple[int, ...]:
+    """'1.10' -> (1, 10): schema versions compare as numbers, not text."""
+    v = version.decode() if isinstance(version, bytes) else version
+    return tuple(int(p) for p in v.split("."))
+
+
+def added_since(name: str, file_version: str | bytes) -> list[Column]:
+    """Columns of ``name`` added after ``file_version`` (a file written then lacks them)."""
+    fv = version_tuple(file_version)
+    return [c for c in table_def(name).columns if version_tuple(c.since) > fv]
 
 
 def check_schema_version(version: str | bytes | None, where: str) -> None:

@@ -21,8 +21,9 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from trajlake.envs.core import (
     BudgetTracker,
     Env,
     EnvError,
+    Requirement,
     ResetResult,
     Snapshot,
     StepResult,
@@ -39,7 +41,8 @@ from trajlake.envs.core import (
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
 from trajlake.envs.mini_swe.grading import TASKS_PATH, GradeResult, grade, load_tasks, materialize_workspace
-from trajlake.envs.mini_swe.sandbox import run_pytest
+from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
+from trajlake.envs.policy import Policy, TaskView
 
 ENV_ID = "mini-swe"
 ENV_VERSION = "1.0"
@@ -77,13 +80,14 @@ class MiniSWEEnv(Env):
 
     env_id = ENV_ID
     env_version = ENV_VERSION
+    verification_source = "hidden_tests"
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  workdir: str | os.PathLike[str] | None = None, sandbox: str = "auto",
                  budget: Budget | None = None, test_timeout_s: float = 60.0):
         all_tasks = [dict(t) for t in (tasks if tasks is not None else load_tasks())]
         self.tasks = sorted((t for t in all_tasks if split is None or t["split"] == split),
-                            key=lambda t: t["task_id"])
+                                 key=lambda t: t["task_id"])
         if not self.tasks:
             raise EnvError(f"no Mini SWE tasks in split {split!r}")
         self.by_id: dict[str, list[dict[str, Any]]] = {}
@@ -108,6 +112,37 @@ class MiniSWEEnv(Env):
     @property
     def image_digest(self) -> str:
         return _code_digest()
+
+    def list_tasks(self) -> list[dict[str, Any]]:
+        return [dict(t) for t in self.tasks]
+
+    def task_row(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        return task_row(task)
+
+    def task_view(self, task_id: str, task_version: str, *, oracle: bool = False) -> TaskView:
+        t = self.task_for(0, task_version, task_id)
+        secret: Mapping[str, Any] | None = {"fix_diff": t["fix_diff"]} if oracle else None
+        return TaskView(task_id, task_version, t["statement"], TOOL_DOCS, secret)
+
+    @classmethod
+    def policies(cls) -> Mapping[str, Callable[[str], Policy]]:
+        from trajlake.envs.mini_swe.policies import POLICIES
+
+        return POLICIES
+
+    def requirements(self) -> list[Requirement]:
+        """Grading runs the hidden tests with ``python -m pytest`` in a sandbox: both must be there."""
+        out: list[Requirement] = []
+        try:
+            kind = resolve_sandbox(self.sandbox)
+            note = ("bubblewrap: no network, read-only system" if kind == "bwrap" else
+                    "rlimit fallback: resource limits only, no filesystem or network isolation "
+                    "(install bubblewrap for isolation)")
+            out.append(Requirement("sandbox", True, f"{kind} ({note})"))
+        except Exception as e:  # an explicit sandbox="bwrap" without a working bwrap
+            out.append(Requirement("sandbox", False, str(e), "apt-get install bubblewrap, or use sandbox='auto'"))
+        out.append(pytest_requirement())
+        return out
 
     def task_for(self, seed: int, task_version: str | None = None, task_id: str | None = None) -> dict[str, Any]:
         if task_id is None:
@@ -155,7 +190,9 @@ class MiniSWEEnv(Env):
         if self.done:
             raise EnvError("the episode is over; call reset")
         tool, args, problem = _parse(action)
+        t0 = time.perf_counter()
         res = self.gateway.call(tool, args, idempotency_key=idempotency_key, taint=self._taint)
+        tool_seconds = time.perf_counter() - t0  # the tool's own time: the sandboxed test runs dominate it
         obs = res.output if problem is None else f"{problem}\n{res.output}"
         status = res.status if problem is None else "MODEL_INVALID_ACTION"
         comps: dict[str, float] = {}
@@ -176,7 +213,7 @@ class MiniSWEEnv(Env):
         return StepResult(observation=_clip(obs), reward_components=comps, terminated=terminated,
                           truncated=truncated, status=status, cost_usd=0.0, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None,
-                          tool_seconds=0.0, gateway_events=(res.event,), taint=self._taint)
+                          tool_seconds=tool_seconds, gateway_events=(res.event,), taint=self._taint)
 
     def count_external_step(self, tokens: int, cost_usd: float) -> StepResult | None:
         """Count a step that never reached the environment (an injected fault) against the budgets; when

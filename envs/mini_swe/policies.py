@@ -12,8 +12,7 @@ from typing import Any
 
 from trajlake.envs.mini_swe.library import parse_python
 from trajlake.envs.mini_swe.patching import parse_patch
-
-from trajlake.rollout.policy import Policy, PolicyOutput, TaskView
+from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 
 _LINE = re.compile(r"^\s*\d+\| ?(.*)$")
 
@@ -32,7 +31,7 @@ class _Scripted(Policy):
 
     def act(self, observation: str) -> PolicyOutput:
         action = self.next_action(observation)
-        return self.scripted_output(action, observation)
+        return self.scripted_output(action)
 
     def next_action(self, observation: str) -> str:
         return self.plan.pop(0) if self.plan else _act("submit")
@@ -171,7 +170,7 @@ class RandomPolicy(Policy):
         }.get(tool, {})
         if tool == "submit" and self.rng.random() < 0.7:  # do not give up too early
             tool, args = "read_file", {"path": path}
-        return self.scripted_output(_act(tool, **args), observation)
+        return self.scripted_output(_act(tool, **args))
 
 
 POLICIES: dict[str, type[Policy]] = {"oracle": OraclePolicy, "heuristic": HeuristicPolicy, "random": RandomPolicy}

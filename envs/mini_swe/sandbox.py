@@ -36,7 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Limits", "PytestRun", "SandboxKind", "bwrap_available", "run_pytest"]
+from trajlake.envs.core import Requirement
+
+__all__ = ["Limits", "PytestRun", "SandboxKind", "bwrap_available", "pytest_requirement", "resolve_sandbox",
+           "run_pytest"]
 
 SandboxKind = Literal["bwrap", "rlimit"]
 PLUGIN_NAME = "trajlake_mini_swe_report"
@@ -278,3 +281,22 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
+
+
+def resolve_sandbox(sandbox: str) -> SandboxKind:
+    """The isolation a ``sandbox`` setting (auto, bwrap, rlimit) gives on this machine; raises when an explicit
+    kind is not available."""
+    return _resolve_sandbox(sandbox)
+
+
+def pytest_requirement() -> Requirement:
+    """Grading runs ``python -m pytest`` with this interpreter: is pytest importable by it?"""
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import pytest; print(pytest.__version__)"],
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        return Requirement("pytest", False, f"{sys.executable} could not run: {e}", "pip install pytest")
+    if proc.returncode != 0:
+        return Requirement("pytest", False, f"not importable by {sys.executable} (the grader runs the hidden "
+                           f"tests with `python -m pytest`)", "pip install pytest")
+    return Requirement("pytest", True, f"pytest {proc.stdout.strip()} ({sys.executable})")

@@ -1,14 +1,21 @@
-"""The ``trajlake`` command line (Typer). Every error prints one clear line and exits non-zero."""
+"""The ``trajlake`` command line (Typer): thin commands over library functions.
+
+Every command finds its lake with ``options.lake_path`` (``--lake`` before or after the command), shares
+its options from ``trajlake.cli.options`` and prints through ``trajlake.cli.output``. Every error prints one
+clear line and exits non-zero (``main``).
+"""
 
 from __future__ import annotations
 
-import os
+import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from trajlake.cli.options import AsOfOpt, CliContext, FormatOpt, LakeOpt, MemoryOpt, lake_path
 from trajlake.cli.output import Format, emit
 from trajlake.errors import TrajlakeError, ValidationError
 
@@ -20,96 +27,65 @@ app = typer.Typer(
     add_completion=False,
 )
 
-FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
-AsOfOpt = Annotated[str | None, typer.Option(
-    "--as-of", help="Pin table versions: 'episodes=3,turns=5,...' (as printed by `trajlake info`) or an "
-    "ISO-8601 timestamp.")]
-
-
-class _State:
-    lake_path: Path = Path("lake")
-
-
-state = _State()
-
 
 @app.callback()
-def _main(lake: Annotated[Path | None, typer.Option(
-        "--lake", help="Lake directory (default: $TRAJLAKE_LAKE or ./lake).", show_default=False)] = None) -> None:
-    state.lake_path = lake or Path(os.environ.get("TRAJLAKE_LAKE") or "lake")
+def _main(ctx: typer.Context, lake: LakeOpt = None) -> None:
+    ctx.obj = CliContext(lake=lake)
 
 
-def _lake() -> Any:
+def _open(ctx: typer.Context, lake: Path | None) -> Any:
     from trajlake.lake.store import Lake
 
-    return Lake.open(state.lake_path)
+    return Lake.open(lake_path(ctx, lake))
 
 
 @app.command()
-def init() -> None:
+def init(ctx: typer.Context, lake: LakeOpt = None) -> None:
     """Create an empty lake (idempotent)."""
     from trajlake.lake.store import Lake
 
-    lk = Lake.init(state.lake_path)
+    lk = Lake.init(lake_path(ctx, lake))
     typer.echo(f"initialised lake at {lk.root}")
 
 
-def _info_rows(lk: Any) -> tuple[list[str], list[list[Any]]]:
-    from trajlake.query import connect
-    from trajlake.schema import SCHEMA_VERSION, TABLES
+def _emit_info(lk: Any, fmt: Format) -> None:
+    from trajlake.query.info import COLUMNS, pins, table_info
 
-    versions = lk.versions()
-    con = connect(lk, versions)
-    rows = []
-    for name in TABLES:
-        files = lk.files(name, versions[name])
-        (count,) = con.execute(f"SELECT count(*) FROM {name}").fetchone()  # type: ignore[misc]
-        rows.append([name, count, versions[name], len(files), sum(f.size for f in files), SCHEMA_VERSION])
-    return ["table", "rows", "version", "files", "bytes", "schema_version"], rows
-
-
-@app.command()
-def info(fmt: FormatOpt = Format.table) -> None:
-    """Tables with committed row counts, Delta versions, files, size and schema version."""
-    lk = _lake()
-    cols, rows = _info_rows(lk)
-    emit(cols, rows, fmt, title=f"lake {lk.root}")
+    infos = table_info(lk)
+    emit(COLUMNS, [i.as_row() for i in infos], fmt, title=f"lake {lk.root}")
     if fmt == Format.table:
-        pins = ",".join(f"{r[0]}={r[2]}" for r in rows)
-        typer.echo(f"pin these versions with: --as-of {pins}")
+        typer.echo(f"pin these versions with: --as-of {pins(infos)}")
 
 
 @app.command()
-def sql(query: Annotated[str, typer.Argument(help="SQL over the views episodes, turns, tasks, runs, "
+def info(ctx: typer.Context, fmt: FormatOpt = Format.table, lake: LakeOpt = None) -> None:
+    """Tables with committed row counts, Delta versions, files, size and schema version."""
+    _emit_info(_open(ctx, lake), fmt)
+
+
+@app.command()
+def sql(ctx: typer.Context,
+        query: Annotated[str, typer.Argument(help="SQL over the views episodes, turns, tasks, runs, "
                                                "gateway_events (DuckDB dialect).")],
-        as_of: AsOfOpt = None, fmt: FormatOpt = Format.table,
-        memory_limit: Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")] = None) -> None:
+        as_of: AsOfOpt = None, fmt: FormatOpt = Format.table, memory_limit: MemoryOpt = None,
+        lake: LakeOpt = None) -> None:
     """Run a SQL query against the lake."""
-    import duckdb
+    from trajlake.query import run_query
 
-    from trajlake.errors import QueryError
-    from trajlake.query import connect
-
-    con = connect(_lake(), as_of, memory_limit=memory_limit)
-    try:
-        rel = con.execute(query)
-        cols = [d[0] for d in rel.description] if rel.description else []
-        rows = rel.fetchall() if cols else []
-    except duckdb.Error as e:
-        raise QueryError(str(e).splitlines()[0]) from e
+    cols, rows = run_query(_open(ctx, lake), query, as_of, memory_limit=memory_limit)
     emit(cols, rows, fmt)
 
 
 @app.command()
-def verify(as_of: AsOfOpt = None,
+def verify(ctx: typer.Context, as_of: AsOfOpt = None,
            strict: Annotated[bool, typer.Option(help="Treat uncommitted (orphan) turns as a failure.")] = False,
-           fmt: FormatOpt = Format.table) -> None:
+           fmt: FormatOpt = Format.table, lake: LakeOpt = None) -> None:
     """Recompute every hash and check schema versions, keys, episode completeness and orphans.
 
     Exits 1 and names the file or episode on any problem."""
     from trajlake.lake.maintenance import verify as run_verify
 
-    rep = run_verify(_lake(), as_of, strict=strict)
+    rep = run_verify(_open(ctx, lake), as_of, strict=strict)
     rows = [["problem", p] for p in rep.problems] + [["note", n] for n in rep.notes]
     if fmt == Format.table:
         for kind, msg in rows:
@@ -124,17 +100,22 @@ def verify(as_of: AsOfOpt = None,
 
 @app.command()
 def compact(
+    ctx: typer.Context,
     retention_hours: Annotated[float, typer.Option(help="Vacuum keeps removed files this long, so pinned "
                                                        "versions stay readable.")] = 168.0,
     orphan_grace_hours: Annotated[float, typer.Option(help="Uncommitted turns younger than this are left alone "
                                                           "(their writer may still be committing).")] = 1.0,
     vacuum: Annotated[bool, typer.Option(help="Delete files removed longer ago than the retention.")] = True,
     fmt: FormatOpt = Format.table,
+    lake: LakeOpt = None,
 ) -> None:
     """Merge small files, drop old orphans and identical duplicates, checkpoint, vacuum. Safe with writers."""
     from trajlake.lake.maintenance import compact as run_compact
 
-    rep = run_compact(_lake(), retention_hours=retention_hours, orphan_grace_hours=orphan_grace_hours,
+    for name, value in (("--retention-hours", retention_hours), ("--orphan-grace-hours", orphan_grace_hours)):
+        if not value >= 0:
+            raise TrajlakeError(f"{name} must be a non-negative number of hours, not {value}")
+    rep = run_compact(_open(ctx, lake), retention_hours=retention_hours, orphan_grace_hours=orphan_grace_hours,
                       vacuum=vacuum)
     rows = [[t, rep.files_before.get(t, 0), rep.files_after.get(t, 0), rep.versions.get(t)]
             for t in rep.files_after]
@@ -146,6 +127,7 @@ def compact(
 
 @app.command()
 def ingest(
+    ctx: typer.Context,
     files: Annotated[list[Path], typer.Argument(help="Input files.", exists=False)],
     input_format: Annotated[str, typer.Option("--format", help="Input format: trajlake-jsonl, openai-chat, "
                                                               "swe-agent, inspect or openhands.")] = "trajlake-jsonl",
@@ -155,31 +137,21 @@ def ingest(
                                                         "of imported text.")] = None,
     skip_invalid: Annotated[bool, typer.Option(help="Write the valid episodes of a file that has invalid "
                                                     "ones (still exits 1).")] = False,
+    lake: LakeOpt = None,
 ) -> None:
     """Import episodes. The whole file is validated first; by default any invalid episode means nothing of
     that file is written. Re-importing the same file is a no-op."""
-    from trajlake.io.importers import FORMATS, import_file
-    from trajlake.io.jsonl import ingest_jsonl
+    from trajlake.io.ingest import check_options, ingest_file
     from trajlake.record.writer import LakeWriter
 
-    if input_format != "trajlake-jsonl" and input_format not in FORMATS:
-        raise TrajlakeError(f"--format {input_format!r} is not supported; supported: trajlake-jsonl, "
-                            f"{', '.join(FORMATS)}")
-    if input_format == "trajlake-jsonl" and (run_id or tokenizer):
-        raise TrajlakeError("--run-id and --tokenizer apply to the importers, not to trajlake-jsonl (which "
-                            "carries its own run ids and token ids)")
-    lk = _lake()
+    check_options(input_format, run_id=run_id, tokenizer=tokenizer)
     failed = False
-    with LakeWriter(lk) as w:
+    with LakeWriter(_open(ctx, lake)) as w:
         for f in files:
-            if not f.is_file():
-                raise TrajlakeError(f"{f}: no such file")
-            if input_format == "trajlake-jsonl":
-                s = ingest_jsonl(w, f, skip_invalid=skip_invalid)
-            else:
-                s = import_file(w, f, input_format, run_id=run_id, tokenizer=tokenizer, skip_invalid=skip_invalid)
+            s = ingest_file(w, f, input_format, run_id=run_id, tokenizer=tokenizer, skip_invalid=skip_invalid)
             typer.echo(f"{f}: {s.episodes_written} episode(s) written, {s.duplicates} already present, "
-                       f"{len({i.episode_id for i in s.rejected})} rejected; {s.tasks_written} task(s), {s.runs_written} run(s)")
+                       f"{len({i.episode_id for i in s.rejected})} rejected; {s.tasks_written} task(s), "
+                       f"{s.runs_written} run(s)")
             for issue in s.rejected[:20]:
                 typer.echo(f"  rejected: {issue}", err=True)
             failed = failed or bool(s.rejected)
@@ -202,6 +174,8 @@ def schema(
         f = Format(fmt)
     except ValueError as e:
         raise TrajlakeError(f"--format must be table, json, csv or markdown, not {fmt!r}") from e
+    if table is not None and table not in TABLES:
+        raise TrajlakeError(f"--table: unknown table {table!r}; tables are {', '.join(TABLES)}")
     names = [table] if table else list(TABLES)
     rows = []
     for n in names:
@@ -213,65 +187,75 @@ def schema(
 
 @app.command()
 def demo(
-    seeds: Annotated[int, typer.Option(help="Seeds per task.")] = 3,
-    tasks: Annotated[int, typer.Option(help="Number of synthetic tasks.")] = 40,
+    ctx: typer.Context,
+    seeds: Annotated[int, typer.Option(help="Seeds per task.", min=1)] = 3,
+    tasks: Annotated[int, typer.Option(help="Number of synthetic tasks.", min=1)] = 40,
     fmt: FormatOpt = Format.table,
+    lake: LakeOpt = None,
 ) -> None:
     """Write realistic synthetic episodes (3 runs x tasks x seeds) into the lake and print `trajlake info`."""
     from trajlake.demo import write_demo
     from trajlake.lake.store import Lake
     from trajlake.record.writer import LakeWriter
 
-    lk = Lake.init(state.lake_path)
+    lk = Lake.init(lake_path(ctx, lake))
     with LakeWriter(lk) as w:
         n = write_demo(w, seeds=seeds, n_tasks=tasks)
     if fmt == Format.table:
         typer.echo(f"demo: {n} new episode(s) written to {lk.root}")
-    cols, rows = _info_rows(lk)
-    emit(cols, rows, fmt, title=f"lake {lk.root}")
+    _emit_info(lk, fmt)
 
 
-def _parse_seeds(text: str) -> tuple[int, ...]:
-    """'0,1,2' or '0-4' (inclusive) or a mix: '0-2,7'."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
+def _parse_env_args(values: list[str] | None) -> dict[str, Any]:
+    """``--env-arg KEY=VALUE`` (VALUE as JSON when it parses, else text)."""
+    out: dict[str, Any] = {}
+    for item in values or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise TrajlakeError(f"--env-arg {item!r}: expected KEY=VALUE")
         try:
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1) if not part.startswith("-") else ("-" + part[1:].split("-", 1)[0],
-                                                                              part[1:].split("-", 1)[1])
-                a, b = int(lo), int(hi)
-                if b < a:
-                    raise ValueError
-                out += range(a, b + 1)
-            else:
-                out.append(int(part))
-        except ValueError as e:
-            raise TrajlakeError(f"--seeds: {part!r} is not a seed or an inclusive range like 0-4") from e
-    return tuple(dict.fromkeys(out))
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def _print_checks(reqs: list[Any], env: str) -> None:
+    for r in reqs:
+        typer.echo(f"check {env}: {r.name}: {'ok' if r.ok else 'MISSING'}: {r.detail}", err=True)
 
 
 @app.command()
 def rollout(
-    env: Annotated[str, typer.Option(help="Environment: mini-swe.")] = "mini-swe",
-    policy: Annotated[str, typer.Option(help="Policy: oracle, random, heuristic, hf:PATH (local model folder), "
-                                             "openai:MODEL (with --base-url) or single-turn:SPEC (baseline B0).")
-                      ] = "heuristic",
+    ctx: typer.Context,
+    env: Annotated[str, typer.Option(help="Environment (a registered name, e.g. mini-swe).")] = "mini-swe",
+    policy: Annotated[str, typer.Option(help="Policy: a built-in one of the environment (oracle, random, "
+                                             "heuristic), hf:PATH (a local model folder), openai:MODEL (with "
+                                             "--base-url) or single-turn:SPEC (baseline B0); docs/policies.md."
+                                        )] = "heuristic",
     split: Annotated[str, typer.Option(help="Task split: train, dev or hidden.")] = "dev",
     seeds: Annotated[str, typer.Option(help="Seeds: 0,1,2 or an inclusive range 0-4.")] = "0",
-    workers: Annotated[int, typer.Option(help="Parallel workers (processes, or Ray actors).")] = 1,
+    workers: Annotated[int, typer.Option(help="Parallel workers (processes, or Ray actors).", min=1)] = 1,
     run_id: Annotated[str | None, typer.Option(help="Run id (default: <policy>-<split>).")] = None,
     fault_rate: Annotated[float, typer.Option(help="Probability of an injected transient fault per step.")] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="Seed of the fault injector.")] = 0,
     policy_version: Annotated[str | None, typer.Option(help="Pin the policy version (default: latest "
                                                              "published).")] = None,
     max_policy_lag: Annotated[int | None, typer.Option(help="Most versions a worker may lag the latest "
-                                                           "published one before it moves up (between episodes).")] = None,
+                                                           "published one before it moves up (between episodes).",
+                                                      min=0)] = None,
     engine: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
     commit_every: Annotated[float, typer.Option(help="Seconds between a worker's commits (0: after every "
-                                                     "episode); a crash loses at most that much work.")] = 30.0,
+                                                     "episode); a crash loses at most that much work.", min=0)] = 30.0,
+    price_in: Annotated[float, typer.Option(help="USD per million input tokens of the policy.", min=0)] = 0.0,
+    price_out: Annotated[float, typer.Option(help="USD per million output tokens of the policy.", min=0)] = 0.0,
+    price_tool_second: Annotated[float | None, typer.Option(
+        help="USD per second of tool time (default: one cloud vCPU-second, see docs/eval.md).", min=0)] = None,
+    env_arg: Annotated[list[str] | None, typer.Option(help="Environment setting KEY=VALUE (repeatable).")] = None,
+    preflight: Annotated[bool, typer.Option(help="Check the environment (sandbox, grader, one oracle "
+                                                 "solution graded end to end) before playing.")] = True,
     attempts: Annotated[int, typer.Option(help="Attempts per task and seed (attempt 0..N-1, one group_id, "
-                                               "distinct sampling seeds).")] = 1,
+                                               "distinct sampling seeds).", min=1)] = 1,
     policy_arg: Annotated[list[str] | None, typer.Option(
         "--policy-arg", help="KEY=VALUE setting of a language-model policy (repeatable): temperature, top_p, "
         "max_new_tokens, seed, price_in, price_out, ... (docs/policies.md).")] = None,
@@ -279,6 +263,7 @@ def rollout(
     tasks: Annotated[str | None, typer.Option(help="Only these task ids of the split (comma-separated).")] = None,
     config: Annotated[Path | None, typer.Option(help="TOML file of rollout options (keys as the option names, "
                                                      "[policy_args] table); options given here win.")] = None,
+    lake: LakeOpt = None,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
 
@@ -286,7 +271,9 @@ def rollout(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trajlake.policies import check_policy_spec, parse_policy_args
-    from trajlake.rollout.runner import RolloutConfig, run_rollout
+    from trajlake.record.episode import CostModel
+    from trajlake.rollout.preflight import preflight as check_env
+    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 
     file_cfg = _rollout_config_file(config) if config else {}
     policy = policy if policy != "heuristic" else str(file_cfg.get("policy", policy))
@@ -301,19 +288,26 @@ def rollout(
     args.update(parse_policy_args(policy_arg or []))
     if base_url:
         args["base_url"] = base_url
-    if attempts < 1:
-        raise TrajlakeError("--attempts must be at least 1")
+    # --policy-arg price_in / price_out are the run's prices too (the cost model prices the reported usage).
+    price_in = price_in or float(args.get("price_in", 0) or 0)
+    price_out = price_out or float(args.get("price_out", 0) or 0)
     if engine not in ("local", "ray"):
         raise TrajlakeError(f"--engine must be local or ray, not {engine!r}")
     if not 0.0 <= fault_rate <= 1.0:
         raise TrajlakeError("--fault-rate must be between 0 and 1")
-    cfg = RolloutConfig(lake=str(state.lake_path), run_id=run_id or f"{policy.replace('/', '_')}-{split}", env=env,
-                        policy=policy,
-                        split=split, seeds=_parse_seeds(seeds), workers=max(1, workers), fault_rate=fault_rate,
-                        fault_seed=fault_seed, policy_version=policy_version, max_policy_lag=max_policy_lag,
-                        commit_every_s=commit_every, attempts=attempts, policy_args=args,
+    cost = CostModel(price_in, price_out) if price_tool_second is None else \
+        CostModel(price_in, price_out, price_tool_second)
+    cfg = RolloutConfig(lake=str(lake_path(ctx, lake)), run_id=run_id or f"{policy.replace('/', '_')}-{split}",
+                        env=env,
+                        policy=policy, split=split, seeds=parse_seeds(seeds), workers=workers,
+                        fault_rate=fault_rate, fault_seed=fault_seed, policy_version=policy_version,
+                        max_policy_lag=max_policy_lag, commit_every_s=commit_every,
+                        env_kwargs=_parse_env_args(env_arg), cost_model=cost, engine=engine, attempts=attempts,
+                        policy_args=args,
                         task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else ())
     check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
+    if preflight:
+        _print_checks(check_env(env, split, **cfg.env_kwargs), env)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=False, disable=not sys.stderr.isatty()) as bar:
         job = bar.add_task(f"rollout {cfg.run_id}", total=None)
@@ -321,7 +315,7 @@ def rollout(
         def progress(done: int, total: int) -> None:
             bar.update(job, completed=done, total=total)
 
-        s = run_rollout(cfg, engine=engine, progress=progress)
+        s = run_rollout(cfg, progress=progress)
     typer.echo(f"run {cfg.run_id}: {s.written} episode(s) written ({s.successes} successful), "
                f"{s.skipped_existing} already in the lake, {len(s.failed_items)} failed, of {s.planned} planned")
     for f in s.failed_items[:10]:
@@ -348,72 +342,73 @@ def _rollout_config_file(path: Path) -> dict[str, Any]:
 
 
 @app.command()
-def replay(episode: Annotated[str, typer.Option("--episode", help="Episode id.")], as_of: AsOfOpt = None) -> None:
+def replay(ctx: typer.Context, episode: Annotated[str, typer.Option("--episode", help="Episode id.")],
+           as_of: AsOfOpt = None, lake: LakeOpt = None) -> None:
     """Re-run a stored episode under its pinned versions; exit 0 only if every state hash matches."""
-    from trajlake.envs import make_env
-    from trajlake.query import connect
-    from trajlake.rollout.runner import replay_log_from_rows
+    from trajlake.rollout.replay import replay_episode
 
-    con = connect(_lake(), as_of)
-    rel = con.execute("select * from episodes where episode_id = ?", [episode])
-    cols = [d[0] for d in rel.description]
-    rows = rel.fetchall()
-    if not rows:
-        raise TrajlakeError(f"episode {episode!r} is not in the lake")
-    ep = dict(zip(cols, rows[0], strict=True))
-    rel = con.execute("select * from turns where episode_id = ? order by turn_idx", [episode])
-    tcols = [d[0] for d in rel.description]
-    turns = [dict(zip(tcols, r, strict=True)) for r in rel.fetchall()]
-    log, turn_of_step = replay_log_from_rows(ep, turns)
-    env = make_env(ep["env_id"], split=None)
-    if env.image_digest != ep["env_image_digest"]:
-        typer.echo(f"note: environment digest differs from the recorded one ({ep['env_image_digest']})", err=True)
-    try:
-        report = env.replay(log)
-    finally:
-        env.close()
-    if report.ok:
-        typer.echo(f"episode {episode}: replayed {report.steps_replayed} step(s); every state hash matches")
-        return
-    where = "the state after reset" if report.first_divergence in (None, -1) else \
-        f"turn {turn_of_step[report.first_divergence]} (step {report.first_divergence})" \
-        if report.first_divergence < len(turn_of_step) else f"step {report.first_divergence}"
-    typer.echo(f"episode {episode}: diverges at {where}: {report.message} "
-               f"(expected {str(report.expected_hash)[:12]}, got {str(report.actual_hash)[:12]})", err=True)
-    raise typer.Exit(1)
+    outcome = replay_episode(_open(ctx, lake), episode, as_of)
+    if not outcome.digest_matches:
+        typer.echo(f"note: environment digest differs from the recorded one ({outcome.recorded_digest})", err=True)
+    typer.echo(outcome.message(), err=not outcome.ok)
+    if not outcome.ok:
+        raise typer.Exit(1)
 
 
 @app.command()
 def quickstart(
+    ctx: typer.Context,
     seeds: Annotated[str, typer.Option(help="Seeds per task: 0,1 or an inclusive range 0-1.")] = "0-1",
-    workers: Annotated[int, typer.Option(help="Parallel rollout workers.")] = 2,
+    workers: Annotated[int, typer.Option(help="Parallel rollout workers.", min=1)] = 2,
     out: Annotated[Path, typer.Option(help="Where to write the HTML report.")] = Path("trajlake-report.html"),
-    resamples: Annotated[int, typer.Option(help="Bootstrap resamples of the report.")] = 2000,
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples of the report.", min=1)] = 2000,
+    env: Annotated[str, typer.Option(help="Environment (a registered name).")] = "mini-swe",
+    split: Annotated[str, typer.Option(help="Task split to play.")] = "dev",
+    preflight: Annotated[bool, typer.Option(help="Check the environment before playing.")] = True,
+    lake: LakeOpt = None,
 ) -> None:
     """The main job on the embedded default: roll out the oracle, heuristic and random policies on Mini SWE's
-    dev split into the lake, print the paired report of heuristic vs random, and write the HTML report."""
+    dev split into the lake, print the paired report of heuristic vs random, and write the HTML report.
+    Exits 1 when the oracle fails any task it played (the environment is broken on this machine)."""
     from trajlake.evaluators import render
-    from trajlake.evaluators.metrics import Settings
-    from trajlake.evaluators.report import build_report
-    from trajlake.rollout.runner import RolloutConfig, run_rollout
+    from trajlake.rollout.preflight import preflight as check_env
+    from trajlake.rollout.quickstart import run_quickstart
+    from trajlake.rollout.runner import parse_seeds
 
-    seed_list = _parse_seeds(seeds)
-    runs = {}
-    for policy in ("oracle", "heuristic", "random"):
-        run_id = f"quickstart-{policy}"
-        cfg = RolloutConfig(lake=str(state.lake_path), run_id=run_id, env="mini-swe", policy=policy, split="dev",
-                            seeds=seed_list, workers=max(1, workers))
-        s = run_rollout(cfg)
-        typer.echo(f"{run_id}: {s.written} new episode(s), {s.skipped_existing} already in the lake, "
-                   f"{s.successes} of the new ones successful")
-        if s.failed_items:
-            raise TrajlakeError(f"{run_id}: {len(s.failed_items)} episode(s) failed: {s.failed_items[0]}")
-        runs[policy] = run_id
-    report = build_report(state.lake_path, runs=list(runs.values()), baseline=runs["random"],
-                          candidate=runs["heuristic"], settings=Settings(resamples=resamples, seed=0))
-    render.print_report(report)
-    out.write_text(render.render_html(report), encoding="utf-8")
+    seed_list = parse_seeds(seeds)
+    if preflight:
+        _print_checks(check_env(env, split), env)
+    res = run_quickstart(lake_path(ctx, lake), env=env, split=split, seeds=seed_list, workers=workers,
+                         resamples=resamples, echo=typer.echo)
+    typer.echo(f"oracle: solved {res.oracle_solved} of {res.oracle_played} task episode(s)")
+    render.print_report(res.report)
+    try:
+        out.write_text(render.render_html(res.report), encoding="utf-8")
+    except OSError as e:
+        raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from e
     typer.echo(f"wrote the HTML report to {out}")
+
+
+@app.command()
+def doctor(
+    fmt: FormatOpt = Format.table,
+    oracle: Annotated[bool, typer.Option(help="Also grade one oracle solution per environment end to end.")
+                      ] = True,
+) -> None:
+    """What the lake and the environments need (sandbox, pytest, DuckDB's delta extension, chromium,
+    torch/CUDA, versions) and whether each is there. Exits 1 when something required is broken."""
+    from trajlake.rollout.preflight import doctor_checks
+
+    checks = doctor_checks(oracle=oracle)
+    rows = [[c.component, c.requirement.name, "ok" if c.requirement.ok else
+             ("MISSING" if c.requirement.required else "absent (optional)"), c.requirement.detail,
+             "" if c.requirement.ok else c.requirement.fix] for c in checks]
+    emit(["component", "check", "status", "detail", "fix"], rows, fmt)
+    broken = [c for c in checks if c.requirement.required and not c.requirement.ok]
+    if broken:
+        if fmt == Format.table:
+            typer.echo(f"{len(broken)} required check(s) failed", err=True)
+        raise typer.Exit(1)
 
 
 def _register_command_groups() -> None:
@@ -453,13 +448,22 @@ def main() -> None:
         typer.echo("aborted", err=True)
         sys.exit(130)
     except Exception as e:  # click usage errors and anything unexpected: still one line
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
+        if isinstance(e, _click_exceptions()):
+            e.show()  # type: ignore[attr-defined]
+            sys.exit(e.exit_code)  # type: ignore[attr-defined]
         typer.echo(f"error: {type(e).__name__}: {e}", err=True)
         sys.exit(1)
+
+
+def _click_exceptions() -> tuple[type[Exception], ...]:
+    """Usage errors come from click, or from the copy of click that newer Typer versions carry."""
+    import importlib
+
+    out: list[type[Exception]] = []
+    for module in ("click.exceptions", "typer._click.exceptions"):
+        with contextlib.suppress(ImportError, AttributeError):
+            out.append(importlib.import_module(module).ClickException)
+    return tuple(out)
 
 
 __all__ = ["app", "main"]

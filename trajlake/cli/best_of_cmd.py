@@ -9,12 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
+from trajlake.cli.options import LakeOpt, lake_path
 from trajlake.errors import TrajlakeError
 
 __all__ = ["best_of_command", "register"]
 
 
 def best_of_command(
+    ctx: typer.Context,
     run: Annotated[str | None, typer.Option("--run", help="The group rollout (played with --attempts N).")] = None,
     out_run: Annotated[str | None, typer.Option(help="The new run holding the chosen attempts.")] = None,
     budget_tokens: Annotated[float | None, typer.Option(
@@ -23,10 +25,10 @@ def best_of_command(
         help="Match the budget to this run's mean tokens per episode on the same tasks.")] = None,
     config: Annotated[Path | None, typer.Option(
         help="TOML file: its [select] table gives run, out_run, budget_tokens or match.")] = None,
+    lake: LakeOpt = None,
 ) -> None:
     """Choose one attempt per group by visible tests, then the model's own log-probs (never hidden tests), within
     the budget, and write the choices as a new run for `trajlake eval`."""
-    from trajlake.cli import state
     from trajlake.policies.best_of import select_best
 
     sel: dict[str, Any] = {}
@@ -43,7 +45,7 @@ def best_of_command(
         budget_tokens, match = sel.get("budget_tokens"), sel.get("match")
     if not run or not out_run:
         raise TrajlakeError("best-of needs --run (the group rollout) and --out-run")
-    report = select_best(str(state.lake_path), run, out_run, budget_tokens=budget_tokens, match_run=match)
+    report = select_best(str(lake_path(ctx, lake)), run, out_run, budget_tokens=budget_tokens, match_run=match)
     typer.echo(report.summary())
 
 

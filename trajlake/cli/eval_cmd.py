@@ -1,7 +1,7 @@
 """``trajlake eval`` and ``trajlake diagnose``: evaluation reports and regression diagnosis over the lake.
 
-Wire them into the CLI with ``register(app)`` (``trajlake/cli/__init__.py``). Both read the lake named by the
-global ``--lake`` option, pin the table versions they read (printed in every report, reusable with ``--as-of``)
+Wire them into the CLI with ``register(app)`` (``trajlake/cli/__init__.py``). Both read the lake named by ``--lake``
+(before or after the command), pin the table versions they read (printed in every report, reusable with ``--as-of``)
 and raise :class:`trajlake.errors.TrajlakeError` subclasses for bad input, which ``trajlake.cli.main`` prints
 as one line with exit status 1.
 """
@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path
 from trajlake.errors import TrajlakeError
 
 __all__ = ["DiagnoseFormat", "ReportFormat", "diagnose_command", "eval_command", "register"]
@@ -39,22 +40,10 @@ class DiagnoseFormat(enum.StrEnum):
 
 DEFAULT_HTML = Path("trajlake-report.html")
 
-AsOfOpt = Annotated[str | None, typer.Option(
-    "--as-of", help="Pin table versions: 'episodes=3,turns=5,...' (as printed in every report) or an ISO-8601 "
-    "timestamp.")]
 ResamplesOpt = Annotated[int, typer.Option(help="Task-cluster bootstrap resamples (ratios, tails).", min=1)]
 SeedOpt = Annotated[int, typer.Option(help="Seed of the bootstraps (reports are reproducible given it).")]
-MemoryOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB (default: half of the "
-                                                      "machine's memory).")]
 ThreadsOpt = Annotated[int | None, typer.Option(help="DuckDB threads (default: all cores).", min=1)]
 ConfidenceOpt = Annotated[float, typer.Option(help="Confidence level of every interval.", min=0.5, max=0.999)]
-
-
-def _lake_path() -> Path:
-    """The lake of the global ``--lake`` option (imported late: ``trajlake.cli`` imports this module)."""
-    from trajlake.cli import state
-
-    return state.lake_path
 
 
 def _settings(resamples: int, seed: int, confidence: float, alpha: float = 0.05, mdd_target: float = 0.05) -> Any:
@@ -81,6 +70,7 @@ def _write(text: str, out: Path | None, what: str) -> None:
 
 
 def eval_command(
+    ctx: typer.Context,
     run: Annotated[list[str] | None, typer.Option(
         "--run", help="Evaluate this run (repeatable). Default: every run, or only the baseline and candidate.")
     ] = None,
@@ -100,6 +90,7 @@ def eval_command(
     taxonomy: Annotated[bool, typer.Option(help="Classify failing episodes (failure taxonomy).")] = True,
     memory_limit: MemoryOpt = None,
     threads: ThreadsOpt = None,
+    lake: LakeOpt = None,
 ) -> None:
     """Metric vectors with task-clustered confidence intervals per run (and per split x env_version), error
     attribution, failure taxonomy and, with --baseline/--candidate, a paired comparison with Holm-corrected
@@ -112,7 +103,7 @@ def eval_command(
     if baseline is not None and baseline == candidate:
         raise TrajlakeError("--baseline and --candidate must be different runs")
     settings = _settings(resamples, seed, confidence, mdd_target=mdd_target)
-    report = build_report(_lake_path(), runs=run, baseline=baseline, candidate=candidate, as_of=as_of,
+    report = build_report(lake_path(ctx, lake), runs=run, baseline=baseline, candidate=candidate, as_of=as_of,
                           settings=settings, memory_limit=memory_limit, threads=threads, breakdown=breakdown,
                           taxonomy=taxonomy)
     if fmt == ReportFormat.json:
@@ -134,6 +125,7 @@ def eval_command(
 
 
 def diagnose_command(
+    ctx: typer.Context,
     baseline: Annotated[str, typer.Option(help="Run before the drop.")],
     candidate: Annotated[str, typer.Option(help="Run after the drop.")],
     as_of: AsOfOpt = None,
@@ -145,6 +137,7 @@ def diagnose_command(
     seed: SeedOpt = 0,
     memory_limit: MemoryOpt = None,
     threads: ThreadsOpt = None,
+    lake: LakeOpt = None,
 ) -> None:
     """Explain a success drop from --baseline to --candidate: walk a decision tree (oracle suite, environment
     and task changes, environment failures, schema errors and safety blocks, steps/duplicates/latency, policy
@@ -154,7 +147,7 @@ def diagnose_command(
     from trajlake.evaluators.report import to_json
 
     settings = _settings(resamples, seed, 0.95, alpha=alpha)
-    d = diagnose(_lake_path(), baseline, candidate, as_of=as_of, settings=settings, memory_limit=memory_limit,
+    d = diagnose(lake_path(ctx, lake), baseline, candidate, as_of=as_of, settings=settings, memory_limit=memory_limit,
                  threads=threads)
     if fmt == DiagnoseFormat.json:
         _write(to_json(d), out, "diagnosis")

@@ -1,7 +1,7 @@
 """``trajlake export hf``: export lake tables as a Hugging Face Hub dataset folder (and optionally push it).
 
 Wire it into the CLI with ``register(app)`` (``trajlake/cli/__init__.py``). The command reads the lake named by
-the global ``--lake`` option; bad input raises :class:`trajlake.errors.TrajlakeError`, which
+``--lake`` (before or after the command); bad input raises :class:`trajlake.errors.TrajlakeError`, which
 ``trajlake.cli.main`` prints as one line with exit status 1. The logic is in :mod:`trajlake.io.hf`.
 """
 
@@ -12,17 +12,12 @@ from typing import Annotated
 
 import typer
 
+from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path
 from trajlake.io.hf import DEFAULT_MAX_SHARD_BYTES, DEFAULT_SHARD_ROWS, ExportSummary, export_hf
 
 __all__ = ["hf_command", "register", "summary_lines"]
 
 _MB = 1024 * 1024
-
-
-def _lake_path() -> Path:
-    from trajlake.cli import state
-
-    return state.lake_path
 
 
 def summary_lines(s: ExportSummary) -> list[str]:
@@ -42,6 +37,7 @@ def summary_lines(s: ExportSummary) -> list[str]:
 
 
 def hf_command(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Output folder (created; must be empty unless --overwrite).",
                                       show_default=False)],
     push: Annotated[str | None, typer.Option(
@@ -49,9 +45,7 @@ def hf_command(
     ] = None,
     tables: Annotated[str | None, typer.Option(
         help="Comma-separated tables to export (default: episodes,turns,tasks,runs,gateway_events).")] = None,
-    as_of: Annotated[str | None, typer.Option(
-        "--as-of", help="Pin table versions: 'episodes=3,turns=5,...' (as printed by `trajlake info`) or an "
-        "ISO-8601 timestamp. The card records the versions read.")] = None,
+    as_of: AsOfOpt = None,
     license_name: Annotated[str, typer.Option("--license", help="License id for the card (e.g. apache-2.0, "
                                                                 "cc-by-4.0, other).")] = "other",
     include_hidden: Annotated[bool, typer.Option(
@@ -64,13 +58,14 @@ def hf_command(
         "--overwrite", help="Export into a non-empty folder, replacing its README.md and data/.")] = False,
     private: Annotated[bool, typer.Option(
         "--private/--public", help="Visibility of the Hub repo when --push creates it.")] = True,
-    memory_limit: Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")] = None,
+    memory_limit: MemoryOpt = None,
+    lake: LakeOpt = None,
 ) -> None:
     """Export lake tables as a Hugging Face dataset (Parquet shards, one config per table, and a card).
 
     Splits come from the lake (turns and gateway events take their episode's); rows of the hidden split are
     left out unless --include-hidden. The card records the table versions read (reuse them with --as-of)."""
-    s = export_hf(_lake_path(), out, tables=tables, as_of=as_of, license=license_name,
+    s = export_hf(lake_path(ctx, lake), out, tables=tables, as_of=as_of, license=license_name,
                   include_hidden=include_hidden, shard_rows=shard_rows, max_shard_bytes=max(1, int(shard_mb * _MB)),
                   push=push, overwrite=overwrite, private=private, memory_limit=memory_limit)
     for line in summary_lines(s):

@@ -35,6 +35,7 @@ from trajlake.schema import (
     PARQUET_TABLE_KEY,
     SCHEMA_VERSION,
     TABLES,
+    added_since,
     arrow_schema,
     check_schema_version,
     table_def,
@@ -76,6 +77,15 @@ def _delta_table_config() -> dict[str, str]:
 def _delta_schema(name: str) -> pa.Schema:
     # The Delta schema is the Arrow schema minus our file metadata; nullability follows the JSON definition.
     return arrow_schema(name).remove_metadata()
+
+
+def schema_upgrade(current: Any, name: str) -> tuple[list[pa.Field], list[str]]:
+    """What a table written under an older minor schema version lacks: (columns to add, columns whose NOT NULL
+    constraint a later version relaxed). ``current`` is the table's Delta schema (``DeltaTable.schema()``)."""
+    have = {f.name: f for f in current.fields}
+    add = [f for f in _delta_schema(name) if f.name not in have]
+    relax = [f.name for f in _delta_schema(name) if f.name in have and f.nullable and not have[f.name].nullable]
+    return add, relax
 
 
 def _part_dir(col: str, value: str | None) -> str:
@@ -120,6 +130,7 @@ class Lake:
         # entries, ~1-2 ms) instead of replaying the whole log for each commit (~6-20 ms, growing with versions).
         self._commit_tables: dict[str, deltalake.DeltaTable] = {}
         self._commit_tables_lock = threading.Lock()
+        self._schema_current: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root}  # the cached tables and the lock stay in this process
@@ -134,7 +145,23 @@ class Lake:
             d = self._commit_tables[name] = self.delta(name)
         else:
             d.update_incremental()
+        if name not in self._schema_current:
+            if self._upgrade_schema(name, d):
+                d.update_incremental()
+            self._schema_current.add(name)
         return d
+
+    def _upgrade_schema(self, name: str, d: deltalake.DeltaTable) -> bool:
+        """Bring a table written under an older minor schema version up to this one before its first commit:
+        add the new (nullable) columns and relax the NOT NULL constraints a later version dropped. Old rows
+        keep their content hashes (null columns are not hashed). Readers never migrate: a view reads a
+        missing column as null. Returns whether anything changed."""
+        add, relax = schema_upgrade(d.schema(), name)
+        if add:
+            d.alter.add_columns([deltalake.Field.from_arrow(f) for f in add])
+        for col in relax:
+            d.alter.drop_column_not_null(col)
+        return bool(add or relax)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
@@ -159,7 +186,10 @@ class Lake:
             lake = cls(root)
         for name in TABLES:
             uri = lake.table_uri(name)
-            if not deltalake.DeltaTable.is_deltatable(uri):
+            if deltalake.DeltaTable.is_deltatable(uri):
+                with lake._commit_tables_lock:
+                    lake._latest(name)  # an existing lake written by an older minor version is upgraded
+            else:
                 deltalake.DeltaTable.create(
                     uri, _delta_schema(name), mode="ignore", partition_by=list(table_def(name).partition_by) or None,
                     name=name, description=table_def(name).description, configuration=_delta_table_config(),
@@ -376,6 +406,10 @@ class Lake:
         check_schema_version(md.get(PARQUET_SCHEMA_KEY), path)
         cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
         t = pf.read(columns=cols)
+        for c in added_since(name, md.get(PARQUET_SCHEMA_KEY, SCHEMA_VERSION.encode())):
+            # a file written before the column existed: it reads as null (and is hashed as absent)
+            if c.name not in t.column_names and (columns is None or c.name in columns):
+                t = t.append_column(pa.field(c.name, c.arrow_type, nullable=True), pa.nulls(t.num_rows, c.arrow_type))
         for k, v in f.partition_values.items():
             if columns is None or k in columns:
                 t = t.append_column(k, pa.array([v] * t.num_rows, pa.string()))

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 from trajlake.errors import TrajlakeError
 from trajlake.policies.chat import ChatRenderer, system_prompt
 from trajlake.policies.settings import LMSettings
 from trajlake.policies.toolcall import parse_tool_call
-from trajlake.rollout.policy import Policy, PolicyOutput, TaskView
 
 
 class ContextOverflowError(TrajlakeError):
@@ -144,13 +144,9 @@ class LMPolicy(Policy):
             loss_mask=np.ones(ids.shape[0], dtype=np.int8),
             behavior_logprobs=None if gen.logprobs is None else np.asarray(gen.logprobs, dtype=np.float32),
             tokenizer_id=self.renderer.tokenizer_id, prompt_tokens=gen.prompt_tokens,
-            cost_usd=self.cost(gen.prompt_tokens, gen.completion_tokens),
             context_token_ids=np.asarray(obs_ids, dtype=np.int32), context_tokenizer_id=self.renderer.tokenizer_id,
             status=self.status_of(parsed.ok, gen.retries), context_dropped_hash=dropped,
             context_strategy=self.settings.context_strategy)
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.settings.price_in + completion_tokens * self.settings.price_out) / 1e6
 
     @staticmethod
     def status_of(parsed: bool, retries: int) -> str | None:

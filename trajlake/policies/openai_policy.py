@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from trajlake.envs.policy import PolicyOutput, TaskView
 from trajlake.errors import TrajlakeError
 from trajlake.policies.chat import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, ChatRenderer
 from trajlake.policies.lm import Generation, LMPolicy, ModelServerError, dropped_hash
 from trajlake.policies.settings import LMSettings
 from trajlake.policies.toolcall import parse_tool_call
-from trajlake.rollout.policy import PolicyOutput, TaskView
 
 _warned_text_only = False
 
@@ -146,13 +146,12 @@ class OpenAIPolicy(LMPolicy):
         self.messages.append({"role": "assistant", "content": text})
         parsed = parse_tool_call(text)
         usage = resp.usage
-        prompt_tokens = usage.prompt_tokens if usage else 0
-        completion_tokens = usage.completion_tokens if usage else 0
+        prompt_tokens = usage.prompt_tokens if usage else None
+        completion_tokens = usage.completion_tokens if usage else None
         self.history.append((obs_idx, observation))
         prompt_ids = _extra(resp, "prompt_token_ids") or _extra(choice, "prompt_token_ids")
         gen_ids = _extra(choice, "token_ids")
         common: dict[str, Any] = {"action": parsed.action, "policy_version": self.policy_version, "prompt_tokens": prompt_tokens,
-                  "cost_usd": self.cost(prompt_tokens, completion_tokens),
                   "status": self.status_of(parsed.ok, retries), "context_strategy": "server_chat"}
         self.n_turns += 1
         if prompt_ids is None or gen_ids is None:

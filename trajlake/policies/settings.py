@@ -28,9 +28,10 @@ class LMSettings:
     """What to do when the context would overflow: ``drop_oldest`` (drop the oldest action/observation pairs,
     keeping the task prompt) or ``none`` (fail the episode)."""
     price_in: float = 0.0
-    """USD per million prompt tokens."""
+    """USD per million prompt tokens (the run's cost model, same as ``--price-in``): a turn costs the prompt
+    tokens the model reports (``turns.prompt_tokens``) and its completion tokens."""
     price_out: float = 0.0
-    """USD per million completion tokens."""
+    """USD per million completion tokens (same as ``--price-out``)."""
     base_url: str | None = None
     """OpenAI-compatible server (``--base-url``)."""
     api_key_env: str = "OPENAI_API_KEY"

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 from trajlake.policies.lm import LMPolicy, dropped_hash
-from trajlake.rollout.policy import Policy, PolicyOutput, TaskView
 
 B0_SYSTEM = ("You fix bugs. Answer with one unified diff (--- a/PATH, +++ b/PATH, @@ hunks) inside a ```diff "
              "block, and nothing else.")
@@ -108,7 +108,6 @@ class SingleTurnPolicy(Policy):
             loss_mask=np.ones(out.shape[0], dtype=np.int8),
             behavior_logprobs=None if gen.logprobs is None else np.asarray(gen.logprobs, dtype=np.float32),
             tokenizer_id=inner.renderer.tokenizer_id, prompt_tokens=gen.prompt_tokens,
-            cost_usd=inner.cost(gen.prompt_tokens, gen.completion_tokens),
             context_token_ids=np.asarray(ids, dtype=np.int32), context_tokenizer_id=inner.renderer.tokenizer_id,
             status=inner.status_of(bool(edits), gen.retries), context_dropped_hash=dropped,
             context_strategy="single_turn")

@@ -20,7 +20,7 @@ from trajlake.schema import TABLES, table_def
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["connect", "scan"]
+__all__ = ["connect", "lake_versions", "run_query", "scan", "sql_literal"]
 
 _COMMITTED_BY_EPISODE = ("turns", "gateway_events")
 
@@ -61,8 +61,40 @@ def _load_delta(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("LOAD delta")
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
+def sql_literal(value: object) -> str:
+    """A SQL string literal (the one place quoting is written; DuckDB doubles single quotes)."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _select_list(con: duckdb.DuckDBPyConnection, name: str, src: str) -> str:
+    """The view's columns in schema order. A table written under an older minor schema version lacks the
+    columns added since: they read as typed nulls, so queries never depend on when a lake was written."""
+    have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+    out = []
+    for c in table_def(name).columns:
+        if c.name in have:
+            out.append(f'"{c.name}"')
+        else:
+            out.append(f'CAST(NULL AS {_duckdb_type(c.arrow_type)}) AS "{c.name}"')
+    return ", ".join(out)
+
+
+def _duckdb_type(t: Any) -> str:
+    import pyarrow as pa
+
+    simple = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.int8(): "TINYINT",
+              pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
+    if t in simple:
+        return simple[t]
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMP WITH TIME ZONE"
+    if pa.types.is_list(t):
+        return _duckdb_type(t.value_type) + "[]"
+    if pa.types.is_map(t):
+        return f"MAP({_duckdb_type(t.key_type)}, {_duckdb_type(t.item_type)})"
+    if pa.types.is_struct(t):
+        return "STRUCT(" + ", ".join(f'"{f.name}" {_duckdb_type(f.type)}' for f in t) + ")"
+    raise TrajlakeError(f"no DuckDB type for {t}")
 
 
 def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | None = None, *,
@@ -88,8 +120,8 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     con = duckdb.connect(":memory:", config=config)
     _load_delta(con)
     for name in TABLES:
-        cols = ", ".join(f'"{c}"' for c in table_def(name).column_names)
-        src = f"delta_scan({_sql_str(lk.table_uri(name))}, version={int(versions[name])})"
+        src = f"delta_scan({sql_literal(lk.table_uri(name))}, version={int(versions[name])})"
+        cols = _select_list(con, name, src)
         if name in _COMMITTED_BY_EPISODE:
             con.execute(f"CREATE VIEW _{name}_all AS SELECT {cols} FROM {src}")
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_all "
@@ -101,6 +133,22 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     con.execute("CREATE TABLE lake_versions (table_name VARCHAR, version BIGINT)")
     con.executemany("INSERT INTO lake_versions VALUES (?, ?)", list(versions.items()))
     return con
+
+
+def run_query(lake: Lake | str | os.PathLike[str], query: str, as_of: str | dict[str, int] | None = None, *,
+              memory_limit: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one SQL statement over the lake's views (``trajlake sql``): (column names, rows). A DuckDB error
+    becomes a one-line ``QueryError``."""
+    if not query.strip():
+        raise QueryError("empty query: give a SQL statement, e.g. \"select count(*) from episodes\"")
+    con = connect(lake, as_of, memory_limit=memory_limit)
+    try:
+        rel = con.execute(query)
+        cols = [d[0] for d in rel.description] if rel.description else []
+        rows = rel.fetchall() if cols else []
+    except duckdb.Error as e:
+        raise QueryError(str(e).splitlines()[0]) from e
+    return cols, rows
 
 
 def lake_versions(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
@@ -121,7 +169,14 @@ def scan(lake: Lake | str | os.PathLike[str], table: str, as_of: str | dict[str,
     def raw(name: str) -> pl.LazyFrame:
         return pl.scan_delta(lk.table_uri(name), version=versions[name])
 
-    lf = raw(table).select(cols)
+    base = raw(table)
+    have = set(base.collect_schema().names())
+    if have.issuperset(cols):
+        lf = base.select(cols)
+    else:  # written under an older minor schema version: the columns added since read as typed nulls
+        empty = pl.from_arrow(table_def(table).arrow_schema().empty_table())
+        assert isinstance(empty, pl.DataFrame)
+        lf = base.select([pl.col(c) if c in have else pl.lit(None, dtype=empty.schema[c]).alias(c) for c in cols])
     if table in _COMMITTED_BY_EPISODE:
         lf = lf.join(raw("episodes").select("episode_id"), on="episode_id", how="semi")
     return lf

@@ -156,7 +156,8 @@ def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None 
           "reason does not match terminated/truncated (budgets, timeout and env_failure are truncations)")
     c.add("episodes", ep_ids, None, _bool(pc.less(episodes["ended_at"], episodes["started_at"])),
           "ended_at", "ended_at is before started_at")
-    for f in ("tokens_in", "tokens_out", "cost_usd", "tool_seconds", "wall_seconds", "n_turns", "attempt"):
+    for f in ("tokens_in", "tokens_out", "cost_usd", "tool_seconds", "wall_seconds", "n_turns", "attempt",
+              "policy_lag"):
         c.add("episodes", ep_ids, None, _bool(pc.less(episodes[f], 0)), f, "must not be negative")
     dup = _duplicates(ep_ids)
     c.add("episodes", ep_ids, None, dup, "episode_id", "episode id appears more than once in the batch")
@@ -180,7 +181,7 @@ def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None 
           "a turn with loss_mask 1 needs a policy_version")
     c.add("turns", t_ep, t_idx, _bool(pc.less(turns["ended_at"], turns["started_at"])), "ended_at",
           "ended_at is before started_at")
-    for f in ("latency_ms", "tokens", "cost_usd", "tool_seconds"):
+    for f in ("latency_ms", "tokens", "cost_usd", "tool_seconds", "prompt_tokens"):
         c.add("turns", t_ep, t_idx, _bool(pc.less(turns[f], 0)), f, "must not be negative")
 
     # --- turns against their episode: contiguity, order, counts, time bounds (vectorised: no loop per row)

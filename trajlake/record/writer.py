@@ -39,9 +39,11 @@ import pyarrow.dataset as pads
 from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
 from trajlake.lake.store import Lake
+from trajlake.record.episode import build_episode, group_id_for
 from trajlake.record.hashing import episode_hash_joined, hash_rows, row_bytes
 from trajlake.record.validate import conform, validate_batch
 from trajlake.schema import SCHEMA_VERSION, arrow_schema
+from trajlake.schemas.vocab import Actor, Role, Status
 
 _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
 _REFRESH_SECONDS = 1.0
@@ -416,8 +418,8 @@ class EpisodeRecorder:
     """Records one episode turn by turn; ``finish`` validates it and hands it to the writer.
 
     Arguments of ``LakeWriter.start_episode``: run_id, task_id, task_version, env_id, env_version (required);
-    split (default "unknown"), env_image_digest, env_seed, group_id (default task_id:task_version:env_seed:
-    env_version), attempt (default 0), policy_version (used for policy turns), episode_id (default: a new
+    split (default "unknown"), env_image_digest, env_seed, group_id (default ``record.episode.group_id_for``),
+    attempt (default 0), policy_version (used for policy turns), episode_id (default: a new
     time-ordered id), started_at (default now, UTC)."""
 
     def __init__(self, writer: LakeWriter, *, run_id: str, task_id: str, task_version: str, env_id: str,
@@ -433,7 +435,7 @@ class EpisodeRecorder:
             "episode_id": self.episode_id, "run_id": run_id, "task_id": task_id, "task_version": task_version,
             "split": split, "env_id": env_id, "env_version": env_version, "env_image_digest": env_image_digest,
             "env_seed": env_seed,
-            "group_id": group_id or f"{task_id}:{task_version}:{env_seed}:{env_version}",
+            "group_id": group_id or group_id_for(task_id, task_version, env_seed, env_version),
             "attempt": attempt, "started_at": self.started_at, "sandbox": sandbox,
         }
         self.turns: list[dict[str, Any]] = []
@@ -450,10 +452,11 @@ class EpisodeRecorder:
         arguments are turn columns (tool_args, status, cost_usd, ...)."""
         if self.finished:
             raise TrajlakeError(f"episode {self.episode_id}: add_turn after finish")
-        actor = actor or {"assistant": "policy", "tool": "env", "env": "env", "user": "user"}.get(role, "system")
+        actor = actor or {Role.ASSISTANT: Actor.POLICY, Role.TOOL: Actor.ENV, Role.ENV: Actor.ENV,
+                          Role.USER: Actor.USER}.get(role, Actor.SYSTEM)
         if token_ids is not None and loss_mask is None:
-            loss_mask = [1 if actor == "policy" else 0] * len(token_ids)
-        if actor == "policy" and policy_version is None:
+            loss_mask = [1 if actor == Actor.POLICY else 0] * len(token_ids)
+        if actor == Actor.POLICY and policy_version is None:
             policy_version = self.policy_version
         end = ended_at or utcnow()
         start = started_at or end
@@ -465,9 +468,9 @@ class EpisodeRecorder:
             "behavior_logprobs": list(behavior_logprobs) if behavior_logprobs is not None else None,
             "started_at": start, "ended_at": end,
             "latency_ms": fields.pop("latency_ms", (end - start).total_seconds() * 1000.0),
-            "status": fields.pop("status", "OK"),
+            "status": fields.pop("status", Status.OK),
             "tokens": fields.pop("tokens", len(token_ids) if token_ids is not None else 0),
-            "cost_usd": fields.pop("cost_usd", 0.0), "tool_seconds": fields.pop("tool_seconds", 0.0),
+            "cost_usd": fields.pop("cost_usd", None), "tool_seconds": fields.pop("tool_seconds", 0.0),
         }
         row.update(fields)
         self.turns.append(row)
@@ -482,7 +485,7 @@ class EpisodeRecorder:
         ev["event_idx"] = sum(1 for e in self.events if e["turn_idx"] == ev["turn_idx"])
         self.events.append(ev)
 
-    def finish(self, *, terminated: bool, truncated: bool, termination_reason: str, success: bool,
+    def finish(self, *, terminated: bool, truncated: bool, termination_reason: str, success: bool | None,
                reward_components: Mapping[str, float] | None = None, reward_total: float | None = None,
                error_class: str | None = None, ended_at: dt.datetime | None = None,
                **fields: Any) -> WriteResult:
@@ -494,27 +497,23 @@ class EpisodeRecorder:
         if self.turns:
             ended = max(ended, max(t["ended_at"] for t in self.turns))
         comps = dict(reward_components or {})
-        masks = [t["loss_mask"] for t in self.turns if t["loss_mask"] is not None]
-        pol = [t["policy_version"] for t in self.turns if t["actor"] == "policy" and t["policy_version"]]
+        reported = {k: fields.pop(k) for k in ("tokens_in", "tokens_out", "cost_usd") if k in fields}
         ep = dict(self.ep)
         ep.update({
-            "policy_version_start": pol[0] if pol else self.policy_version,
-            "policy_version_end": pol[-1] if pol else self.policy_version,
-            "ended_at": ended, "n_turns": len(self.turns),
-            "n_policy_tokens": int(sum(sum(m) for m in masks)),
-            "terminated": terminated, "truncated": truncated, "termination_reason": termination_reason,
-            "error_class": error_class, "success": success,
+            "policy_version_start": self.policy_version, "policy_version_end": self.policy_version,
+            "ended_at": ended, "terminated": terminated, "truncated": truncated,
+            "termination_reason": termination_reason, "error_class": error_class, "success": success,
             "reward_total": float(sum(comps.values())) if reward_total is None else reward_total,
-            "reward_components": comps,
-            "tokens_in": sum(t["tokens"] for t in self.turns if t["actor"] != "policy"),
-            "tokens_out": sum(t["tokens"] for t in self.turns if t["actor"] == "policy"),
-            "cost_usd": float(sum(t["cost_usd"] for t in self.turns)),
-            "tool_seconds": float(sum(t["tool_seconds"] for t in self.turns)),
-            "wall_seconds": (ended - self.started_at).total_seconds(),
-            "faults_injected": sum(1 for t in self.turns if t.get("fault_injected")),
+            "reward_components": comps, "wall_seconds": (ended - self.started_at).total_seconds(),
             "injection_attempted": False,
         })
         ep.update(fields)
+        pol = [t["policy_version"] for t in self.turns if t["actor"] == Actor.POLICY and t["policy_version"]]
+        if pol and "policy_version_start" not in fields:
+            ep["policy_version_start"], ep["policy_version_end"] = pol[0], pol[-1]
+        ep = build_episode(ep, self.turns, reported_tokens_in=reported.get("tokens_in"),
+                           reported_tokens_out=reported.get("tokens_out"),
+                           reported_cost_usd=reported.get("cost_usd"))
         res = self.writer.write_batch([ep], self.turns, self.events or None)
         res.raise_if_rejected()
         return res

@@ -8,29 +8,29 @@ episode, so a worker crash loses at most the episode it was playing.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
 import multiprocessing as mp
 import multiprocessing.util as mp_util
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
+from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, TaskView, byte_tokenize
+from trajlake.errors import TrajlakeError
+from trajlake.record.episode import CostModel, build_episode, price_turns
 from trajlake.rollout.faults import FaultInjector
-from trajlake.rollout.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, byte_tokenize
+from trajlake.schemas.vocab import MODEL_STATUSES, Actor, ErrorClass, Role, Status, TerminationReason
 
 if TYPE_CHECKING:
     from trajlake.record.writer import LakeWriter
-
-MODEL_STATUSES = frozenset({"MODEL_INVALID_ACTION", "MODEL_BAD_PLAN", "SAFETY_BLOCK"})
 
 
 def utcnow() -> dt.datetime:
@@ -77,18 +77,15 @@ def _hash_text(s: str) -> str:
 
 def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_version: str | None, seed: int,
                  attempt: int = 0, split: str = "unknown", faults: FaultInjector | None = None,
-                 task_view: Callable[[str, str], Any] | None = None, sandbox: str | None = None) -> EpisodeRecord:
-    """Play one episode and return its rows. ``task_view(task_id, task_version)`` gives the policy's view."""
+                 task_view: Callable[[str, str], TaskView] | None = None, sandbox: str | None = None,
+                 cost_model: CostModel | None = None, policy_lag: int | None = None) -> EpisodeRecord:
+    """Play one episode and return its rows. ``task_view(task_id, task_version)`` gives the policy's view
+    (default: the environment's own, without privileged data); ``cost_model`` prices the turns."""
     faults = faults or FaultInjector()
     start = utcnow()
     r = env.reset(seed, task_version, task_id=task_id)
     ep_id = episode_id_for(run_id, r.task_id, r.task_version, seed, attempt)
-    if task_view is None:
-        from trajlake.rollout.policy import TaskView
-
-        view = TaskView(r.task_id, r.task_version, r.observation, {})
-    else:
-        view = task_view(r.task_id, r.task_version)
+    view = (task_view or (lambda i, v: env.task_view(i, v, oracle=policy.needs_oracle)))(r.task_id, r.task_version)
     policy.attempt = attempt  # attempts of one group sample with distinct seeds
     policy.reset(view, seed)
     pv = policy.policy_version
@@ -104,17 +101,15 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
 
     obs_ids = byte_tokenize(r.observation)
     now = utcnow()
-    add_turn(role="user", actor="user", raw_content=r.observation, token_ids=obs_ids,
-             loss_mask=np.zeros(obs_ids.shape[0], dtype=np.int8),
-             tokenizer_id=BYTE_TOKENIZER_ID, observation_hash=_hash_text(r.observation), env_state_hash=r.state_hash,
-             started_at=start, ended_at=max(now, start), latency_ms=(now - start).total_seconds() * 1000, status="OK",
+    add_turn(role=Role.USER, actor=Actor.USER, raw_content=r.observation, token_ids=obs_ids,
+             loss_mask=np.zeros(obs_ids.shape[0], dtype=np.int8), tokenizer_id=BYTE_TOKENIZER_ID,
+             observation_hash=_hash_text(r.observation), env_state_hash=r.state_hash, started_at=start,
+             ended_at=max(now, start), latency_ms=(now - start).total_seconds() * 1000, status=Status.OK,
              tokens=len(obs_ids), cost_usd=0.0, tool_seconds=0.0)
     observation = r.observation
     step_idx = 0
     last: StepResult | None = None
     statuses: list[str] = []
-    cost = 0.0
-    tokens_in = tokens_out = 0
     while True:
         t0 = utcnow()
         out = policy.act(observation)
@@ -123,102 +118,82 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         tool = _tool_name(action)
         key = f"{ep_id}#{step_idx}"
         if out.context_token_ids is not None:
-            tokens_in += _use_policy_context_tokens(turns[-1], out)
+            _use_policy_context_tokens(turns[-1], out)
         n_out = _n_tokens(out.token_ids) if out.completion_tokens is None else out.completion_tokens
-        tokens_out += n_out
-        tokens_in += out.prompt_tokens
-        cost += out.cost_usd
-        pol_idx = add_turn(role="assistant", actor="policy", policy_version=pv, raw_content=action,
+        pol_idx = add_turn(role=Role.ASSISTANT, actor=Actor.POLICY, policy_version=pv, raw_content=action,
                            token_ids=_array(out.token_ids, np.int32), loss_mask=_array(out.loss_mask, np.int8),
                            behavior_logprobs=_array(out.behavior_logprobs, np.float32),
                            tokenizer_id=out.tokenizer_id, action_schema=tool, tool_call_id=f"call-{step_idx}",
                            tool_args=_tool_args(action), idempotency_key=key, started_at=t0, ended_at=t1,
-                           latency_ms=(t1 - t0).total_seconds() * 1000, status=out.status or "OK",
-                           tokens=n_out, cost_usd=out.cost_usd, tool_seconds=0.0,
-                           context_dropped_hash=out.context_dropped_hash, **_strategy_column(out))
+                           latency_ms=(t1 - t0).total_seconds() * 1000, status=out.status or Status.OK,
+                           tokens=n_out, prompt_tokens=out.prompt_tokens, cost_usd=out.cost_usd, tool_seconds=0.0,
+                           context_dropped_hash=out.context_dropped_hash, context_strategy=out.context_strategy)
         fault = faults.decide(ep_id, step_idx)
+        # budgets count the policy's own reported cost; priced costs are added when the episode is recorded
+        step_cost = float(out.cost_usd or 0.0)
         if fault is not None:
             # The call never reaches the environment: its state is unchanged, the agent sees an error.
             res = StepResult(observation=FaultInjector.observation(fault), reward_components={}, terminated=False,
-                             truncated=False, status="ENV_TRANSIENT", cost_usd=0.0,
+                             truncated=False, status=Status.ENV_TRANSIENT, cost_usd=0.0,
                              state_hash=last.state_hash if last else r.state_hash, tool=tool, fault_injected=fault)
             # Budgets still count the policy's turn: a faulty environment cannot extend an episode forever.
-            res = _count_budget_on_fault(env, res, n_out, out.cost_usd)
+            res = _count_budget_on_fault(env, res, n_out, step_cost)
         else:
-            res = env.step(action, key, tokens=n_out, cost_usd=out.cost_usd)
+            res = env.step(action, key, tokens=n_out, cost_usd=step_cost)
         t2 = utcnow()
         statuses.append(res.status)
-        if res.status in MODEL_STATUSES and turns[pol_idx]["status"] != "ENV_TRANSIENT":
+        if res.status in MODEL_STATUSES and turns[pol_idx]["status"] != Status.ENV_TRANSIENT:
             turns[pol_idx]["status"] = res.status  # a retried model call stays recorded as infrastructure
         for j, ev in enumerate(res.gateway_events):
             events.append({**ev, "episode_id": ep_id, "run_id": run_id, "turn_idx": pol_idx, "event_idx": j})
         obs_ids = byte_tokenize(res.observation)
-        add_turn(role="tool", actor="env", raw_content=res.observation, token_ids=obs_ids,
-                 loss_mask=np.zeros(obs_ids.shape[0], dtype=np.int8), tokenizer_id=BYTE_TOKENIZER_ID, action_schema=res.tool,
-                 tool_call_id=f"call-{step_idx}", observation_hash=_hash_text(res.observation),
+        add_turn(role=Role.TOOL, actor=Actor.ENV, raw_content=res.observation, token_ids=obs_ids,
+                 loss_mask=np.zeros(obs_ids.shape[0], dtype=np.int8), tokenizer_id=BYTE_TOKENIZER_ID,
+                 action_schema=res.tool, tool_call_id=f"call-{step_idx}", observation_hash=_hash_text(res.observation),
                  env_state_hash=res.state_hash, started_at=t1, ended_at=t2,
                  latency_ms=(t2 - t1).total_seconds() * 1000, status=res.status, tokens=len(obs_ids),
                  cost_usd=res.cost_usd, tool_seconds=res.tool_seconds, fault_injected=res.fault_injected,
                  reward_components=dict(res.reward_components) or None)
-        cost += res.cost_usd
-        tokens_in += len(obs_ids)
         observation = res.observation
         last = res
         step_idx += 1
         if res.done:
             break
     final = policy.observation_tokens(observation)
-    if final is not None:  # the last observation in the policy's tokenizer too, for one tokenizer per episode
-        final_ids = np.asarray(final[0], dtype=np.int32)
-        tokens_in += final_ids.shape[0] - len(turns[-1]["token_ids"])
-        turns[-1].update(token_ids=final_ids, loss_mask=np.zeros(final_ids.shape[0], dtype=np.int8),
-                         tokenizer_id=final[1], tokens=final_ids.shape[0])
+    if final is not None:  # the last observation in the policy's tokenizer too: one tokenizer per episode
+        _use_policy_context_tokens(turns[-1], PolicyOutput("", pv, context_token_ids=final[0],
+                                                           context_tokenizer_id=final[1]))
     end = utcnow()
     comps = dict(last.reward_components) if last else {}
-    success = bool(comps.get("resolved", 0.0) >= 1.0)
-    reason = last.termination_reason or ("budget_steps" if last.truncated else "submitted")
-    error_class = _episode_error_class(success, last, statuses)
+    graded = env.success_component in comps
+    success = bool(comps[env.success_component] >= 1.0) if graded else None
+    reason = last.termination_reason or (TerminationReason.BUDGET_STEPS if last.truncated
+                                         else TerminationReason.SUBMITTED)
+    error_class = _episode_error_class(bool(success), last, statuses)
     if policy.needs_oracle and not success:
         # The known fix did not solve the task: the task or the environment is broken, not the model.
-        error_class = "ENV_BUG"
-    episode = {
+        error_class = ErrorClass.ENV_BUG
+    price_turns(turns, cost_model or CostModel())
+    episode = build_episode({
         "episode_id": ep_id, "run_id": run_id, "task_id": r.task_id, "task_version": r.task_version, "split": split,
         "env_id": env.env_id, "env_version": env.env_version, "env_image_digest": env.image_digest, "env_seed": seed,
-        "group_id": f"{r.task_id}:{r.task_version}:{seed}:{env.env_version}", "attempt": attempt,
-        "policy_version_start": pv, "policy_version_end": pv, "started_at": start, "ended_at": end,
-        "n_turns": len(turns),
-        "n_policy_tokens": sum(int(np.sum(t["loss_mask"])) for t in turns if t.get("loss_mask") is not None),
-        "terminated": last.terminated, "truncated": last.truncated, "termination_reason": reason,
+        "attempt": attempt, "policy_version_start": pv, "policy_version_end": pv, "started_at": start,
+        "ended_at": end, "terminated": last.terminated, "truncated": last.truncated, "termination_reason": reason,
         "error_class": error_class, "success": success, "reward_total": float(sum(comps.values())),
-        "reward_components": comps, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost_usd": cost,
-        "tool_seconds": float(sum(t["tool_seconds"] for t in turns)), "wall_seconds": (end - start).total_seconds(),
-        "faults_injected": sum(1 for t in turns if t.get("fault_injected")),
+        "reward_components": comps, "wall_seconds": (end - start).total_seconds(),
         "injection_attempted": False, "final_state_hash": last.state_hash,
         "sandbox": sandbox or getattr(env, "sandbox_kind", None),
-    }
+        "verification_source": env.verification_source if graded else None, "policy_lag": policy_lag,
+    }, turns)
     return EpisodeRecord(episode, turns, events)
 
 
-def _use_policy_context_tokens(obs_turn: dict[str, Any], out: PolicyOutput) -> int:
+def _use_policy_context_tokens(obs_turn: dict[str, Any], out: PolicyOutput) -> None:
     """Record the tokens an LM policy rendered for the observation turn before its own turn (replacing the byte
-    tokens), so the turns concatenate to the model's context. Returns the change of the turn's token count."""
+    tokens), so the turns' token ids concatenate to the model's context."""
     ids = np.asarray(out.context_token_ids, dtype=np.int32).reshape(-1)
-    delta = ids.shape[0] - _n_tokens(obs_turn.get("token_ids"))
     obs_turn.update(token_ids=ids, loss_mask=np.zeros(ids.shape[0], dtype=np.int8),
                     tokenizer_id=out.context_tokenizer_id, tokens=ids.shape[0])
-    return delta
-
-
-@cache
-def _has_context_strategy_column() -> bool:
-    from trajlake.schema import table_def
-
-    return any(c.name == "context_strategy" for c in table_def("turns").columns)
-
-
-def _strategy_column(out: PolicyOutput) -> dict[str, Any]:
-    # turns.context_strategy arrives with schema 1.1; before it the strategy is only in the run's config.
-    return {"context_strategy": out.context_strategy} if _has_context_strategy_column() else {}
 
 
 def _count_budget_on_fault(env: Env, res: StepResult, tokens: int, cost: float) -> StepResult:
@@ -229,26 +204,26 @@ def _count_budget_on_fault(env: Env, res: StepResult, tokens: int, cost: float) 
     if ended is None:
         return res
     return StepResult(observation=res.observation + "\n" + ended.observation, reward_components=ended.reward_components,
-                      terminated=False, truncated=True, status="BUDGET_EXHAUSTED", cost_usd=ended.cost_usd,
+                      terminated=False, truncated=True, status=Status.BUDGET_EXHAUSTED, cost_usd=ended.cost_usd,
                       state_hash=ended.state_hash, termination_reason=ended.termination_reason, tool=res.tool,
                       tool_seconds=ended.tool_seconds, fault_injected=res.fault_injected)
 
 
-def _episode_error_class(success: bool, last: StepResult, statuses: Sequence[str]) -> str | None:
+def _episode_error_class(success: bool, last: StepResult, statuses: Sequence[str]) -> ErrorClass | None:
     if success:
         return None
     if last.truncated:
-        if last.status == "ENV_BUG" or last.termination_reason == "env_failure":
-            return "ENV_BUG"
-        return "BUDGET_EXHAUSTED"
-    if last.status == "ENV_BUG":
-        return "ENV_BUG"
-    if "SAFETY_BLOCK" in statuses and last.termination_reason == "safety_stop":
-        return "SAFETY_BLOCK"
-    invalid = sum(1 for s in statuses if s == "MODEL_INVALID_ACTION")
+        if last.status == Status.ENV_BUG or last.termination_reason == TerminationReason.ENV_FAILURE:
+            return ErrorClass.ENV_BUG
+        return ErrorClass.BUDGET_EXHAUSTED
+    if last.status == Status.ENV_BUG:
+        return ErrorClass.ENV_BUG
+    if Status.SAFETY_BLOCK in statuses and last.termination_reason == TerminationReason.SAFETY_STOP:
+        return ErrorClass.SAFETY_BLOCK
+    invalid = sum(1 for s in statuses if s == Status.MODEL_INVALID_ACTION)
     if invalid * 2 > len(statuses):
-        return "MODEL_INVALID_ACTION"
-    return "MODEL_BAD_PLAN"
+        return ErrorClass.MODEL_INVALID_ACTION
+    return ErrorClass.MODEL_BAD_PLAN
 
 
 def _parse_action(action: str) -> dict[str, Any] | None:
@@ -330,10 +305,14 @@ class RolloutConfig:
     and costs ~0.1 s whatever its size, so frequent commits from many workers grow the log that every reader
     replays and cost more per step (docs/benchmarks.md)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    cost_model: CostModel = field(default_factory=CostModel)
+    """Prices of the run's tokens and tool time (recorded in the run's config)."""
+    engine: str = "local"
+    """local (processes) or ray; recorded so the run can be played again the same way."""
     attempts: int = 1
     """Attempts per (task, seed): attempt 0..N-1, one group (same group_id), distinct sampling seeds."""
     policy_args: dict[str, str] = field(default_factory=dict)
-    """Settings of an LM policy (``--policy-arg KEY=VALUE``), recorded in the run's config."""
+    """Settings of a language-model policy (``--policy-arg KEY=VALUE``), recorded in the run's config."""
     task_ids: tuple[str, ...] = ()
     """Only these tasks of the split (empty: all)."""
 
@@ -353,9 +332,10 @@ class _Worker:
     """Per-process state: one environment, one policy, one writer."""
 
     def __init__(self, cfg: RolloutConfig):
-        from trajlake import LakeWriter, open_lake
         from trajlake.envs import make_env, task_view_fn
+        from trajlake.lake.store import Lake
         from trajlake.policies import make_rollout_policy
+        from trajlake.record.writer import LakeWriter
         from trajlake.rollout.versions import PolicyVersions
 
         self.cfg = cfg
@@ -366,7 +346,7 @@ class _Worker:
         # The worker hands its finished episodes to the writer in one batch per commit (validation has a fixed
         # cost per call that a 3-step episode cannot amortise); the writer then commits in the background while
         # the next episodes play. Both buffers hold only unacknowledged episodes, which a resumed run replays.
-        self.writer = LakeWriter(open_lake(cfg.lake), max_age_seconds=0.0, handle_signals=False)
+        self.writer = LakeWriter(Lake.open(cfg.lake), max_age_seconds=0.0, handle_signals=False)
         self.pending: list[EpisodeRecord] = []
         self.pending_since: float | None = None
         self.faults = FaultInjector(cfg.fault_rate, cfg.fault_seed)
@@ -385,7 +365,8 @@ class _Worker:
                 self.policy.policy_version = self.versions.latest_label()
         rec = play_episode(self.env, self.policy, run_id=self.cfg.run_id, task_id=item.task_id,
                            task_version=item.task_version, seed=item.seed, attempt=item.attempt,
-                           split=self.cfg.split, faults=self.faults, task_view=self.task_view)
+                           split=self.cfg.split, faults=self.faults, task_view=self.task_view,
+                           cost_model=self.cfg.cost_model, policy_lag=self.versions.lag(self.policy.policy_version))
         self.pending.append(rec)
         self.pending_since = self.pending_since if self.pending_since is not None else time.monotonic()
         if time.monotonic() - self.pending_since >= self.cfg.commit_every_s:
@@ -432,8 +413,6 @@ def plan(cfg: RolloutConfig) -> list[WorkItem]:
     if cfg.task_ids:
         missing = set(cfg.task_ids) - {t["task_id"] for t in tasks}
         if missing:
-            from trajlake.errors import TrajlakeError
-
             raise TrajlakeError(f"--tasks: not in split {cfg.split!r}: {', '.join(sorted(missing))}")
         tasks = [t for t in tasks if t["task_id"] in cfg.task_ids]
     return [WorkItem(t["task_id"], t["task_version"], s, a) for t in tasks for s in cfg.seeds
@@ -441,31 +420,47 @@ def plan(cfg: RolloutConfig) -> list[WorkItem]:
 
 
 def existing_episode_ids(lake: str, run_id: str) -> set[str]:
-    from trajlake import connect
+    from trajlake.query import connect
 
     con = connect(lake)
     return {r[0] for r in con.execute("select episode_id from episodes where run_id = ?", [run_id]).fetchall()}
 
 
-def run_rollout(cfg: RolloutConfig, engine: str = "local",
+def run_rollout(cfg: RolloutConfig, engine: str | None = None,
                 progress: Callable[[int, int], None] | None = None) -> RolloutSummary:
-    """Play every (task, seed) of the split not yet in the lake for this run; write tasks and the run row."""
-    from trajlake import LakeWriter, connect, open_lake
-    from trajlake.envs import list_tasks, task_rows
+    """Play every (task, seed) of the split not yet in the lake for this run; write tasks and the run row.
+    ``engine`` overrides ``cfg.engine``."""
+    if engine is not None and engine != cfg.engine:
+        cfg = dataclasses.replace(cfg, engine=engine)
+    engine = cfg.engine
+    from trajlake.envs import list_tasks, make_policy, task_rows
     from trajlake.errors import ConflictError
+    from trajlake.lake.store import Lake
+    from trajlake.policies import check_policy_spec, is_lm_policy
+    from trajlake.provenance import code_version
+    from trajlake.query import connect
+    from trajlake.record.writer import LakeWriter
 
-    lake = open_lake(cfg.lake, create=True)
-    config = json.dumps(_config_json(cfg), sort_keys=True)
+    lake = Lake.init(cfg.lake)
+    settings = _config_json(cfg)
     old = connect(lake).execute("select config from runs where run_id = ?", [cfg.run_id]).fetchall()
-    if old and old[0][0] != config:
-        raise ConflictError(f"run {cfg.run_id!r} exists with another configuration ({old[0][0]}); resume it with "
-                            f"the same options or choose a new --run-id")
+    if old:
+        recorded = _identity(json.loads(old[0][0] or "{}"))
+        now = _identity(settings)
+        if any(now.get(k) != v for k, v in recorded.items()):
+            raise ConflictError(f"run {cfg.run_id!r} exists with another configuration ({old[0][0]}); resume it "
+                                f"with the same options or choose a new --run-id")
+    probe = make_policy(cfg.env, cfg.policy, cfg.policy_version or "check") if not is_lm_policy(cfg.policy) \
+        else None  # an LM policy is checked without loading its model (check_policy_spec)
+    check_policy_spec(cfg.env, cfg.policy, cfg.policy_args)
     with LakeWriter(lake, handle_signals=False) as w:
-        w.write_tasks(task_rows(cfg.env, list_tasks(cfg.env, None, **cfg.env_kwargs)))
+        w.write_tasks(task_rows(cfg.env, list_tasks(cfg.env, None, **cfg.env_kwargs), **cfg.env_kwargs))
         if not old:
-            w.write_runs([{"run_id": cfg.run_id, "created_at": utcnow(), "label": cfg.run_id, "config": config,
-                           "policy_name": cfg.policy, "policy_version": cfg.policy_version,
-                           "code_version": _code_version()}])
+            w.write_runs([{"run_id": cfg.run_id, "created_at": utcnow(), "label": cfg.run_id,
+                           "config": json.dumps(settings, sort_keys=True), "policy_name": cfg.policy,
+                           "policy_version": cfg.policy_version,
+                           "policy_checkpoint_hash": getattr(probe, "checkpoint_hash", None),
+                           "code_version": code_version()}])
     items = plan(cfg)
     done = existing_episode_ids(cfg.lake, cfg.run_id)
     todo = [it for it in items if episode_id_for(cfg.run_id, it.task_id, it.task_version, it.seed, it.attempt)
@@ -508,8 +503,6 @@ def _run_ray(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, bo
     try:
         import ray
     except ImportError as e:
-        from trajlake.errors import TrajlakeError
-
         raise TrajlakeError("--engine ray needs Ray: pip install 'trajlake[ray]'") from e
     if not ray.is_initialized():
         ray.init(num_cpus=max(1, cfg.workers), include_dashboard=False, log_to_driver=False)
@@ -545,21 +538,109 @@ class _RayWorker:
             _WORKER.close()
 
 
+#: Settings that do not change what a run plays (how fast or where it ran): a resumed run may change them.
+_EXECUTION_KEYS = frozenset({"workers", "engine", "commit_every_s", "reproduce"})
+
+
 def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
-    return {"env": cfg.env, "policy": cfg.policy, "split": cfg.split, "fault_rate": cfg.fault_rate,
-            "fault_seed": cfg.fault_seed, "policy_version": cfg.policy_version, "max_policy_lag": cfg.max_policy_lag,
-            "env_kwargs": cfg.env_kwargs,
+    """Every setting needed to play the run again (``runs.config``), with the command line that does it."""
+    return {"env": cfg.env, "policy": cfg.policy, "split": cfg.split, "seeds": format_seeds(cfg.seeds),
+            "fault_rate": cfg.fault_rate, "fault_seed": cfg.fault_seed, "policy_version": cfg.policy_version,
+            "max_policy_lag": cfg.max_policy_lag, "env_kwargs": cfg.env_kwargs,
+            "cost_model": cfg.cost_model.to_config(), "workers": cfg.workers, "engine": cfg.engine,
+            "commit_every_s": cfg.commit_every_s, "reproduce": reproduce_command(cfg),
             # Keys added after the first runs appear only when set, so resuming an older run still matches.
             **({"attempts": cfg.attempts} if cfg.attempts != 1 else {}),
             **({"policy_args": cfg.policy_args} if cfg.policy_args else {}),
             **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {})}
 
 
-def _code_version() -> str:
-    from trajlake._version import __version__
+def _identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a run's config that determines its episodes (compared when a run is resumed). Runs written
+    before seeds and prices were recorded lack them: what they lack is not compared."""
+    return {k: v for k, v in config.items() if k not in _EXECUTION_KEYS}
 
-    return os.environ.get("TRAJLAKE_CODE_VERSION", __version__)
+
+MAX_SEEDS = 1_000_000
 
 
-__all__ = ["EpisodeRecord", "RolloutConfig", "RolloutSummary", "WorkItem", "play_episode", "replay_log_from_rows",
-           "run_rollout", "write_records"]
+def parse_seeds(text: str, *, max_count: int = MAX_SEEDS) -> tuple[int, ...]:
+    """``'0,1,2'``, ``'0-4'`` (inclusive) or a mix such as ``'0-2,7'``: non-negative seeds, duplicates dropped,
+    order kept. Raises naming the part that is not a seed, a negative seed, or a range too large to play."""
+    out: list[int] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        lo_text, dash, hi_text = part.partition("-")
+        try:
+            if dash:
+                lo, hi = int(lo_text), int(hi_text)
+            else:
+                lo = hi = int(part)
+        except ValueError as e:
+            raise TrajlakeError(f"--seeds: {part!r} is not a non-negative seed or an inclusive range like 0-4"
+                                ) from e
+        if lo < 0:
+            raise TrajlakeError(f"--seeds: {part!r}: seeds are non-negative integers")
+        if hi < lo:
+            raise TrajlakeError(f"--seeds: {part!r}: the range ends before it starts")
+        if hi - lo + 1 + len(out) > max_count:
+            raise TrajlakeError(f"--seeds: {text!r} names more than {max_count:,} seeds")
+        out += range(lo, hi + 1)
+    if not out:
+        raise TrajlakeError("--seeds: no seeds given")
+    return tuple(dict.fromkeys(out))
+
+
+def format_seeds(seeds: Sequence[int]) -> str:
+    """Seeds as the --seeds option reads them, with consecutive runs as ranges: (0, 1, 2, 5) -> '0-2,5'."""
+    parts: list[str] = []
+    i = 0
+    while i < len(seeds):
+        j = i
+        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
+            j += 1
+        parts.append(str(seeds[i]) if i == j else f"{seeds[i]}-{seeds[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def reproduce_command(cfg: RolloutConfig) -> str:
+    """The ``trajlake rollout`` command line that plays this run again (into the lake it names)."""
+    import shlex
+
+    args = ["trajlake", "rollout", "--lake", str(Path(cfg.lake).absolute()), "--env", cfg.env, "--policy", cfg.policy, "--split", cfg.split,
+            "--seeds", format_seeds(cfg.seeds), "--run-id", cfg.run_id, "--workers", str(cfg.workers),
+            "--engine", cfg.engine, "--commit-every", f"{cfg.commit_every_s:g}"]
+    if cfg.fault_rate:
+        args += ["--fault-rate", f"{cfg.fault_rate:g}", "--fault-seed", str(cfg.fault_seed)]
+    if cfg.policy_version:
+        args += ["--policy-version", cfg.policy_version]
+    if cfg.max_policy_lag is not None:
+        args += ["--max-policy-lag", str(cfg.max_policy_lag)]
+    cm = cfg.cost_model
+    args += ["--price-in", repr(cm.price_in), "--price-out", repr(cm.price_out),
+             "--price-tool-second", repr(cm.price_tool_second)]
+    for k, v in sorted(cfg.env_kwargs.items()):
+        args += ["--env-arg", f"{k}={json.dumps(v)}"]
+    if cfg.attempts != 1:
+        args += ["--attempts", str(cfg.attempts)]
+    for k, v in sorted(cfg.policy_args.items()):
+        args += ["--policy-arg", f"{k}={v}"]
+    if cfg.task_ids:
+        args += ["--tasks", ",".join(cfg.task_ids)]
+    return shlex.join(args)
+
+
+__all__ = [
+    "EpisodeRecord",
+    "RolloutConfig",
+    "RolloutSummary",
+    "WorkItem",
+    "format_seeds",
+    "parse_seeds",
+    "play_episode",
+    "replay_log_from_rows",
+    "reproduce_command",
+    "run_rollout",
+    "write_records",
+]

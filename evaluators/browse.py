@@ -34,7 +34,7 @@ import duckdb
 
 from trajlake.errors import QueryError, TrajlakeError
 from trajlake.lake.store import Lake
-from trajlake.query import connect, lake_versions
+from trajlake.query import connect, lake_versions, sql_literal
 
 __all__ = ["TAXONOMY_CLASSES", "BrowseSummary", "build_browser", "collect", "render_html"]
 
@@ -64,7 +64,7 @@ class BrowseSummary:
 
 
 def _q(value: str) -> str:
-    return "'" + str(value).replace("'", "''") + "'"
+    return sql_literal(value)
 
 
 def _qlist(values: list[str]) -> str:

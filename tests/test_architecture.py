@@ -1,0 +1,121 @@
+"""The layers: imports point down, never up, and nothing inside the package imports its own facade.
+
+Bottom first (docs/architecture.md): schema and errors; environments (contract, registry, policy interface,
+gateway); lake (storage, hashing); record and query; io, evaluators and the trainer's math and data; rollout;
+the trainer's loop; the CLI. Every import counts, including the ones inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: source folder -> the package it installs as (pyproject's package-dir)
+PACKAGE_DIRS = {"trajlake": "trajlake", "envs": "trajlake.envs", "evaluators": "trajlake.evaluators",
+                "schemas": "trajlake.schemas"}
+
+#: (layer, module prefixes), bottom first. A module belongs to the longest prefix that matches it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("trajlake._version", "trajlake.errors", "trajlake.schemas", "trajlake.schema",
+              "trajlake.provenance")),
+    ("envs", ("trajlake.envs",)),
+    ("lake", ("trajlake.lake",)),
+    ("record/query", ("trajlake.record", "trajlake.query")),
+    ("io/evaluators/train-data", ("trajlake.io", "trajlake.evaluators", "trajlake.demo", "trajlake.train.math",
+                                  "trajlake.train.data", "trajlake.train.estimators", "trajlake.train.dataset")),
+    ("rollout", ("trajlake.rollout", "trajlake.policies")),
+    ("train-loop", ("trajlake.train",)),
+    ("cli", ("trajlake.cli", "trajlake.__main__")),
+]
+
+
+def _layer(module: str) -> int | None:
+    best: tuple[int, int] | None = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return None if best is None else best[0]
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for folder, package in PACKAGE_DIRS.items():
+        base = ROOT / folder
+        for path in base.rglob("*.py"):
+            rel = path.relative_to(base).with_suffix("")
+            if "libraries" in rel.parts:  # Mini SWE's task data, not trajlake code
+                continue
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _imports(path: Path, module: str) -> list[tuple[int, str, str | None]]:
+    """(line, imported module, imported name or None) for every import in the file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_pkg = path.name == "__init__.py"
+    out: list[tuple[int, str, str | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_pkg else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out += [(node.lineno, target, a.name) for a in node.names]
+    return out
+
+
+def _violations() -> list[str]:
+    modules = _modules()
+    bad: list[str] = []
+    for module, path in sorted(modules.items()):
+        if module == "trajlake":  # the facade itself may import everything
+            continue
+        src = _layer(module)
+        assert src is not None, f"{module} ({path}) belongs to no layer: add it to LAYERS and docs/architecture.md"
+        for line, target, name in _imports(path, module):
+            if target != "trajlake" and not target.startswith("trajlake."):
+                continue
+            if target == "trajlake":
+                sub = f"trajlake.{name}" if name else None
+                if sub is None or sub not in modules:
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: imports the package facade (trajlake.{name})")
+                    continue
+                target = sub
+            full = f"{target}.{name}" if name and f"{target}.{name}" in modules else target
+            dst = _layer(full)
+            if dst is not None and dst > src:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {module} ({LAYERS[src][0]}) imports {full} "
+                           f"({LAYERS[dst][0]}), a layer above it")
+    return bad
+
+
+def test_imports_point_down_the_layers() -> None:
+    bad = _violations()
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is not vacuous: a lake module importing the CLI, or any module importing the facade, fails."""
+    fake = tmp_path / "trajlake"
+    (fake / "lake").mkdir(parents=True)
+    (fake / "cli").mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "cli" / "__init__.py").write_text("")
+    (fake / "lake" / "__init__.py").write_text("")
+    (fake / "lake" / "store.py").write_text("def f():\n    from trajlake.cli import app\n")
+    (fake / "lake" / "other.py").write_text("from trajlake import connect\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE_DIRS", {"trajlake": "trajlake"})
+    bad = _violations()
+    assert any("store.py:2" in b and "a layer above it" in b for b in bad), bad
+    assert any("other.py:1" in b and "facade" in b for b in bad), bad

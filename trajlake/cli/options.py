@@ -1,0 +1,50 @@
+"""Options every command shares, defined once, and the lake each command reads from Typer's context.
+
+``--lake`` is accepted before the command (``trajlake --lake L eval``) and after it (``trajlake eval --lake
+L``); both mean the same. The value after the command wins when both are given.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trajlake.cli.output import Format
+
+LAKE_HELP = "Lake directory (default: $TRAJLAKE_LAKE or ./lake)."
+
+
+@dataclass
+class CliContext:
+    """What the top-level callback puts in ``ctx.obj`` for the commands."""
+
+    lake: Path | None = None
+    """``--lake`` given before the command, if any."""
+
+
+LakeOpt = Annotated[Path | None, typer.Option("--lake", help=LAKE_HELP, show_default=False)]
+AsOfOpt = Annotated[str | None, typer.Option(
+    "--as-of", help="Pin table versions: 'episodes=3,turns=5,...' (as printed by `trajlake info` and every "
+    "report) or an ISO-8601 timestamp.")]
+FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format: table, json or csv.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Write to this file instead of standard output.")]
+MemoryOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB (default: half of the "
+                                                      "machine's memory).")]
+
+
+def lake_path(ctx: typer.Context | None, lake: Path | None = None) -> Path:
+    """The lake a command works on: its own ``--lake``, else the one before the command, else
+    ``$TRAJLAKE_LAKE``, else ``./lake``."""
+    if lake is not None:
+        return lake
+    obj = ctx.find_object(CliContext) if ctx is not None else None
+    if obj is not None and obj.lake is not None:
+        return obj.lake
+    return Path(os.environ.get("TRAJLAKE_LAKE") or "lake")
+
+
+__all__ = ["LAKE_HELP", "AsOfOpt", "CliContext", "FormatOpt", "LakeOpt", "MemoryOpt", "OutOpt", "lake_path"]

@@ -1,0 +1,157 @@
+"""Checks before anything is played: what an environment needs (``Env.requirements``), one oracle solution
+graded end to end, and ``trajlake doctor``'s view of the whole machine.
+
+A rollout whose grader cannot run would write episodes that all look like failures (every grading run
+crashing reads as "not resolved"); the preflight stops it first, with one line naming what is missing and how
+to fix it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from trajlake.envs.core import Requirement
+from trajlake.envs.registry import make, names, spec
+from trajlake.errors import TrajlakeError
+from trajlake.rollout.runner import play_episode
+
+
+class PreflightError(TrajlakeError):
+    """The environment cannot work on this machine; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of ``trajlake doctor``: a requirement of a component."""
+
+    component: str
+    """What needs it: ``lake``, ``python`` or an environment name."""
+    requirement: Requirement
+
+
+def oracle_check(env_name: str, split: str | None = None, **env_kwargs: Any) -> Requirement:
+    """Play the environment's oracle on its first task of ``split`` and require success: the whole chain
+    (reset, tools, sandbox, grader) works on this machine."""
+    cls = spec(env_name).env_class()
+    policies = cls.policies() if cls is not None else {}
+    oracle = next((p for p in policies.values() if getattr(p, "needs_oracle", False)), None)
+    if oracle is None:
+        return Requirement("oracle", True, f"{env_name} has no oracle policy: end-to-end grading not checked",
+                           required=False)
+    env = make(env_name, split=split, **env_kwargs)
+    try:
+        tasks = env.list_tasks()
+        if not tasks:
+            return Requirement("oracle", False, f"{env_name} has no tasks in split {split!r}",
+                               "choose another --split")
+        task = tasks[0]
+        rec = play_episode(env, oracle("preflight"), run_id="preflight", task_id=task["task_id"],
+                           task_version=task["task_version"], seed=0)
+    except Exception as e:  # whatever broke, the user needs its one line
+        return Requirement("oracle", False, f"the oracle's episode on {env_name} crashed: {type(e).__name__}: {e}",
+                           "run `trajlake doctor` to see what the environment needs")
+    finally:
+        env.close()
+    ep = rec.episode
+    if ep["success"]:
+        return Requirement("oracle", True, f"the oracle solved {task['task_id']} (graded end to end)")
+    last_obs = next((t["raw_content"] for t in reversed(rec.turns) if t["actor"] == "env"), "") or ""
+    detail = last_obs.strip().splitlines()[-1][:200] if last_obs.strip() else "no observation"
+    return Requirement("oracle", False, f"the oracle's known solution of {task['task_id']} was not graded as "
+                       f"solved ({ep['termination_reason']}): {detail}",
+                       "run `trajlake doctor` to see what the environment needs")
+
+
+def preflight(env_name: str, split: str | None = None, *, oracle: bool = True, **env_kwargs: Any) -> list[Requirement]:
+    """Check an environment before a rollout; raises ``PreflightError`` naming the first broken requirement.
+    Returns the checks (for printing)."""
+    env = make(env_name, split=split, **env_kwargs)
+    try:
+        reqs = list(env.requirements())
+    finally:
+        env.close()
+    _raise_first(env_name, reqs)
+    if oracle:
+        reqs.append(oracle_check(env_name, split, **env_kwargs))
+        _raise_first(env_name, reqs)
+    return reqs
+
+
+def _raise_first(env_name: str, reqs: list[Requirement]) -> None:
+    for r in reqs:
+        if r.required and not r.ok:
+            fix = f"; fix: {r.fix}" if r.fix else ""
+            raise PreflightError(f"{env_name} cannot run here: {r.name}: {r.detail}{fix} (nothing was written)")
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = importlib.import_module(module)
+    except Exception:
+        return None
+    return str(getattr(mod, "__version__", "installed"))
+
+
+def _delta_extension() -> Requirement:
+    import duckdb
+
+    try:
+        con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})
+        from trajlake.query import _load_delta
+
+        _load_delta(con)
+        return Requirement("duckdb delta extension", True, f"duckdb {duckdb.__version__}, delta loaded")
+    except Exception as e:
+        return Requirement("duckdb delta extension", False, f"{type(e).__name__}: {e}",
+                           "pip install duckdb and duckdb-extension-delta of the same version")
+
+
+def doctor_checks(*, oracle: bool = True) -> list[Check]:
+    """What the lake and every registered environment need, and whether each is there."""
+    from trajlake._version import __version__
+    from trajlake.provenance import code_version
+
+    out = [
+        Check("python", Requirement("python", sys.version_info >= (3, 11), f"{platform.python_version()} "
+                                    f"({sys.executable})", "use Python 3.11 or newer")),
+        Check("trajlake", Requirement("trajlake", True, f"{__version__} ({code_version()})")),
+    ]
+    for module in ("pyarrow", "deltalake", "polars"):
+        v = _version(module)
+        out.append(Check("lake", Requirement(module, v is not None, v or "missing", f"pip install {module}")))
+    out.append(Check("lake", _delta_extension()))
+    for name in names():
+        try:
+            env = make(name, split=None)
+            try:
+                reqs = list(env.requirements())
+            finally:
+                env.close()
+        except Exception as e:
+            reqs = [Requirement("load", False, f"{type(e).__name__}: {e}", "reinstall the package providing it")]
+        if oracle and all(r.ok or not r.required for r in reqs):
+            reqs.append(oracle_check(name))
+        out += [Check(name, r) for r in reqs]
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    out.append(Check("browser", Requirement("chromium", chromium is not None, chromium or "not found (browser "
+                                            "tests and --browser chromium need it)", "apt-get install chromium",
+                                            required=False)))
+    torch_v = _version("torch")
+    if torch_v is None:
+        out.append(Check("train", Requirement("torch", False, "not installed (the trainer and hf: policies need it)",
+                                              "pip install 'trajlake[train]'", required=False)))
+    else:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        detail = f"{torch_v}; CUDA " + (f"available ({torch.cuda.get_device_name(0)})" if cuda else "not available")
+        out.append(Check("train", Requirement("torch", True, detail, required=False)))
+    return out
+
+
+__all__ = ["Check", "PreflightError", "doctor_checks", "oracle_check", "preflight"]
