@@ -61,9 +61,9 @@ class Recording:
         policy.generate = generate  # type: ignore[method-assign]
 
 
-def _play(env: Any, policy: Any, attempt: int = 0, seed: int = 0) -> Any:
+def _play(env: Any, policy: Any, attempt: int = 0, seed: int = 0, cost_model: Any = None) -> Any:
     return play_episode(env, policy, run_id="r", task_id=TASK, task_version=None, seed=seed, attempt=attempt,
-                        split="dev", task_view=task_view_fn(env))
+                        split="dev", task_view=task_view_fn(env), cost_model=cost_model)
 
 
 # -- the tool-call format ----------------------------------------------------------------------------------------
@@ -135,6 +135,7 @@ def test_hf_policy_is_token_exact_and_rescores(tiny: Path, env: Any) -> None:
     assert check_drift(turns, policy.renderer, TOOL_DOCS) == []
 
 
+@pytest.mark.slow
 def test_drift_in_template_or_tokenizer_is_named(tiny: Path, env: Any, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -151,6 +152,7 @@ def test_drift_in_template_or_tokenizer_is_named(tiny: Path, env: Any, tmp_path:
     assert problems[0].startswith("tokenizer drift") and "token" in problems[-1]
 
 
+@pytest.mark.slow
 def test_attempts_sample_with_distinct_seeds(tiny: Path, env: Any) -> None:
     policy = HFPolicy("v1", str(tiny), LMSettings(max_new_tokens=8))
     a0, a0_again, a1 = _play(env, policy, 0), _play(env, policy, 0), _play(env, policy, 1)
@@ -159,6 +161,7 @@ def test_attempts_sample_with_distinct_seeds(tiny: Path, env: Any) -> None:
     assert a0.episode["group_id"] == a1.episode["group_id"] and a1.episode["attempt"] == 1
 
 
+@pytest.mark.slow
 def test_context_trimming_drops_oldest_pairs_and_records_it(tiny: Path, tmp_path: Path) -> None:
     env = MiniSWEEnv("dev", workdir=tmp_path / "ws", budget=Budget(max_steps=8))
     try:
@@ -266,8 +269,10 @@ def _openai(model: str, server: Any, **args: Any) -> Any:
 
 def test_openai_token_in_token_out_is_exact(tiny: Path, env: Any, server: Any) -> None:
     server.requests.clear()
-    policy = _openai("tiny", server, tokenizer=str(tiny), price_in=2.0, price_out=10.0)
-    rec = _play(env, policy)
+    from trajlake.record.episode import CostModel
+
+    policy = _openai("tiny", server, tokenizer=str(tiny))
+    rec = _play(env, policy, cost_model=CostModel(price_in=2.0, price_out=10.0))
     sent = [ids for kind, ids in server.requests]
     assert {kind for kind, _ in server.requests} == {"completions"}
     _check_exact(rec, sent)  # what the server received is what the turns concatenate to
@@ -276,7 +281,8 @@ def test_openai_token_in_token_out_is_exact(tiny: Path, env: Any, server: Any) -
         np.testing.assert_allclose(score_tokens(hf.model, c.context_ids, c.generated_ids), c.behavior_logprobs,
                                    atol=1e-4)
     pol = [t for t in rec.turns if t["actor"] == "policy"]
-    for t, ids in zip(pol, sent, strict=True):  # cost from usage and the configured prices
+    for t, ids in zip(pol, sent, strict=True):  # cost from the reported usage and the configured prices
+        assert t["prompt_tokens"] == len(ids)
         assert t["cost_usd"] == pytest.approx((len(ids) * 2.0 + len(t["token_ids"]) * 10.0) / 1e6)
         assert t["status"] == "MODEL_INVALID_ACTION"
 
@@ -299,8 +305,10 @@ def test_openai_chat_without_token_ids_records_text(tiny: Path, env: Any) -> Non
     sys.path.insert(0, str(Path(__file__).parent))
     from openai_server import ModelServer
 
+    from trajlake.record.episode import CostModel
+
     with ModelServer(str(tiny), token_ids=False) as srv:
-        rec = _play(env, _openai("tiny", srv, price_out=1.0))
+        rec = _play(env, _openai("tiny", srv), cost_model=CostModel(price_in=0.0, price_out=1.0))
     pol = [t for t in rec.turns if t["actor"] == "policy"]
     assert all(t["tokenizer_id"] is None and t["token_ids"] is None for t in pol)
     assert all(t["tokens"] > 0 and t["cost_usd"] == pytest.approx(t["tokens"] / 1e6) for t in pol)
