@@ -402,3 +402,7 @@ def test_best_of_uses_only_visible_signals_within_budget() -> None:
     assert [x.attempt for x in considered["g"]] == [0, 1] and chosen["g"].attempt == 0
     chosen, considered = choose(pool, 10)  # attempt 0 is always considered
     assert chosen["g"].attempt == 0
+    costly = [Candidate(x.episode_id, "g", "t", x.attempt, x.tokens, 0.5, x.visible_pass_rate, x.mean_logprob)
+              for x in pool]
+    chosen, considered = choose(costly, None, budget_cost=1.6)  # a cost budget: three attempts fit
+    assert len(considered["g"]) == 3 and chosen["g"].attempt == 2

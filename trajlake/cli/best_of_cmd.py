@@ -21,10 +21,12 @@ def best_of_command(
     out_run: Annotated[str | None, typer.Option(help="The new run holding the chosen attempts.")] = None,
     budget_tokens: Annotated[float | None, typer.Option(
         help="Tokens (in + out) per task and seed that the considered attempts may spend.")] = None,
+    budget_cost: Annotated[float | None, typer.Option(
+        help="USD per task and seed that the considered attempts may spend.")] = None,
     match: Annotated[str | None, typer.Option(
         help="Match the budget to this run's mean tokens per episode on the same tasks.")] = None,
     config: Annotated[Path | None, typer.Option(
-        help="TOML file: its [select] table gives run, out_run, budget_tokens or match.")] = None,
+        help="TOML file: its [select] table gives run, out_run, budget_tokens, budget_cost or match.")] = None,
     lake: LakeOpt = None,
 ) -> None:
     """Choose one attempt per group by visible tests, then the model's own log-probs (never hidden tests), within
@@ -41,11 +43,12 @@ def best_of_command(
             raise TrajlakeError(f"--config {config}: {e}") from e
     run = run or sel.get("run")
     out_run = out_run or sel.get("out_run")
-    if budget_tokens is None and match is None:
-        budget_tokens, match = sel.get("budget_tokens"), sel.get("match")
+    if budget_tokens is None and match is None and budget_cost is None:
+        budget_tokens, match, budget_cost = sel.get("budget_tokens"), sel.get("match"), sel.get("budget_cost")
     if not run or not out_run:
         raise TrajlakeError("best-of needs --run (the group rollout) and --out-run")
-    report = select_best(str(lake_path(ctx, lake)), run, out_run, budget_tokens=budget_tokens, match_run=match)
+    report = select_best(str(lake_path(ctx, lake)), run, out_run, budget_tokens=budget_tokens, match_run=match,
+                         budget_cost=budget_cost)
     typer.echo(report.summary())
 
 

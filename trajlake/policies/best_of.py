@@ -54,6 +54,7 @@ class SelectionReport:
     out_run: str
     rule: str
     budget_tokens_per_group: float | None
+    budget_cost_per_group: float | None
     matched_against: str | None
     groups: int
     mean_attempts_considered: float
@@ -63,9 +64,13 @@ class SelectionReport:
     """group_id -> chosen attempt."""
 
     def summary(self) -> str:
-        budget = ("unlimited" if self.budget_tokens_per_group is None else
-                  f"{self.budget_tokens_per_group:.0f} tokens per task and seed" +
-                  (f" (matched to run {self.matched_against})" if self.matched_against else ""))
+        parts = []
+        if self.budget_tokens_per_group is not None:
+            parts.append(f"{self.budget_tokens_per_group:.0f} tokens per task and seed" +
+                         (f" (matched to run {self.matched_against})" if self.matched_against else ""))
+        if self.budget_cost_per_group is not None:
+            parts.append(f"${self.budget_cost_per_group:g} per task and seed")
+        budget = " and ".join(parts) or "unlimited"
         return (f"B2 best-of-N {self.out_run} from {self.pool_run}: {self.groups} group(s), rule {self.rule} "
                 f"(visible tests, own log-probs; never hidden tests); budget {budget}; spent "
                 f"{self.mean_tokens_spent_per_group:.0f} tokens and ${self.mean_cost_spent_per_group:.4f} per group "
@@ -109,8 +114,10 @@ def matched_budget(con: Any, run: str, task_ids: set[str]) -> float:
     return sum(spent) / len(spent)
 
 
-def choose(cands: list[Candidate], budget_tokens: float | None) -> tuple[dict[str, Candidate], dict[str, list[Candidate]]]:
-    """The chosen candidate of each group and the candidates considered within the budget."""
+def choose(cands: list[Candidate], budget_tokens: float | None, budget_cost: float | None = None
+           ) -> tuple[dict[str, Candidate], dict[str, list[Candidate]]]:
+    """The chosen candidate of each group and the candidates considered within the budget (tokens, cost or
+    both)."""
     groups: dict[str, list[Candidate]] = defaultdict(list)
     for c in sorted(cands, key=lambda c: (c.group_id, c.attempt)):
         groups[c.group_id].append(c)
@@ -118,19 +125,21 @@ def choose(cands: list[Candidate], budget_tokens: float | None) -> tuple[dict[st
     considered: dict[str, list[Candidate]] = {}
     for g, cs in groups.items():
         used: list[Candidate] = []
-        total = 0
+        total, spent = 0, 0.0
         for c in cs:
-            if used and budget_tokens is not None and total + c.tokens > budget_tokens:
+            if used and ((budget_tokens is not None and total + c.tokens > budget_tokens) or
+                         (budget_cost is not None and spent + c.cost_usd > budget_cost)):
                 break
             used.append(c)
             total += c.tokens
+            spent += c.cost_usd
         considered[g] = used
         chosen[g] = max(used, key=Candidate.key)
     return chosen, considered
 
 
 def select_best(lake_path: str, pool_run: str, out_run: str, *, budget_tokens: float | None = None,
-                match_run: str | None = None) -> SelectionReport:
+                match_run: str | None = None, budget_cost: float | None = None) -> SelectionReport:
     """Write the best attempt of each group of ``pool_run`` to the new run ``out_run``."""
     from trajlake.lake.store import Lake
     from trajlake.query import connect
@@ -150,7 +159,7 @@ def select_best(lake_path: str, pool_run: str, out_run: str, *, budget_tokens: f
         raise TrajlakeError("give --budget-tokens or --match, not both")
     if match_run is not None:
         budget_tokens = matched_budget(con, match_run, {c.task_id for c in cands})
-    chosen, considered = choose(cands, budget_tokens)
+    chosen, considered = choose(cands, budget_tokens, budget_cost)
     ids = [c.episode_id for c in chosen.values()]
     tables = {}
     for name in ("episodes", "turns", "gateway_events"):
@@ -168,7 +177,7 @@ def select_best(lake_path: str, pool_run: str, out_run: str, *, budget_tokens: f
         tables[name] = t
     assert pc.all(pc.starts_with(tables["episodes"]["episode_id"], out_run + "/")).as_py()
     report = SelectionReport(
-        pool_run, out_run, RULE, budget_tokens, match_run, len(chosen),
+        pool_run, out_run, RULE, budget_tokens, budget_cost, match_run, len(chosen),
         sum(len(v) for v in considered.values()) / len(considered),
         sum(sum(c.tokens for c in v) for v in considered.values()) / len(considered),
         sum(sum(c.cost_usd for c in v) for v in considered.values()) / len(considered),
