@@ -288,6 +288,7 @@ def rollout(
     args.update(parse_policy_args(policy_arg or []))
     if base_url:
         args["base_url"] = base_url
+    check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
     # --policy-arg price_in / price_out are the run's prices too (the cost model prices the reported usage).
     price_in = price_in or float(args.get("price_in", 0) or 0)
     price_out = price_out or float(args.get("price_out", 0) or 0)
@@ -305,7 +306,6 @@ def rollout(
                         env_kwargs=_parse_env_args(env_arg), cost_model=cost, engine=engine, attempts=attempts,
                         policy_args=args,
                         task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else ())
-    check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
     if preflight:
         _print_checks(check_env(env, split, **cfg.env_kwargs), env)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
