@@ -33,7 +33,8 @@ def _ids(turn: Mapping[str, Any]) -> list[int]:
 
 def _dropped_range(turns: Sequence[Mapping[str, Any]], t: int, h: str) -> tuple[int, int]:
     """The contiguous range of turns before turn ``t`` whose hash is ``h`` (trimming drops whole turns)."""
-    for start in range(t):
+    # drop_oldest drops from turn 1, single_turn and rerendered from turn 0: try those starts first.
+    for start in [1, 0, *range(2, t)][:t]:
         for stop in range(start + 1, t):
             if dropped_hash([(int(turns[i]["turn_idx"]), turns[i].get("raw_content") or "")
                              for i in range(start, stop)]) == h:
