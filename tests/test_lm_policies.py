@@ -356,33 +356,33 @@ def test_cli_group_rollout_b0_b2_and_eval(tiny: Path, tmp_path: Path, monkeypatc
     small = ["--tasks", TASK, "--policy-arg", "max_new_tokens=8"]
     code, out, err = run_cli(capsys, "--lake", "lake", "rollout", "--config", str(cfg / "agent-tiny.toml"), *small)
     assert code == 0, err
-    group = ["--lake", "lake", "rollout", "--policy", "hf:models/tiny", "--attempts", "2", "--run-id", "pool",
-             "--split", "dev", "--seeds", "0", *small]
+    # The shipped B2 config (N = 4 there), with 2 attempts on one task to keep the test short.
+    group = ["--lake", "lake", "rollout", "--config", str(cfg / "b2-tiny.toml"), "--attempts", "2", *small]
     code, out, err = run_cli(capsys, *group)
     assert code == 0, err
     assert "2 episode(s) written" in out
     code, out, err = run_cli(capsys, *group)  # resumable: nothing played twice
     assert code == 0 and "0 episode(s) written" in out and "2 already in the lake" in out
     con = connect("lake")
-    rows = con.execute("select attempt, group_id, episode_id from episodes where run_id = 'pool' order by attempt"
-                       ).fetchall()
+    rows = con.execute("select attempt, group_id, episode_id from episodes where run_id = 'b2-pool-tiny' "
+                       "order by attempt").fetchall()
     assert [r[0] for r in rows] == [0, 1] and rows[0][1] == rows[1][1]
     toks = [con.execute("select flatten(list(token_ids order by turn_idx)) from turns where episode_id = ? and "
                         "actor = 'policy'", [r[2]]).fetchone()[0] for r in rows]
     assert toks[0] != toks[1]  # distinct sampling seeds
-    config = json.loads(con.execute("select config from runs where run_id = 'pool'").fetchone()[0])
+    config = json.loads(con.execute("select config from runs where run_id = 'b2-pool-tiny'").fetchone()[0])
     assert config["attempts"] == 2 and config["policy_args"]["max_new_tokens"] == "8"
 
-    code, out, err = run_cli(capsys, "--lake", "lake", "best-of", "--run", "pool", "--out-run", "b2",
-                             "--match", "agent-tiny")
+    code, out, err = run_cli(capsys, "--lake", "lake", "best-of", "--config", str(cfg / "b2-tiny.toml"))
     assert code == 0, err
     assert "matched to run agent-tiny" in out and "never hidden tests" in out
     code, out, err = run_cli(capsys, "--lake", "lake", "rollout", "--config", str(cfg / "b0-tiny.toml"), *small)
     assert code == 0, err
-    for run in ("pool", "b2", "b0-tiny", "agent-tiny"):
+    for run in ("b2-pool-tiny", "b2-tiny", "b0-tiny", "agent-tiny"):
         code, out, err = run_cli(capsys, "--lake", "lake", "eval", "--run", run, "--format", "json")
         assert code == 0, err
-    n = connect("lake").execute("select count(*) from episodes where run_id in ('b2', 'b0-tiny')").fetchone()[0]
+    n = connect("lake").execute("select count(*) from episodes where run_id in ('b2-tiny', 'b0-tiny')"
+                                ).fetchone()[0]
     assert n == 2
 
 

@@ -20,6 +20,7 @@ from trajlake.errors import TrajlakeError
 from trajlake.policies.chat import ChatRenderer, system_prompt
 from trajlake.policies.settings import LMSettings
 from trajlake.policies.toolcall import parse_tool_call
+from trajlake.schemas.vocab import Status
 
 
 class ContextOverflowError(TrajlakeError):
@@ -153,8 +154,8 @@ class LMPolicy(Policy):
         # A model call that needed retries is recorded as infrastructure first: an unparsable reply stays
         # visible as MODEL_INVALID_ACTION on the environment's turn that answers it.
         if retries:
-            return "ENV_TRANSIENT"
-        return None if parsed else "MODEL_INVALID_ACTION"
+            return Status.ENV_TRANSIENT
+        return None if parsed else Status.MODEL_INVALID_ACTION
 
     def _trim(self) -> str | None:
         """Apply the context strategy; returns the hash of the dropped turns (None when none are dropped)."""
