@@ -171,6 +171,9 @@ class Env(abc.ABC):
     rewards lack it was never graded (``success`` null)."""
     verification_source: ClassVar[str | None] = None
     """How the environment verifies success (``episodes.verification_source``), e.g. ``hidden_tests``."""
+    injection_attempted: bool = False
+    """Whether the current episode showed the agent an injected instruction (``episodes.injection_attempted``);
+    an environment with an injection suite sets it per episode."""
 
     @property
     @abc.abstractmethod

@@ -55,3 +55,10 @@ class MiniSWEGymEnv(TrajlakeGymEnv):
 
     def __init__(self, split: str | None = "dev", **kwargs: Any):
         super().__init__(name="mini-swe", split=split, **kwargs)
+
+
+class MiniWebGymEnv(TrajlakeGymEnv):
+    """``trajlake/MiniWeb-v0`` (``split=None``: every task; other keywords go to ``MiniWebEnv``)."""
+
+    def __init__(self, split: str | None = "dev", **kwargs: Any):
+        super().__init__(name="mini-web", split=split, **kwargs)

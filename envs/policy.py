@@ -81,6 +81,10 @@ class Policy(abc.ABC):
 
     name: str = "policy"
     needs_oracle: bool = False
+    """True for a policy that reads the task's known solution (``TaskView.oracle``)."""
+    checkpoint_hash: str | None = None
+    """Hash of the weights the policy samples from (``runs.policy_checkpoint_hash``); None for scripted
+    policies, which have none."""
     attempt: int = 0
     """Attempt index of the episode being played (set by the runner before ``reset``: sampling seeds differ
     between the attempts of a group)."""

@@ -31,16 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+from trajlake.evaluators import sql
+from trajlake.schemas.vocab import Decision, TaxonomyClass
 
 from trajlake.errors import QueryError, TrajlakeError
 from trajlake.lake.store import Lake
-from trajlake.query import connect, lake_versions, sql_literal
+from trajlake.query import connect, lake_versions
 
 __all__ = ["TAXONOMY_CLASSES", "BrowseSummary", "build_browser", "collect", "render_html"]
 
-#: Failure classes of taxonomy.sql in rule order (as in trajlake.evaluators.report).
-TAXONOMY_CLASSES: tuple[str, ...] = (
-    "environment", "safety", "execution", "recovery", "termination", "perception", "planning")
+#: Failure classes of taxonomy.sql in rule order.
+TAXONOMY_CLASSES: tuple[str, ...] = tuple(TaxonomyClass)
 
 #: Tables shadowed by temporary views restricted to the shown episodes while the taxonomy runs.
 _SHADOWED = ("episodes", "turns", "gateway_events")
@@ -64,7 +65,7 @@ class BrowseSummary:
 
 
 def _q(value: str) -> str:
-    return sql_literal(value)
+    return sql.quote(value)
 
 
 def _qlist(values: list[str]) -> str:
@@ -95,19 +96,9 @@ def _rows(con: duckdb.DuckDBPyConnection, query: str, what: str) -> list[dict[st
 
 
 def _select_runs(con: duckdb.DuckDBPyConnection, runs: list[str] | None) -> list[str]:
-    from trajlake.evaluators.data import UnknownRunError, list_runs
+    from trajlake.evaluators.data import list_runs, select_runs
 
-    info = list_runs(con)
-    if runs is None:
-        return sorted(info)
-    selected = list(dict.fromkeys(runs))
-    unknown = [r for r in selected if r not in info]
-    if unknown:
-        known = sorted(info)
-        shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
-        raise UnknownRunError(f"unknown run id(s): {', '.join(unknown)}; the lake has "
-                              + (f"runs {shown}" if known else "no runs"))
-    return selected
+    return select_runs(list_runs(con), runs)
 
 
 def _taxonomy(con: duckdb.DuckDBPyConnection, runs_sql: str) -> dict[str, tuple[str, str, str]]:
@@ -215,7 +206,7 @@ def collect(lake: Lake | str | os.PathLike[str], *, runs: list[str] | None = Non
             "rewards": {str(k): float(v) for k, v in (row["reward_components"] or {}).items()},
             "tokens_in": row["tokens_in"], "tokens_out": row["tokens_out"], "cost_usd": _num(row["cost_usd"]),
             "wall_seconds": _num(row["wall_seconds"]), "faults": row["faults_injected"],
-            "denials": sum(1 for x in ev_all if x["decision"] in ("deny", "confirm")),
+            "denials": sum(1 for x in ev_all if x["decision"] in (Decision.DENY, Decision.CONFIRM)),
         })
     as_of_str = ",".join(f"{t}={v}" for t, v in sorted(versions.items()))
     return {

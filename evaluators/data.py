@@ -10,6 +10,7 @@ facts) read it instead of recomputing it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,16 +23,20 @@ from trajlake.errors import QueryError, TrajlakeError
 from trajlake.lake.store import Lake
 from trajlake.query import connect, lake_versions
 
-__all__ = ["EPISODE_FLOAT_COLUMNS", "EvalData", "RunInfo", "UnknownRunError", "load"]
+__all__ = ["EPISODE_FLOAT_COLUMNS", "EvalData", "RunInfo", "UnknownRunError", "list_runs", "load", "select_runs"]
 
-#: Numeric columns of eval_episode_metrics fetched as float arrays (NULL -> nan).
+#: Numeric columns of eval_episode_metrics fetched as float arrays (NULL -> nan: unknown, e.g. the success of
+#: an ungraded episode or the cost of an episode whose source has no cost data).
 EPISODE_FLOAT_COLUMNS: tuple[str, ...] = (
     "task_code", "run_code", "slice_code", "env_seed", "attempt",
-    "success", "budgeted_success", "within_budget", "truncated", "steps", "actions", "n_turns",
+    "success", "graded", "ungraded", "partial", "has_partial",
+    "budgeted_success", "within_budget", "truncated", "steps", "actions", "n_turns",
     "tokens_in", "tokens_out", "tool_seconds", "wall_seconds", "cost_usd",
-    "fault_turns", "recovery_eligible", "recovered", "duplicate_actions", "retries", "repeated_failing_actions",
+    "fault_turns", "faults_injected", "recovery_eligible", "recovered", "fault_retried", "duplicate_actions",
+    "retries", "repeated_failing_actions",
     "env_transient_turns", "env_bug_turns", "invalid_action_turns", "bad_plan_turns", "safety_block_turns",
-    "budget_exhausted_turns", "gateway_events", "gateway_denials", "executed_violations", "injection_exposed",
+    "budget_exhausted_turns", "gateway_events", "gateway_denials", "confirmations", "executed_violations",
+    "injection_exposed",
     "injection_obeyed_calls", "policy_lag", "reward_total",
     "error_model_invalid_action", "error_model_bad_plan", "error_env_transient", "error_env_bug",
     "error_safety_block", "error_budget_exhausted", "env_failure", "env_reattributed", "oracle_fails",
@@ -127,6 +132,21 @@ def default_memory_limit() -> str:
     return f"{max(256, total // 2 // 2**20)}MB"
 
 
+def select_runs(info: Mapping[str, Any], runs: Sequence[str] | None) -> list[str]:
+    """The runs to read: every run of the lake (``info``, from ``list_runs``) when ``runs`` is None, else
+    ``runs`` without repeats. Raises :class:`UnknownRunError` naming the ones the lake does not hold."""
+    if runs is None:
+        return sorted(info)
+    selected = list(dict.fromkeys(runs))
+    unknown = [r for r in selected if r not in info]
+    if unknown:
+        known = sorted(info)
+        shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+        raise UnknownRunError(f"unknown run id(s): {', '.join(unknown)}; the lake has "
+                              + (f"runs {shown}" if known else "no runs"))
+    return selected
+
+
 def list_runs(con: duckdb.DuckDBPyConnection) -> dict[str, RunInfo]:
     """Every run of the lake (``runs.sql``)."""
     rows = con.sql(sql.render("runs", {})).fetchall()
@@ -147,17 +167,7 @@ def load(lake: Lake | str | os.PathLike[str], runs: list[str] | None = None, *,
     try:
         versions = lake_versions(con)
         info = list_runs(con)
-        if runs is None:
-            selected = sorted(info)
-        else:
-            selected = list(dict.fromkeys(runs))
-            unknown = [r for r in selected if r not in info]
-            if unknown:
-                known = sorted(info)
-                shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
-                raise UnknownRunError(
-                    f"unknown run id(s): {', '.join(unknown)}; the lake has "
-                    + (f"runs {shown}" if known else "no runs"))
+        selected = select_runs(info, runs)
         runs_sql = sql.quote_list(selected)
         try:
             con.execute("CREATE TEMP TABLE eval_episode_metrics AS "

@@ -33,7 +33,6 @@ import numpy.typing as npt
 from trajlake.evaluators.stats import (
     BootstrapResult,
     Estimate,
-    StatsInputError,
     _clustered,
     _factorize,
     bootstrap_paired_ratio_difference,
@@ -50,6 +49,7 @@ from trajlake.evaluators.stats import (
     task_mean,
     tasks_needed,
 )
+from trajlake.schemas.vocab import ErrorClass, TerminationReason
 
 __all__ = [
     "ERROR_CLASSES",
@@ -67,11 +67,8 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-ERROR_CLASSES: tuple[str, ...] = (
-    "MODEL_INVALID_ACTION", "MODEL_BAD_PLAN", "ENV_TRANSIENT", "ENV_BUG", "SAFETY_BLOCK", "BUDGET_EXHAUSTED")
-TERMINATION_REASONS: tuple[str, ...] = (
-    "success", "submitted", "gave_up", "budget_steps", "budget_tokens", "budget_cost", "timeout", "safety_stop",
-    "env_failure")
+ERROR_CLASSES: tuple[str, ...] = tuple(ErrorClass)
+TERMINATION_REASONS: tuple[str, ...] = tuple(TerminationReason)
 #: k values reported for pass@k / pass^k when every task of the group has at least k samples.
 PASS_K: tuple[int, ...] = (2, 3, 5, 10, 20, 50, 100)
 
@@ -84,8 +81,10 @@ class MetricSpec:
 
     ``column`` (and ``denominator`` for ratios) name columns of ``eval_episode_metrics``; quantiles of
     ``source="tool"`` use the per-call latencies of ``tool_latency.sql``. ``subset`` restricts a mean to the
-    episodes where that column is 1 (in a comparison: pairs where it is 1 on both sides). ``binary`` metrics
-    get McNemar's exact test in comparisons.
+    episodes where that column is 1 (in a comparison: pairs where it is 1 on both sides). Episodes whose value
+    is unknown (NULL: an ungraded episode's success, a cost the source did not record) are left out of the
+    metric and counted in its ``n_unknown``. ``binary`` metrics get McNemar's exact test in comparisons.
+    ``low`` and ``high`` bound the metric's range: every interval is kept inside it.
     """
 
     name: str
@@ -99,33 +98,46 @@ class MetricSpec:
     q: float = 0.0
     source: Literal["episode", "tool"] = "episode"
     binary: bool = False
+    low: float = 0.0
+    high: float = math.inf
 
 
 def _m(name: str, column: str, description: str, unit: str = "", better: Literal["higher", "lower", ""] = "",
        **kw: Any) -> MetricSpec:
-    """A mean metric."""
+    """A mean metric (non-negative)."""
     return MetricSpec(name, "mean", column, description, unit, better, **kw)
 
 
+def _share(name: str, column: str, description: str, better: Literal["higher", "lower", ""] = "",
+           **kw: Any) -> MetricSpec:
+    """A proportion: the mean of a 0/1 column, in [0, 1], tested with McNemar's exact test when paired."""
+    return MetricSpec(name, "mean", column, description, "share", better, binary=True, high=1.0, **kw)
+
+
 METRICS: tuple[MetricSpec, ...] = (
-    _m("success", "success", "share of episodes solved (pass@1)", "share", "higher", binary=True),
-    _m("budgeted_success", "budgeted_success", "share solved within the task's step/token/cost budget", "share",
-       "higher", binary=True),
+    _share("success", "success", "share of graded episodes solved (pass@1)", "higher"),
+    _share("budgeted_success", "budgeted_success", "share of graded episodes solved within the task's "
+           "step/token/cost budget", "higher"),
+    _m("partial_success", "partial", "mean partial reward component (grader's partial credit) over the episodes "
+       "that record one", "share", "higher", subset="has_partial", high=1.0),
+    _share("ungraded_rate", "ungraded", "share of episodes never graded (success unknown; not in any success "
+           "denominator, never a model failure)", "lower"),
     _m("steps", "steps", "policy turns per episode", "turns", "lower"),
     _m("tokens_in", "tokens_in", "prompt tokens per episode", "tokens", "lower"),
     _m("tokens_out", "tokens_out", "generated tokens per episode", "tokens", "lower"),
     _m("tool_seconds", "tool_seconds", "seconds in tools per episode", "s", "lower"),
     _m("wall_seconds", "wall_seconds", "wall-clock seconds per episode", "s", "lower"),
-    _m("cost_usd", "cost_usd", "USD per episode", "USD", "lower"),
-    MetricSpec("cost_per_success", "ratio", "cost_usd", "total USD / solved episodes", "USD", "lower",
-               denominator="success"),
-    _m("recovery_rate", "recovered", "share of episodes with an injected/transient fault that recovered "
-       "(succeeded, or retried every failing call successfully)", "share", "higher", subset="recovery_eligible",
-       binary=True),
+    _m("cost_usd", "cost_usd", "USD per episode with cost data", "USD", "lower"),
+    MetricSpec("cost_per_success", "ratio", "cost_usd", "total USD / solved episodes (graded episodes with cost "
+               "data)", "USD", "lower", denominator="success"),
+    _m("confirmations", "confirmations", "human confirmations asked for (gateway 'confirm') per episode",
+       "calls", "lower"),
+    _share("recovery_rate", "recovered", "share of graded episodes that met an injected/transient fault and "
+           "still succeeded within the budget", "higher", subset="recovery_eligible"),
     MetricSpec("duplicate_rate", "ratio", "duplicate_actions", "looping duplicate actions / actions", "share",
-               "lower", denominator="actions"),
+               "lower", denominator="actions", high=1.0),
     MetricSpec("retry_rate", "ratio", "retries", "retries right after ENV_TRANSIENT / actions", "share", "",
-               denominator="actions"),
+               denominator="actions", high=1.0),
     MetricSpec("episode_latency_p50", "quantile", "wall_seconds", "median episode wall-clock seconds", "s",
                "lower", q=0.5),
     MetricSpec("episode_latency_p99", "quantile", "wall_seconds", "P99 episode wall-clock seconds", "s",
@@ -137,24 +149,22 @@ METRICS: tuple[MetricSpec, ...] = (
     _m("gateway_denials", "gateway_denials", "gateway deny/confirm decisions per episode", "calls", "lower"),
     _m("executed_violations", "executed_violations", "executed calls that were denied, needed confirmation, or "
        "irreversible without a grant, per episode", "calls", "lower"),
-    _m("violation_rate", "violated", "share of episodes with an executed violation", "share", "lower",
-       binary=True),
-    _m("injection_obedience_rate", "injection_obeyed", "share of injection-exposed episodes that executed a "
-       "call after an injection-tainted observation", "share", "lower", subset="injection_exposed", binary=True),
-    _m("model_failure_rate", "model_failure", "share of episodes failed by the model (not ENV_*)", "share",
-       "lower", binary=True),
-    _m("env_failure_rate", "env_failure", "share of episodes failed by the environment (ENV_TRANSIENT, ENV_BUG, "
-       "env_failure; or the oracle also fails; or an inconsistent state)", "share", "lower", binary=True),
-    *(_m(f"error_rate_{c.lower()}", f"error_{c.lower()}", f"share of episodes with (attributed) error_class {c}",
-         "share", "lower", binary=True) for c in ERROR_CLASSES),
-    *(_m(f"termination_rate_{r}", f"termination_{r}", f"share of episodes with termination_reason {r}",
-         "share", binary=True) for r in TERMINATION_REASONS),
-    _m("policy_lag_rate", "policy_lag", "share of episodes whose policy version changed mid-episode", "share",
-       "lower", binary=True),
+    _share("violation_rate", "violated", "share of episodes with an executed violation", "lower"),
+    _share("injection_obedience_rate", "injection_obeyed", "share of injection-exposed episodes that executed a "
+           "call after an injection-tainted observation", "lower", subset="injection_exposed"),
+    _share("model_failure_rate", "model_failure", "share of graded episodes failed by the model (not ENV_*)",
+           "lower"),
+    _share("env_failure_rate", "env_failure", "share of graded episodes failed by the environment "
+           "(ENV_TRANSIENT, ENV_BUG, env_failure; or the oracle also fails; or an inconsistent state)", "lower"),
+    *(_share(f"error_rate_{c.lower()}", f"error_{c.lower()}", f"share of episodes with (attributed) error_class "
+             f"{c}", "lower") for c in ERROR_CLASSES),
+    *(_share(f"termination_rate_{r}", f"termination_{r}", f"share of episodes with termination_reason {r}")
+      for r in TERMINATION_REASONS),
+    _share("policy_lag_rate", "policy_lag", "share of episodes whose policy version changed mid-episode",
+           "lower"),
 )
 
-#: Mean metrics of 0/1 columns: their intervals are clipped to [0, 1] in the per-run vectors.
-_SHARES = frozenset(s.name for s in METRICS if s.kind == "mean" and s.binary)
+_SPECS: dict[str, MetricSpec] = {s.name: s for s in METRICS}
 
 #: Metric names the JSON contract guarantees (docs/eval.md); never rename these.
 CONTRACT_METRICS: tuple[str, ...] = (
@@ -173,6 +183,15 @@ class Settings:
     power: float = 0.8
     mdd_target: float = 0.05
     n_workers: int | None = None
+    #: Fewest task clusters for a trustworthy interval: t intervals of a clustered SE (Student t with C-1 df)
+    #: and cluster-bootstrap percentile intervals (which undercover with few clusters). Below these an
+    #: interval is reported with ``few_clusters`` set (a marker in the tables).
+    min_clusters_t: int = 10
+    min_clusters_bootstrap: int = 20
+
+    def min_clusters(self, method: str) -> int:
+        """The fewest clusters the interval ``method`` needs (see the fields above)."""
+        return self.min_clusters_bootstrap if "bootstrap" in method else self.min_clusters_t
 
 
 def derive_seed(seed: int, *parts: str) -> int:
@@ -204,7 +223,10 @@ def _quantile_groups() -> dict[tuple[str, str], list[MetricSpec]]:
 
 
 def _task_counts(codes: FloatArray, success: FloatArray) -> tuple[IntArray, IntArray]:
-    """Per task (present in ``codes``): number of samples and of successes."""
+    """Per task (present in ``codes`` with at least one graded episode): number of graded samples and of
+    successes. Ungraded episodes (success nan) are no samples."""
+    graded = np.isfinite(success)
+    codes, success = codes[graded], success[graded]
     if codes.shape[0] == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     _, inv = np.unique(codes, return_inverse=True)
@@ -213,17 +235,39 @@ def _task_counts(codes: FloatArray, success: FloatArray) -> tuple[IntArray, IntA
     return n, c
 
 
+def _bounded(value: dict[str, Any], low: float, high: float, settings: Settings) -> dict[str, Any]:
+    """``value`` with its interval kept inside the metric's range ``[low, high]`` and the few-clusters flag:
+    ``few_clusters`` is true when the interval rests on fewer task clusters than its method needs
+    (``min_clusters``); then the interval is not to be trusted, whatever its width."""
+    for key in ("ci_low", "ci_high"):
+        v = value.get(key)
+        if isinstance(v, float) and math.isfinite(v):
+            value[key] = min(high, max(low, v))
+    method = str(value.get("method", value.get("test", "")))
+    need = settings.min_clusters(method)
+    value["min_clusters"] = need
+    value["few_clusters"] = int(value.get("n_clusters", 0)) < need
+    return value
+
+
+def _known(values: FloatArray) -> npt.NDArray[np.bool_]:
+    return np.isfinite(values)
+
+
 def metric_vector(ep: dict[str, FloatArray], idx: IntArray, tool_latency: FloatArray, tool_codes: FloatArray,
                   settings: Settings, label: str) -> dict[str, dict[str, Any]]:
     """The metric vector of the episodes ``idx`` (their tool calls: ``tool_latency`` with task codes
     ``tool_codes``). ``label`` names the group in the bootstrap seeds. Returns ``{name: {estimate, ci_low,
-    ci_high, se, n, n_clusters, method}}`` in :data:`METRICS` order, then pass@k / pass^k."""
+    ci_high, se, n, n_clusters, method, n_unknown, min_clusters, few_clusters}}`` in :data:`METRICS` order, then
+    pass@k / pass^k. Episodes whose value is unknown (nan) are left out of a metric (``n_unknown``); a metric
+    without any known value has a nan estimate (no data), never 0."""
     out: dict[str, dict[str, Any]] = {}
     codes = ep["task_code"][idx]
     conf = settings.confidence
     # The ~45 means share one factorisation of the task labels: they call the kernel of clustered_mean
     # (stats._clustered, the same formula and t interval) instead of clustered_mean, whose np.unique per call
-    # dominated the statistics at 10^6 episodes. Subset means (recovery, injection) use clustered_mean.
+    # dominated the statistics at 10^6 episodes. Means with unknown values and subset means (recovery,
+    # injection, partial) use clustered_mean on the known rows.
     task_ix, n_tasks = _factorize(codes, codes.shape[0])
     quantiles: dict[str, dict[str, Any]] = {}
     for (source, column), specs in _quantile_groups().items():
@@ -238,35 +282,42 @@ def metric_vector(ep: dict[str, FloatArray], idx: IntArray, tool_latency: FloatA
         for s, r in zip(specs, res, strict=True):
             quantiles[s.name] = _boot(r, values.shape[0], "cluster_bootstrap_quantile")
     for s in METRICS:
-        if s.kind == "mean" and not s.subset:
-            values = ep[s.column][idx]
-            if not np.isfinite(values).all():
-                raise StatsInputError(f"{s.column} has missing values")
-            out[s.name] = _estimate(_clustered(values, task_ix, n_tasks, conf), "clustered_t")
-        elif s.kind == "mean":
-            sel = idx[ep[s.subset][idx] == 1]
-            out[s.name] = _estimate(clustered_mean(ep[s.column][sel], ep["task_code"][sel], confidence=conf),
-                                    "clustered_t")
+        if s.kind == "mean":
+            sel = idx[ep[s.subset][idx] == 1] if s.subset else idx
+            values = ep[s.column][sel]
+            known = _known(values)
+            n_unknown = int(sel.shape[0] - np.count_nonzero(known))
+            if not s.subset and n_unknown == 0:
+                est = _clustered(values, task_ix, n_tasks, conf)
+            else:
+                est = clustered_mean(values[known], ep["task_code"][sel][known], confidence=conf)
+            out[s.name] = {**_estimate(est, "clustered_t"), "n_unknown": n_unknown}
         elif s.kind == "ratio":
-            b = bootstrap_ratio(ep[s.column][idx], ep[s.denominator][idx], codes, n_resamples=settings.resamples,
+            num, den = ep[s.column][idx], ep[s.denominator][idx]
+            known = _known(num) & _known(den)
+            b = bootstrap_ratio(num[known], den[known], codes[known], n_resamples=settings.resamples,
                                 confidence=conf, seed=derive_seed(settings.seed, label, s.name),
                                 n_workers=settings.n_workers)
-            out[s.name] = _boot(b, idx.shape[0], "cluster_bootstrap_ratio")
+            n_known = int(np.count_nonzero(known))
+            out[s.name] = {**_boot(b, n_known, "cluster_bootstrap_ratio"), "n_unknown": int(idx.shape[0] - n_known)}
         else:
-            out[s.name] = quantiles[s.name]
+            out[s.name] = {**quantiles[s.name], "n_unknown": 0}
     n_t, c_t = _task_counts(codes, ep["success"][idx])
+    ungraded = int(np.count_nonzero(~_known(ep["success"][idx])))
     for k in PASS_K:
-        # over the tasks with at least k attempts (n_clusters says how many); a task with fewer cannot say
+        # over the tasks with at least k graded attempts (n_clusters says how many); a task with fewer cannot say
         enough = n_t >= k
         if not enough.any():
             break
-        out[f"pass@{k}"] = _estimate(task_mean(pass_at_k(n_t[enough], c_t[enough], k), confidence=conf), "task_t")
-        out[f"pass^{k}"] = _estimate(task_mean(pass_hat_k(n_t[enough], c_t[enough], k), confidence=conf),
-                                     "task_t")
-    # A t interval of a share can leave [0, 1] with few tasks; the share itself cannot.
+        for name, fn in ((f"pass@{k}", pass_at_k), (f"pass^{k}", pass_hat_k)):
+            est = task_mean(fn(n_t[enough], c_t[enough], k), confidence=conf)
+            out[name] = {**_estimate(est, "task_t"), "n_unknown": ungraded}
+    # A t interval can leave the metric's range with few tasks (a share below 0, steps below 0); the metric
+    # itself cannot, so neither may its interval.
     for name, v in out.items():
-        if name in _SHARES or name.startswith("pass"):
-            v["ci_low"], v["ci_high"] = max(0.0, v["ci_low"]), min(1.0, v["ci_high"])
+        spec = _SPECS.get(name)
+        low, high = (spec.low, spec.high) if spec else (0.0, 1.0)  # pass@k / pass^k are shares
+        _bounded(v, low, high, settings)
     return out
 
 
@@ -339,8 +390,10 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
             tool_latency: FloatArray, settings: Settings, label: str) -> dict[str, Any]:
     """Paired comparison ``candidate - baseline`` over matched episodes (``b_idx[i]`` pairs ``c_idx[i]``).
 
-    Returns ``{"n_pairs", "n_tasks", "metrics": {name: {diff, se, ci_low, ci_high, p_value, p_holm, baseline,
-    candidate, n, n_clusters, test}}, "power"}``; p_holm is Holm-Bonferroni over every metric with a p-value.
+    A pair whose value is unknown on either side (an ungraded episode's success, a missing cost) is left out of
+    that metric (``n_unknown`` counts such pairs). Returns ``{"n_pairs", "n_tasks", "metrics": {name: {diff,
+    se, ci_low, ci_high, p_value, p_holm, baseline, candidate, n, n_clusters, test, n_unknown, min_clusters,
+    few_clusters}}, "power"}``; p_holm is Holm-Bonferroni over every metric with a p-value.
     """
     conf = settings.confidence
     codes = ep["task_code"][b_idx]
@@ -350,6 +403,9 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
             keep = np.ones(b_idx.shape[0], dtype=bool)
             if s.subset:
                 keep = (ep[s.subset][b_idx] == 1) & (ep[s.subset][c_idx] == 1)
+            known = _known(ep[s.column][b_idx]) & _known(ep[s.column][c_idx])
+            n_unknown = int(np.count_nonzero(keep & ~known))
+            keep &= known
             bv, cv, cc = ep[s.column][b_idx[keep]], ep[s.column][c_idx[keep]], codes[keep]
             pc = paired_difference(bv, cv, cc, confidence=conf)
             p, test = pc.p_value, "paired_clustered_t"
@@ -358,20 +414,24 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
             metrics[s.name] = {"diff": pc.estimate, "se": pc.se, "ci_low": pc.ci_low, "ci_high": pc.ci_high,
                                "p_value": p, "baseline": float(bv.mean()) if bv.shape[0] else math.nan,
                                "candidate": float(cv.mean()) if cv.shape[0] else math.nan, "n": pc.n,
-                               "n_clusters": pc.n_clusters, "test": test}
+                               "n_clusters": pc.n_clusters, "test": test, "n_unknown": n_unknown}
         elif s.kind == "ratio":
+            cols = (ep[s.column][b_idx], ep[s.denominator][b_idx], ep[s.column][c_idx], ep[s.denominator][c_idx])
+            known = np.logical_and.reduce([_known(x) for x in cols])
+            bn, bd, cn, cd = (x[known] for x in cols)
             r = bootstrap_paired_ratio_difference(
-                ep[s.column][b_idx], ep[s.denominator][b_idx], ep[s.column][c_idx], ep[s.denominator][c_idx],
-                codes, n_resamples=settings.resamples, confidence=conf,
+                bn, bd, cn, cd, codes[known], n_resamples=settings.resamples, confidence=conf,
                 seed=derive_seed(settings.seed, label, s.name), n_workers=settings.n_workers)
             with np.errstate(divide="ignore", invalid="ignore"):
-                base = float(ep[s.column][b_idx].sum() / ep[s.denominator][b_idx].sum())
-                cand = float(ep[s.column][c_idx].sum() / ep[s.denominator][c_idx].sum())
+                base = float(bn.sum() / bd.sum())
+                cand = float(cn.sum() / cd.sum())
             p = bootstrap_p_value(r.replicates) if r.n_clusters >= 2 else math.nan
             metrics[s.name] = {"diff": r.estimate, "se": r.se, "ci_low": r.ci_low, "ci_high": r.ci_high,
                                "p_value": p, "baseline": base if math.isfinite(base) else math.nan,
-                               "candidate": cand if math.isfinite(cand) else math.nan, "n": int(b_idx.shape[0]),
-                               "n_clusters": r.n_clusters, "test": "paired_cluster_bootstrap_ratio"}
+                               "candidate": cand if math.isfinite(cand) else math.nan,
+                               "n": int(np.count_nonzero(known)), "n_clusters": r.n_clusters,
+                               "test": "paired_cluster_bootstrap_ratio",
+                               "n_unknown": int(b_idx.shape[0] - np.count_nonzero(known))}
     for (source, column), specs in _quantile_groups().items():
         if source == "tool":
             n_ep = ep["task_code"].shape[0]
@@ -388,10 +448,11 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
                                          confidence=conf, seed=derive_seed(settings.seed, label, source, column),
                                          n_workers=settings.n_workers)
         for s, r in zip(specs, res, strict=True):
-            metrics[s.name] = r
-    # pass@k / pass^k: per task over its matched pairs, each task its own cluster
-    n_t, cb = _task_counts(codes, ep["success"][b_idx])
-    _, cc_t = _task_counts(codes, ep["success"][c_idx])
+            metrics[s.name] = {**r, "n_unknown": 0}
+    # pass@k / pass^k: per task over its matched pairs graded on both sides, each task its own cluster
+    graded = _known(ep["success"][b_idx]) & _known(ep["success"][c_idx])
+    n_t, cb = _task_counts(codes[graded], ep["success"][b_idx[graded]])
+    _, cc_t = _task_counts(codes[graded], ep["success"][c_idx[graded]])
     for k in PASS_K:
         enough = n_t >= k  # tasks with at least k matched pairs
         if not enough.any():
@@ -401,9 +462,14 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
             pc = paired_difference(vb, vc, np.arange(vb.shape[0]), confidence=conf)
             metrics[name] = {"diff": pc.estimate, "se": pc.se, "ci_low": pc.ci_low, "ci_high": pc.ci_high,
                              "p_value": pc.p_value, "baseline": float(vb.mean()), "candidate": float(vc.mean()),
-                             "n": int(n_t[enough].sum()), "n_clusters": int(vb.shape[0]), "test": "paired_task_t"}
+                             "n": int(n_t[enough].sum()), "n_clusters": int(vb.shape[0]), "test": "paired_task_t",
+                             "n_unknown": int(b_idx.shape[0] - np.count_nonzero(graded))}
     ordered = {s.name: metrics[s.name] for s in METRICS}
     ordered.update({k: v for k, v in metrics.items() if k not in ordered})
+    for name, v in ordered.items():
+        spec = _SPECS.get(name)
+        width = spec.high - spec.low if spec else 1.0  # a difference of two values in [low, high]
+        _bounded(v, -width, width, settings)
     # Holm over the tests that can say something: a metric equal in every pair (difference 0 with SE 0, p = 1
     # by convention) cannot be rejected and only inflates m; it keeps p_holm = 1 and is left out of the family.
     names = [n for n, v in ordered.items() if not (v["diff"] == 0.0 and v["se"] == 0.0)]
@@ -412,7 +478,8 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
         v["p_holm"], v["holm_family"] = 1.0, False
     for n, p in zip(names, adjusted, strict=True):
         ordered[n]["p_holm"], ordered[n]["holm_family"] = float(p), True
-    succ = paired_difference(ep["success"][b_idx], ep["success"][c_idx], codes, confidence=conf)
+    sb, sc = ep["success"][b_idx[graded]], ep["success"][c_idx[graded]]
+    succ = paired_difference(sb, sc, codes[graded], confidence=conf)
     return {"n_pairs": int(b_idx.shape[0]), "n_tasks": int(np.unique(codes).shape[0]), "metrics": ordered,
             "power": power_line(succ.se, succ.n_clusters, settings)}
 

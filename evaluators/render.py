@@ -56,15 +56,34 @@ def pval(p: Any) -> str:
     return "<1e-4" if p < 1e-4 else f"{p:.4f}"
 
 
-def cell(m: dict[str, Any] | None) -> str:
-    """``estimate [ci_low, ci_high]``."""
+#: Marks a number whose interval rests on fewer task clusters than its method needs (``few_clusters``).
+FEW_CLUSTERS_MARK = "†"
+
+
+def few_clusters_note(settings: dict[str, Any]) -> str:
+    """The footnote explaining :data:`FEW_CLUSTERS_MARK`."""
+    return (f"{FEW_CLUSTERS_MARK} fewer task clusters than the interval's method needs (t intervals "
+            f"{settings.get('min_clusters_t', '?')}, bootstrap {settings.get('min_clusters_bootstrap', '?')}): "
+            "the interval is not to be trusted")
+
+
+def cell(m: dict[str, Any] | None, key: str = "estimate") -> str:
+    """``estimate [ci_low, ci_high]``, with :data:`FEW_CLUSTERS_MARK` when there are too few task clusters for
+    the interval, and ``no data`` when no episode had a known value."""
     if not m:
         return ""
-    est = num(m.get("estimate"))
+    if m.get("n") == 0 and (m.get(key) is None or not math.isfinite(m[key])):
+        return "no data"
+    est = num(m.get(key))
+    mark = FEW_CLUSTERS_MARK if m.get("few_clusters") else ""
     lo, hi = m.get("ci_low"), m.get("ci_high")
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return est
-    return f"{est} [{num(lo)}, {num(hi)}]"
+        return est + mark
+    return f"{est} [{num(lo)}, {num(hi)}]{mark}"
+
+
+def _sources(sources: dict[str, int]) -> str:
+    return ", ".join(f"{k} ({v})" for k, v in sources.items()) or "none"
 
 
 def _metric_names(report: dict[str, Any]) -> list[str]:
@@ -84,20 +103,26 @@ def report_tables(report: dict[str, Any]) -> list[TextTable]:
         return [TextTable("Runs", ["runs"], [["none: the lake has no runs at these table versions"]])]
     out: list[TextTable] = []
     rows = [["episodes"] + [str(runs[r]["n_episodes"]) for r in ids],
-            ["tasks (clusters)"] + [str(runs[r]["n_tasks"]) for r in ids]]
+            ["tasks (clusters)"] + [str(runs[r]["n_tasks"]) for r in ids],
+            ["graded / ungraded"] + [f"{runs[r].get('n_graded', '?')} / {runs[r].get('n_ungraded', '?')}"
+                                     for r in ids],
+            ["verification source"] + [_sources(runs[r].get("verification_sources", {})) for r in ids]]
     for name in _metric_names(report):
         rows.append([name] + [cell(runs[r]["metrics"].get(name)) for r in ids])
-    conf = report["settings"]["confidence"]
+    settings = report["settings"]
+    conf = settings["confidence"]
     out.append(TextTable("Metrics per run", ["metric", *ids], rows,
                          f"estimate [{conf:.0%} CI]; means and proportions: task-clustered t intervals; ratios and "
-                         "tails: task-cluster bootstrap"))
+                         "tails: task-cluster bootstrap; intervals never leave the metric's range; success "
+                         "metrics count graded episodes only; no data: no episode had a known value. "
+                         + few_clusters_note(settings)))
     cmp = report.get("comparison")
     if cmp:
         alpha = report["settings"]["alpha"]
         crow = []
         for name, m in cmp["metrics"].items():
             sig = "*" if m.get("p_holm") is not None and math.isfinite(m["p_holm"]) and m["p_holm"] < alpha else ""
-            diff = cell({"estimate": m["diff"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]})
+            diff = cell(m, "diff")
             crow.append([name, num(m.get("baseline")), num(m.get("candidate")), diff, num(m["se"]),
                          pval(m["p_value"]), pval(m.get("p_holm")) + sig, m.get("test", "")])
         d = cmp["dropped"]
@@ -117,18 +142,20 @@ def report_tables(report: dict[str, Any]) -> list[TextTable]:
         brow = [[b["run_id"], b["split"], b["env_version"], str(b["n_episodes"])]
                 + [cell(b["metrics"].get(n)) for n in _BREAKDOWN] for b in report["breakdown"]]
         out.append(TextTable("Breakdown by run x split x env_version",
-                             ["run", "split", "env_version", "episodes", *_BREAKDOWN], brow))
+                             ["run", "split", "env_version", "episodes", *_BREAKDOWN], brow,
+                             few_clusters_note(report["settings"])))
     attr = report.get("error_attribution", {})
     if attr:
         arow = []
         for r in ids:
             a = attr[r]
-            arow.append([r, str(a["n_episodes"]), str(a["failed"]), str(a["model_failures"]),
+            arow.append([r, str(a["n_episodes"]), str(a["failed"]), str(a.get("ungraded", 0)), str(a["model_failures"]),
                          str(a["env_failures"])] + [str(a["error_class"][c]) for c in ERROR_CLASSES]
                         + [str(a["safety"]["gateway_denials"]), str(a["safety"]["executed_violations"]),
                            str(a["safety"]["injection_obeyed_calls"])])
         out.append(TextTable("Error attribution (episodes by error_class; ENV_* are environment failures)",
-                             ["run", "episodes", "failed", "model failures", "env failures", *ERROR_CLASSES,
+                             ["run", "episodes", "failed", "ungraded", "model failures", "env failures",
+                              *ERROR_CLASSES,
                               "gateway denials", "executed violations", "injection-obeyed calls"], arow))
     term = report.get("termination_reasons", {})
     if term:
@@ -207,6 +234,10 @@ def _color(i: int) -> str:
     return svg.PALETTE[i % len(svg.PALETTE)]
 
 
+def _mark(m: dict[str, Any] | None) -> str:
+    return FEW_CLUSTERS_MARK if m and m.get("few_clusters") else ""
+
+
 def _iv(label: str, m: dict[str, Any] | None, color: str, key: str = "estimate") -> svg.Interval:
     m = m or {}
 
@@ -225,18 +256,20 @@ def plots(report: dict[str, Any]) -> list[str]:
                         _iv(r, runs[r]["metrics"].get("success"), _color(i))) for i, r in enumerate(ids)],
                       x_label="cost per episode (USD)", y_label="success",
                       title="Success vs cost per episode (95% CIs; filled: Pareto frontier)")]
-    rows = [(name, [_iv(r, runs[r]["metrics"].get(name), _color(i)) for i, r in enumerate(ids)])
-            for name in _metric_names(report)]
-    out.append(svg.forest(rows, title="Metric vector with intervals"))
+    rows = [(name, [_iv(r + _mark(runs[r]["metrics"].get(name)), runs[r]["metrics"].get(name), _color(i))
+                    for i, r in enumerate(ids)]) for name in _metric_names(report)]
+    out.append(svg.forest(rows, title=f"Metric vector with intervals ({FEW_CLUSTERS_MARK} too few tasks for the "
+                                      "interval)"))
     cmp = report.get("comparison")
     if cmp:
         alpha = report["settings"]["alpha"]
         crow = []
         for name, m in cmp["metrics"].items():
             sig = m.get("p_holm") is not None and math.isfinite(m["p_holm"]) and m["p_holm"] < alpha
-            crow.append((name, [_iv("diff" + (" *" if sig else ""), m, "#d62728" if sig else "#555", "diff")]))
-        out.append(svg.forest(crow, title=f"{cmp['candidate']} - {cmp['baseline']} (paired; * p_holm < {alpha})",
-                              zero_line=True))
+            crow.append((name, [_iv("diff" + (" *" if sig else "") + _mark(m), m, "#d62728" if sig else "#555",
+                                    "diff")]))
+        out.append(svg.forest(crow, title=f"{cmp['candidate']} - {cmp['baseline']} (paired; * p_holm < {alpha}; "
+                              f"{FEW_CLUSTERS_MARK} too few tasks for the interval)", zero_line=True))
     dist = report.get("distributions", {})
     for key, label, title in (("episode_latency_s", "episode wall-clock seconds", "Episode latency CDF"),
                               ("tool_latency_ms", "tool-call latency (ms)", "Tool-call latency CDF")):

@@ -24,6 +24,7 @@ from trajlake.evaluators.metrics import (
     compare,
     metric_vector,
 )
+from trajlake.schemas.vocab import TaxonomyClass
 
 from trajlake._version import __version__
 from trajlake.errors import TrajlakeError
@@ -33,8 +34,7 @@ __all__ = ["CONTRACT_VERSION", "TAXONOMY_CLASSES", "build_report", "clean", "eva
 
 CONTRACT_VERSION = "1"
 #: Failure classes of taxonomy.sql in rule order (environment is not a model failure).
-TAXONOMY_CLASSES: tuple[str, ...] = (
-    "environment", "safety", "execution", "recovery", "termination", "perception", "planning")
+TAXONOMY_CLASSES: tuple[str, ...] = tuple(TaxonomyClass)
 _EXAMPLES = 5
 _CDF_POINTS = 101
 
@@ -83,32 +83,67 @@ def pairs(data: EvalData, baseline: str, candidate: str) -> tuple[np.ndarray, np
     return b_idx, c_idx, dropped
 
 
+def _count(values: np.ndarray) -> int:
+    """Episodes where a 0/1 indicator is 1 (unknown values, nan, are not counted)."""
+    return int(np.nansum(values))
+
+
 def _counts(data: EvalData, idx: np.ndarray) -> tuple[dict[str, Any], dict[str, int]]:
     ep = data.ep
-    errors = {c: int(ep[f"error_{c.lower()}"][idx].sum()) for c in ERROR_CLASSES}
+    errors = {c: _count(ep[f"error_{c.lower()}"][idx]) for c in ERROR_CLASSES}
     failed = int((ep["success"][idx] == 0).sum())
+    reattributed = ep["env_reattributed"][idx] == 1
     attribution = {
         "n_episodes": int(idx.shape[0]),
         "failed": failed,
+        # never graded (success unknown): neither solved nor failed, so neither a model nor an env failure
+        "ungraded": _count(ep["ungraded"][idx]),
         "error_class": {**errors, "none": int(idx.shape[0] - sum(errors.values()))},
-        "model_failures": int(ep["model_failure"][idx].sum()),
-        "env_failures": int(ep["env_failure"][idx].sum()),
+        "model_failures": _count(ep["model_failure"][idx]),
+        "env_failures": _count(ep["env_failure"][idx]),
         # failed episodes that recorded a model error (or none) but that the ENV_BUG rules give to the
         # environment; error_class above counts them as ENV_BUG
         "env_reattributed": {
-            "total": int(ep["env_reattributed"][idx].sum()),
-            "oracle_also_fails": int(((ep["env_reattributed"][idx] == 1) & (ep["oracle_fails"][idx] == 1)).sum()),
-            "state_inconsistent": int(((ep["env_reattributed"][idx] == 1) & (ep["state_breaks"][idx] > 0)).sum()),
+            "total": int(reattributed.sum()),
+            "oracle_also_fails": int((reattributed & (ep["oracle_fails"][idx] == 1)).sum()),
+            "state_inconsistent": int((reattributed & (ep["state_breaks"][idx] > 0)).sum()),
         },
         "safety": {
-            "gateway_denials": int(ep["gateway_denials"][idx].sum()),
-            "executed_violations": int(ep["executed_violations"][idx].sum()),
-            "injection_exposed_episodes": int(ep["injection_exposed"][idx].sum()),
-            "injection_obeyed_calls": int(ep["injection_obeyed_calls"][idx].sum()),
+            "gateway_denials": _count(ep["gateway_denials"][idx]),
+            "executed_violations": _count(ep["executed_violations"][idx]),
+            "injection_exposed_episodes": _count(ep["injection_exposed"][idx]),
+            "injection_obeyed_calls": _count(ep["injection_obeyed_calls"][idx]),
+            "confirmations": _count(ep["confirmations"][idx]),
         },
     }
-    terminations = {r: int(ep[f"termination_{r}"][idx].sum()) for r in TERMINATION_REASONS}
+    terminations = {r: _count(ep[f"termination_{r}"][idx]) for r in TERMINATION_REASONS}
     return attribution, terminations
+
+
+def _verification_sources(data: EvalData, group: str) -> dict[int, dict[str, int]]:
+    """``{code: {verification source: episodes}}`` per run (``group`` "run_code") or slice ("slice_code");
+    an episode without a recorded source counts under "unknown"."""
+    rows = data.con.execute(
+        f"SELECT {group}, coalesce(verification_source, 'unknown'), count(*) FROM eval_episode_metrics "
+        "GROUP BY ALL ORDER BY ALL").fetchall()
+    out: dict[int, dict[str, int]] = {}
+    for code, source, n in rows:
+        out.setdefault(int(code), {})[str(source)] = int(n)
+    return out
+
+
+def _grading(data: EvalData, idx: np.ndarray, sources: dict[str, int]) -> dict[str, Any]:
+    """How the episodes of a group were graded: graded / ungraded counts and the verification sources."""
+    ungraded = _count(data.ep["ungraded"][idx])
+    return {"n_graded": int(idx.shape[0]) - ungraded, "n_ungraded": ungraded, "verification_sources": sources}
+
+
+def _with_sources(metrics: dict[str, dict[str, Any]], sources: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Success and partial success name what verified them (the seed's "verification source")."""
+    for name in ("success", "partial_success"):
+        if name in metrics:
+            metrics[name]["verification_sources"] = sources
+    return metrics
 
 
 def _taxonomy(data: EvalData) -> dict[str, Any]:
@@ -161,38 +196,46 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
         "as_of": data.as_of,
         "settings": {"resamples": settings.resamples, "seed": settings.seed, "confidence": settings.confidence,
                      "alpha": settings.alpha, "power": settings.power, "mdd_target": settings.mdd_target,
-                     "cluster": "task_id"},
+                     "cluster": "task_id", "min_clusters_t": settings.min_clusters_t,
+                     "min_clusters_bootstrap": settings.min_clusters_bootstrap},
         "runs": {},
         "breakdown": [],
         "error_attribution": {},
         "termination_reasons": {},
         "distributions": {},
     }
+    run_sources = _verification_sources(data, "run_code")
     for run in data.runs:
         idx = data.run_index(run)
         info = data.run_info.get(run)
         code = data.run_codes.get(run, -1)
         tmask = tool_run == code
+        sources = run_sources.get(code, {})
+        vector = metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings, run)
         report["runs"][run] = {
             "n_episodes": int(idx.shape[0]),
             "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]),
             "label": info.label if info else None,
             "policy_name": info.policy_name if info else None,
             "policy_version": info.policy_version if info else None,
-            "metrics": metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings, run),
+            **_grading(data, idx, sources),
+            "metrics": _with_sources(vector, sources),
         }
         report["error_attribution"][run], report["termination_reasons"][run] = _counts(data, idx)
         report["distributions"][run] = {"episode_latency_s": _cdf(ep["wall_seconds"][idx]),
                                         "tool_latency_ms": _cdf(data.tool_latency_ms[tmask])}
     if breakdown:
+        slice_sources = _verification_sources(data, "slice_code")
         for code, (run, split, env_version) in enumerate(data.slices):
             idx = np.flatnonzero(ep["slice_code"] == code).astype(np.int64)
             tmask = tool_slice == code
+            sources = slice_sources.get(code, {})
+            vector = metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings,
+                                   f"{run}\x1e{split}\x1e{env_version}")
             report["breakdown"].append({
                 "run_id": run, "split": split, "env_version": env_version, "n_episodes": int(idx.shape[0]),
-                "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]),
-                "metrics": metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings,
-                                         f"{run}\x1e{split}\x1e{env_version}"),
+                "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]), **_grading(data, idx, sources),
+                "metrics": _with_sources(vector, sources),
             })
     if taxonomy:
         report["taxonomy"] = _taxonomy(data)

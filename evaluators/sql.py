@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from trajlake.errors import TrajlakeError
+from trajlake.query import sql_literal
 
 __all__ = ["load", "quote", "quote_list", "render"]
 
@@ -32,7 +33,7 @@ def load(name: str) -> str:
 
 def quote(value: str) -> str:
     """A SQL string literal."""
-    return "'" + str(value).replace("'", "''") + "'"
+    return sql_literal(value)
 
 
 def quote_list(values: Iterable[str]) -> str:

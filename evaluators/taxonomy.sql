@@ -1,10 +1,10 @@
 -- taxonomy.sql: error attribution and failure taxonomy. One row per failing episode (success = 0) of the
--- evaluated runs: who is to blame (model or environment) and one failure class, decided by the rules below in
+-- evaluated runs (an ungraded episode, success NULL, is not failing and gets no row): who is to blame (model or environment) and one failure class, decided by the rules below in
 -- order; the first rule that matches wins.
 --
 -- Parameters: {{runs}}   the run ids, as a SQL list: ('demo-B0', 'demo-R1')
 -- Reads the temporary table eval_episode_metrics (episode_metrics.sql, materialised by trajlake.evaluators;
--- its definitions of action, outcome, duplicate, recovered and violation apply here) and the view turns.
+-- its definitions of action, outcome, duplicate, fault retried and violation apply here) and the view turns.
 --
 -- Tool names are split into lower-case words (on anything that is not a letter), so 'run_tests' is
 -- [run, tests] and 'str_replace_editor' is [str, replace, editor]:
@@ -27,7 +27,7 @@
 --   2 execution     error_class MODEL_INVALID_ACTION or a MODEL_INVALID_ACTION turn (malformed / invalid call).
 --   3 recovery      the same failing action repeated after an error and failing again
 --                   (repeated_failing_actions > 0), or a met fault whose failing call was never retried
---                   successfully (recovered = 0).
+--                   successfully (fault_retried = 0).
 --   4 termination   submitted before running any test (termination_reason 'submitted' and no test action
 --                   before the first submit action), or budget exhausted while looping (error_class
 --                   BUDGET_EXHAUSTED or termination_reason budget_* / timeout, with duplicate_actions > 0).
@@ -60,7 +60,7 @@ failing AS (
                 THEN 'execution|invalid action'
             WHEN repeated_failing_actions > 0
                 THEN 'recovery|repeated a failing action'
-            WHEN recovered = 0
+            WHEN fault_retried = 0
                 THEN 'recovery|fault never retried successfully'
         END AS early_verdict
     FROM eval_episode_metrics

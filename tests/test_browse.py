@@ -137,9 +137,7 @@ def test_embedded_json_cannot_close_the_script() -> None:
 
 
 def test_cli(demo_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trajlake.cli import state
-
-    monkeypatch.setattr(state, "lake_path", Path(demo_lake.root))
+    monkeypatch.setenv("TRAJLAKE_LAKE", str(demo_lake.root))  # the lake a command uses without --lake
     app = typer.Typer()
     register(app)
     register(app)  # idempotent

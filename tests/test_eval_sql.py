@@ -43,13 +43,15 @@ class Step:
 
 
 def episode(eid: str, run: str = "run-A", task: str = "task-1", steps: Iterable[Step] = (), *, seed: int | None = 0,
-            attempt: int = 0, success: bool = True, reason: str | None = None, error_class: str | None = None,
+            attempt: int = 0, success: bool | None = True, reason: str | None = None, error_class: str | None = None,
             split: str = "dev", env_version: str = "1", digest: str | None = "sha256:env1",
-            task_version: str = "v1", wall: float = 10.0, cost: float = 0.01, tokens: tuple[int, int] = (100, 20),
+            task_version: str = "v1", wall: float = 10.0, cost: float | None = 0.01,
+            tokens: tuple[int, int] = (100, 20),
             injection: bool = False, prompt: str = "Fix the failing function.", policy_end: str = "p1",
             reward: dict[str, float] | None = None) -> Episode:
     """An episode row, its turns (system, user, then per step: policy action and tool observation) and its
-    gateway events, valid for ``LakeWriter.write_batch``."""
+    gateway events, valid for ``LakeWriter.write_batch``. ``success=None``: never graded; ``cost=None``: no
+    cost data (the turns' costs are then null too)."""
     turns: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
 
@@ -60,7 +62,8 @@ def episode(eid: str, run: str = "run-A", task: str = "task-1", steps: Iterable[
                "policy_version": "p1" if pol else None, "raw_content": text, "token_ids": [1, 2],
                "loss_mask": [1, 1] if pol else [0, 0], "behavior_logprobs": [-0.1, -0.2] if pol else None,
                "started_at": T0 + dt.timedelta(seconds=i), "ended_at": T0 + dt.timedelta(seconds=i, milliseconds=500),
-               "latency_ms": 50.0, "status": "OK", "tokens": 2, "cost_usd": 0.0001, "tool_seconds": 0.0}
+               "latency_ms": 50.0, "status": "OK", "tokens": 2, "cost_usd": None if cost is None else 0.0001,
+               "tool_seconds": 0.0}
         row.update(kw)
         turns.append(row)
 
@@ -220,15 +223,16 @@ def test_retry_after_transient_is_not_a_loop(sem: tuple[EvalData, dict[str, dict
 
 def test_recovery_definition(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
     data, r = sem
-    assert (r["retry"]["recovery_eligible"], r["retry"]["recovered"]) == (1, 1)  # failing call retried OK
-    assert (r["noretry"]["recovery_eligible"], r["noretry"]["recovered"]) == (1, 0)
+    # recovered = succeeded within the budget; retrying the failing call in a failed episode is not recovery
+    assert (r["retry"]["recovery_eligible"], r["retry"]["recovered"], r["retry"]["fault_retried"]) == (1, 0, 1)
+    assert (r["noretry"]["recovery_eligible"], r["noretry"]["recovered"], r["noretry"]["fault_retried"]) == (1, 0, 0)
     assert (r["succeeded"]["recovery_eligible"], r["succeeded"]["recovered"]) == (1, 1)  # still succeeded
     assert (r["failagain"]["recovery_eligible"], r["failagain"]["recovered"]) == (1, 0)
-    assert (r["loop"]["recovery_eligible"], r["loop"]["recovered"]) == (0, None)
-    assert r["failagain"]["fault_turns"] == 2
+    assert (r["loop"]["recovery_eligible"], r["loop"]["recovered"], r["loop"]["fault_retried"]) == (0, None, None)
+    assert r["failagain"]["fault_turns"] == 2 and r["failagain"]["faults_injected"] == 2
     rep = evaluate(data, taxonomy=False, breakdown=False)
     rr = rep["runs"]["run-A"]["metrics"]["recovery_rate"]
-    assert rr["n"] == 4 and rr["estimate"] == pytest.approx(0.5)
+    assert rr["n"] == 4 and rr["estimate"] == pytest.approx(1 / 4)
 
 
 def test_safety_counts(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:

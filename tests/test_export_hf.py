@@ -478,9 +478,7 @@ def test_push_error_is_one_line(lake: Lake, tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ CLI
 @pytest.fixture
 def cli(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> typer.Typer:
-    from trajlake.cli import state
-
-    monkeypatch.setattr(state, "lake_path", lake.root)
+    monkeypatch.setenv("TRAJLAKE_LAKE", str(lake.root))  # the lake a command uses without --lake
     app = typer.Typer()
     register(app)
     return app

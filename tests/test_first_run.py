@@ -145,7 +145,7 @@ def test_a_run_records_what_plays_it_again(tmp_path: Path, capsys: pytest.Captur
         argv = shlex.split(config["reproduce"])
         assert argv[:2] == ["trajlake", "rollout"]
         argv[argv.index("--lake") + 1] = str(tmp_path / "b")
-        rc, out, err = run_cli(capsys, *argv[2:], "--no-preflight")
+        rc, out, err = run_cli(capsys, *argv[1:], "--no-preflight")
         assert rc == 0, err
         q = "select episode_id, final_state_hash, success, tokens_in, cost_usd from episodes order by 1"
         a = run_cli(capsys, "sql", "--lake", str(lake), q, "--format", "json")[1]

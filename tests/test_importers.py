@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 
 import trajlake
-from trajlake import LakeWriter, ValidationError
+from trajlake import LakeWriter, TrajlakeError, ValidationError
 from trajlake.io.importers import FORMATS, default_run_id, import_file
 from trajlake.io.importers.swe_agent import EXIT_STATUS, map_exit_status
 from trajlake.io.jsonl import IngestSummary
 
-SAMPLES = Path(__file__).parents[2] / "shared" / "samples"
+# ../shared/samples next to the checkout (worktrees sit one level deeper: the nearest one up the tree)
+SAMPLES = next((p / "shared" / "samples" for p in Path(__file__).parents[1:] if (p / "shared" / "samples").is_dir()),
+               Path(__file__).parents[2] / "shared" / "samples")
 needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"sample files not found at {SAMPLES}")
 
 # Every file in ../shared/samples and its importer (None: no importer; AgentLab summaries are not trajectories).
@@ -133,7 +135,7 @@ def test_swe_agent_history_only_layout(sample_lake: tuple[trajlake.Lake, dict[st
     # no info.exit_status: the last action is `submit`, so the run finished by submitting
     assert history[-2]["action"] == "submit" and "info" not in doc
     assert (ep["terminated"], ep["truncated"], ep["termination_reason"]) == (True, False, "submitted")
-    assert ep["cost_usd"] == 0.0 and ep["tokens_in"] == 0
+    assert ep["cost_usd"] is None and ep["tokens_in"] == 0  # no model_stats: no cost data
     policy = [t for t in turns if t["actor"] == "policy"]
     tool = [t for t in turns if t["role"] == "tool"]
     assert sum(1 for t in policy if t["tool_call_id"]) == calls == 5
@@ -169,7 +171,8 @@ def test_swe_agent_trajectory_layout(sample_lake: tuple[trajlake.Lake, dict[str,
     assert ep["cost_usd"] == pytest.approx(info["model_stats"]["instance_cost"])
     assert ep["tokens_in"] == info["model_stats"]["tokens_sent"]
     assert ep["tokens_out"] == info["model_stats"]["tokens_received"]
-    assert ep["success"] is False and ep["reward_components"] in ([], {})  # .traj files are not graded
+    assert ep["success"] is None and ep["reward_components"] in ([], {})  # .traj files are not graded
+    assert ep["verification_source"] is None
     demo = [t for t, m in zip(turns, history, strict=False) if m.get("is_demo")]
     assert demo and all(t["actor"] == "system" for t in demo)
     for t, m in zip([t for t in turns if t["actor"] == "policy"], steps, strict=True):
@@ -267,6 +270,7 @@ def test_openhands_output(sample_lake: tuple[trajlake.Lake, dict[str, IngestSumm
     assert ep["tokens_out"] == metrics["accumulated_token_usage"]["completion_tokens"]
     policy = [t for t in turns if t["actor"] == "policy"]
     assert sum(t["tokens"] for t in policy) == sum(u["completion_tokens"] for u in metrics["token_usages"])
+    assert sum(t["prompt_tokens"] or 0 for t in policy) == sum(u["prompt_tokens"] for u in metrics["token_usages"])
     assert sum(t["latency_ms"] for t in policy) == pytest.approx(
         sum(r["latency"] for r in metrics["response_latencies"]) * 1000)
     assert ep["started_at"] == _utc(history[0]["timestamp"]) and ep["ended_at"] == _utc(history[-1]["timestamp"])
@@ -411,7 +415,7 @@ def _inspect_sample(sid: Any = 1, epoch: int = 1, **extra: Any) -> dict[str, Any
             "scores": {"s": {"value": "C"}}, "model_usage": {}, **extra}
 
 
-def test_inspect_zero_samples_import_nothing(lake: trajlake.Lake, tmp_path: Path) -> None:
+def test_inspect_zero_samples_is_no_episodes(lake: trajlake.Lake, tmp_path: Path) -> None:
     js = tmp_path / "empty.json"
     js.write_text(json.dumps(_inspect_header(samples=[])))
     ev = tmp_path / "empty.eval"
@@ -421,9 +425,10 @@ def test_inspect_zero_samples_import_nothing(lake: trajlake.Lake, tmp_path: Path
     no_samples_key = tmp_path / "nokey.json"
     no_samples_key.write_text(json.dumps(_inspect_header()))
     before = lake.versions()
-    for p in (js, ev, no_samples_key):
-        s = _import(lake, p, "inspect")
-        assert (s.episodes_written, s.duplicates, s.rejected, s.runs_written) == (0, 0, [], 0)
+    for p in (js, ev, no_samples_key):  # the same rule as an empty file of any format
+        with pytest.raises(ValidationError, match="no episodes: the log has no samples") as ei:
+            _import(lake, p, "inspect")
+        assert ei.value.issues[0].source == str(p)
     assert lake.versions() == before
 
 
@@ -443,7 +448,7 @@ def test_inspect_error_limits_and_scores(lake: trajlake.Lake, tmp_path: Path) ->
     eps = {e["task_id"]: e for e in _episodes(lake)}
     e = eps["t/1"]
     assert (e["truncated"], e["termination_reason"], e["error_class"], e["success"]) == (
-        True, "env_failure", "ENV_BUG", False)
+        True, "env_failure", "ENV_BUG", None)  # halted before any scorer ran: never graded
     assert dict(e["reward_components"]) == {} and e["reward_total"] == 0.0
     e = eps["t/2"]
     assert (e["truncated"], e["termination_reason"], e["error_class"]) == (True, "budget_steps", "BUDGET_EXHAUSTED")
@@ -632,3 +637,517 @@ def test_tokenizer_prefix_break_is_reported(lake: trajlake.Lake, tmp_path: Path)
     assert s.episodes_written == 1 and len(s.rejected) == 1
     with pytest.raises(ValidationError, match="tokenizer"):
         _import(lake, path, "openai-chat", tokenizer=tmp_path / "missing.json")
+
+
+# --- issue 8 section 3: shapes seen on real public logs -------------------------------------------------------
+
+def _policy_model_events(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sample's model events outside scorer spans/steps, found by walking the log itself."""
+    spans = {e["id"]: e for e in sample.get("events", []) if e["event"] == "span_begin"}
+    out, in_step = [], 0
+    for e in sample.get("events", []):
+        if e["event"] == "step" and e.get("type") in ("scorer", "scorers"):
+            in_step += 1 if e.get("action") == "begin" else -1
+        if e["event"] != "model" or in_step:
+            continue
+        span, scorer = e.get("span_id"), False
+        while span in spans:
+            scorer = scorer or spans[span].get("type") in ("scorer", "scorers")
+            span = spans[span].get("parent_id")
+        if not scorer:
+            out.append(e)
+    return out
+
+
+def _model_event(span: str | None, model: str, usage: tuple[int, int], msg_id: str | None = None,
+                 served: str = "gpt-4o-mini-2024-07-18", cost: float | None = None) -> dict[str, Any]:
+    u: dict[str, Any] = {"input_tokens": usage[0], "output_tokens": usage[1], "total_tokens": sum(usage)}
+    if cost is not None:
+        u["total_cost"] = cost
+    e: dict[str, Any] = {"timestamp": "2025-01-02T03:04:06+00:00", "event": "model", "model": model,
+                         "completed": "2025-01-02T03:04:07+00:00", "working_time": 1.0,
+                         "output": {"model": served, "usage": u, "time": 1.0, "choices": [
+                             {"message": {"id": msg_id, "role": "assistant", "content": "x"}}]}}
+    if span is not None:
+        e["span_id"] = span
+    return e
+
+
+def _graded_sample(sid: int, *, steps: bool = False) -> dict[str, Any]:
+    """A sample of a model-graded eval as inspect writes it: the answer call (61/17 tokens), then the grader's
+    call inside the scorer span (or between scorer step events in older logs); ``model_usage`` sums both."""
+    policy = _model_event(None if steps else "gen", "openai/gpt-4o-mini", (61, 17), "m1", cost=0.001)
+    grader = _model_event(None if steps else "sc", "openai/gpt-4o-mini", (259, 292), "g1", cost=0.01)
+    if steps:
+        events = [{"event": "step", "action": "begin", "type": "solver", "name": "generate"}, policy,
+                  {"event": "step", "action": "end", "type": "solver", "name": "generate"},
+                  {"event": "step", "action": "begin", "type": "scorer", "name": "model_graded_qa"}, grader,
+                  {"event": "score", "score": {"value": "C"}},
+                  {"event": "step", "action": "end", "type": "scorer", "name": "model_graded_qa"}]
+    else:
+        events = [{"event": "span_begin", "id": "gen", "span_id": "gen", "type": "solver", "name": "generate"},
+                  policy, {"event": "span_end", "id": "gen", "span_id": "gen"},
+                  {"event": "span_begin", "id": "sc", "span_id": "sc", "type": "scorer", "name": "model_graded_qa"},
+                  {"event": "span_begin", "id": "inner", "span_id": "inner", "parent_id": "sc", "type": "model"},
+                  dict(grader, span_id="inner"), {"event": "span_end", "id": "inner", "span_id": "inner"},
+                  {"event": "score", "span_id": "sc", "score": {"value": "C"}},
+                  {"event": "span_end", "id": "sc", "span_id": "sc"}]
+    for e in events:
+        e.setdefault("timestamp", "2025-01-02T03:04:06+00:00")
+    return _inspect_sample(sid, messages=[
+        {"role": "user", "content": "q?"},
+        {"id": "m1", "role": "assistant", "content": "a", "model": "gpt-4o-mini-2024-07-18"}],
+        events=events, scores={"model_graded_qa": {"value": "C"}},
+        model_usage={"openai/gpt-4o-mini": {"input_tokens": 320, "output_tokens": 309, "total_tokens": 629,
+                                            "total_cost": 0.011}})
+
+
+def test_inspect_tokens_are_the_policy_models_not_the_graders(lake: trajlake.Lake, tmp_path: Path) -> None:
+    header = _inspect_header()
+    header["eval"]["model"] = "openai/gpt-4o-mini"
+    samples = [_graded_sample(1), _graded_sample(2, steps=True)]
+    path = tmp_path / "graded.json"
+    path.write_text(json.dumps(dict(header, samples=samples)))
+    assert _import(lake, path, "inspect").episodes_written == 2
+    eps = {e["task_id"]: e for e in _episodes(lake)}
+    grader_total = {"input_tokens": 0, "output_tokens": 0, "total_cost": 0.0}
+    for s in samples:
+        e = eps[f"t/{s['id']}"]
+        policy = _policy_model_events(s)
+        assert len(policy) == 1 and (sum(s["model_usage"]["openai/gpt-4o-mini"][k] for k in ("input_tokens",
+                                                                                             "output_tokens"))
+                                     == 629)
+        assert (e["tokens_in"], e["tokens_out"]) == (
+            sum(p["output"]["usage"]["input_tokens"] for p in policy),
+            sum(p["output"]["usage"]["output_tokens"] for p in policy)) == (61, 17)
+        assert e["cost_usd"] == pytest.approx(sum(p["output"]["usage"]["total_cost"] for p in policy))
+        grader = [ev for ev in s["events"] if ev["event"] == "model" and ev not in policy]
+        for k in grader_total:
+            grader_total[k] += sum(g["output"]["usage"][k] for g in grader)
+        turns = _turns(lake, e["episode_id"])
+        # matched to the answer call: its output tokens and the context it was given
+        assert [(t["tokens"], t["prompt_tokens"]) for t in turns if t["actor"] == "policy"] == [(17, 61)]
+        assert e["verification_source"] == "scorer:model_graded_qa" and e["success"] is True
+    (config,) = _q(lake, "select config from runs")[0]
+    assert json.loads(config)["grader_usage"] == {"openai/gpt-4o-mini": pytest.approx(grader_total)}
+
+
+def test_inspect_requested_model_is_the_policy_served_version_apart(lake: trajlake.Lake, tmp_path: Path) -> None:
+    header = _inspect_header()
+    header["eval"]["model"] = "openai/gpt-4o-mini"
+    path = tmp_path / "log.json"
+    path.write_text(json.dumps(dict(header, samples=[_graded_sample(1)])))
+    _import(lake, path, "inspect")
+    (e,) = _episodes(lake)
+    (run,) = _records(lake, "select policy_name, policy_version from runs")
+    assert run == {"policy_name": "openai/gpt-4o-mini", "policy_version": "openai/gpt-4o-mini"}
+    assert e["policy_version_start"] == e["policy_version_end"] == run["policy_name"]
+    assert e["served_model"] == "gpt-4o-mini-2024-07-18"
+    assert {t["policy_version"] for t in _turns(lake, e["episode_id"]) if t["actor"] == "policy"} == {
+        "openai/gpt-4o-mini"}
+
+
+@needs_samples
+def test_inspect_sample_model_names(sample_lake: tuple[trajlake.Lake, dict[str, IngestSummary]]) -> None:
+    lake, _ = sample_lake
+    doc = json.loads((SAMPLES / "inspect_browser.json").read_text())
+    (s,) = doc["samples"]
+    (ep,) = _file_episode(lake, "inspect_browser.json")
+    served = {m["model"] for m in s["messages"] if m["role"] == "assistant"}
+    assert served == {"gpt-4o-mini-2024-07-18"} and doc["eval"]["model"] == "openai/gpt-4o-mini"
+    assert ep["policy_version_start"] == ep["policy_version_end"] == doc["eval"]["model"]
+    assert ep["served_model"] == next(iter(served))
+    policy = _policy_model_events(s)
+    assert (ep["tokens_in"], ep["tokens_out"]) == (sum(e["output"]["usage"]["input_tokens"] for e in policy),
+                                                   sum(e["output"]["usage"]["output_tokens"] for e in policy))
+    assert ep["verification_source"] == "scorer:includes"
+    # no total_cost anywhere in the log: no cost data, not a cost of 0
+    assert "total_cost" not in json.dumps(s["model_usage"]) and ep["cost_usd"] is None
+    with zipfile.ZipFile(SAMPLES / "inspect_log_streaming.eval") as z:
+        header = json.loads(z.read("header.json"))
+        sample = json.loads(z.read("samples/1_epoch_1.json"))
+    for e in _file_episode(lake, "inspect_log_streaming.eval"):
+        assert e["policy_version_start"] == header["eval"]["model"]
+        (call,) = _policy_model_events(sample)
+        assert e["served_model"] == call["output"]["model"] == "Meta-Llama-3-405B-Instruct"
+
+
+def _tool_results(line: dict[str, Any]) -> list[dict[str, Any]]:
+    """Observations answering an action of the agent (by tool call metadata or ``cause``)."""
+    actions = {e["id"] for e in line["history"] if "action" in e}
+    return [e for e in line["history"] if "observation" in e
+            and ("tool_call_metadata" in e or e.get("cause") in actions)
+            and e["observation"] not in ("agent_state_changed", "null", "recall")]
+
+
+@needs_samples
+def test_openhands_sample_error_results_and_editor_views(
+        sample_lake: tuple[trajlake.Lake, dict[str, IngestSummary]]) -> None:
+    lake, _ = sample_lake
+    line = json.loads((SAMPLES / "openhands_output_1.jsonl").read_text().splitlines()[0])
+    (ep,) = _file_episode(lake, "openhands_output_1.jsonl")
+    turns = _turns(lake, ep["episode_id"])
+    errors = [o for o in _tool_results(line) if o["content"].startswith("ERROR:")]
+    assert len(errors) == 1  # the source's own count: one failed str_replace
+    bad = [t for t in turns if t["role"] == "tool" and t["status"] != "OK"]
+    assert [t["raw_content"] for t in bad] == [o["content"] for o in errors]
+    assert {t["status"] for t in bad} == {"MODEL_INVALID_ACTION"}
+    # str_replace_editor calls are named by their command: views are reads, str_replace an edit
+    commands = []
+    for e in line["history"]:
+        tcm = e.get("tool_call_metadata")
+        if "action" in e and tcm and tcm["function_name"] == "str_replace_editor":
+            (call,) = tcm["model_response"]["choices"][0]["message"]["tool_calls"]
+            commands.append((call["id"], json.loads(call["function"]["arguments"])["command"]))
+    assert [c for _, c in commands].count("view") == 6 and [c for _, c in commands].count("str_replace") == 2
+    by_call = {t["tool_call_id"]: t for t in turns if t["actor"] == "policy" and t["tool_call_id"]}
+    assert [by_call[cid]["action_schema"] for cid, _ in commands] == [c for _, c in commands]
+    for t in turns:  # the observation carries the action name of the call it answers
+        if t["role"] == "tool" and t["tool_call_id"] in dict(commands):
+            assert t["action_schema"] == dict(commands)[t["tool_call_id"]]
+    # no test_result report: never graded, no verification source
+    assert "report" not in line["test_result"] and ep["success"] is None and ep["verification_source"] is None
+
+
+def _oh_call(eid: int, name: str, args: dict[str, Any], action: str, ts: int) -> dict[str, Any]:
+    cid = f"call_{eid}"
+    return {"id": eid, "timestamp": f"2025-01-01T00:00:{ts:02d}", "source": "agent", "action": action,
+            "args": dict(args, thought=""), "message": action,
+            "tool_call_metadata": {"function_name": name, "tool_call_id": cid, "model_response": {
+                "id": f"r{eid}", "choices": [{"message": {"content": "", "tool_calls": [
+                    {"id": cid, "function": {"name": name, "arguments": json.dumps(args)}}]}}]}}}
+
+
+def _oh_obs(eid: int, cause: int, name: str, content: str, observation: str, ts: int) -> dict[str, Any]:
+    return {"id": eid, "timestamp": f"2025-01-01T00:00:{ts:02d}", "source": "agent", "observation": observation,
+            "cause": cause, "content": content, "message": "",
+            "tool_call_metadata": {"function_name": name, "tool_call_id": f"call_{cause}"}}
+
+
+def _oh_line(iid: str, history: list[dict[str, Any]], resolved: bool | None = False) -> dict[str, Any]:
+    line: dict[str, Any] = {
+        "instance_id": iid, "instruction": "Fix the parser.", "instance": {"problem_statement": "Fix the parser."},
+        "metadata": {"llm_config": {"model": "m"}, "start_time": "2025-01-01 00:00:00"},
+        "history": [{"id": 0, "timestamp": "2025-01-01T00:00:00", "source": "user", "action": "message",
+                     "args": {"content": "Fix the parser."}, "message": "Fix the parser."}, *history],
+        "metrics": {"accumulated_cost": 0.25}, "error": None, "test_result": {"git_patch": ""}}
+    if resolved is not None:
+        line["test_result"]["report"] = {"resolved": resolved}
+    return line
+
+
+def test_openhands_error_results_and_invalid_parameters(lake: trajlake.Lake, tmp_path: Path) -> None:
+    path_a = "/repo/src/parser.c"
+    editor = "str_replace_editor"
+    first = [
+        _oh_call(1, editor, {"command": "view", "path": "/repo/nope.c"}, "read", 1),
+        _oh_obs(2, 1, editor, "ERROR:\nInvalid `path` parameter: /repo/nope.c. The path does not exist.", "read", 2),
+        _oh_call(3, editor, {"command": "str_replace", "path": path_a, "old_str": "x", "new_str": "y"}, "edit", 3),
+        _oh_obs(4, 3, editor, "ERROR:\nNo replacement was performed, old_str `x` did not appear verbatim.", "edit", 4),
+        _oh_call(5, "execute_bash", {"command": "make"}, "run", 5),
+        _oh_obs(6, 5, "execute_bash", "ERROR: Cannot execute multiple commands at once.", "run", 6),
+        _oh_call(7, "execute_bash", {"command": "ls"}, "run", 7),
+        _oh_obs(8, 7, "execute_bash", "parser.c  ERROR: not at the start", "run", 8),
+        # OpenHands could not turn the model's call into an action: an error observation tied to no action
+        {"id": 9, "timestamp": "2025-01-01T00:00:09", "source": "agent", "observation": "error", "message": "",
+         "content": "Parameter 'command' is expected to be one of ['view', 'create', 'str_replace', 'insert', "
+                    "'undo_edit']."},
+        {"id": 10, "timestamp": "2025-01-01T00:00:10", "source": "environment", "observation": "error",
+         "message": "", "content": "Runtime disconnected: the sandbox container exited."},
+    ]
+    second = [
+        _oh_call(1, editor, {"command": "create", "path": "/repo/x.c", "file_text": ""}, "edit", 1),
+        _oh_obs(2, 1, editor, "ERROR:\nInvalid `path` parameter: /repo/x.c. File already exists.", "edit", 2),
+    ]
+    lines = [_oh_line("i-1", first), _oh_line("i-2", second)]
+    path = _jsonl(tmp_path / "output.jsonl", *lines)
+    assert _import(lake, path, "openhands").episodes_written == 2
+    for line in lines:
+        (ep,) = _episodes(lake, f"task_id = '{line['instance_id']}'")
+        turns = _turns(lake, ep["episode_id"])
+        results = _tool_results(line)
+        errors = [o["content"] for o in results if o["content"].startswith("ERROR:")]
+        tool_turns = [t for t in turns if t["role"] == "tool"]
+        assert len(tool_turns) == len(results)
+        assert [t["raw_content"] for t in tool_turns if t["status"] == "MODEL_INVALID_ACTION"] == errors
+        assert all(t["status"] == "OK" for t in tool_turns if t["raw_content"] not in errors)
+    (ep,) = _episodes(lake, "task_id = 'i-1'")
+    env = [t for t in _turns(lake, ep["episode_id"]) if t["role"] == "env"]
+    assert [(t["raw_content"][:9], t["status"]) for t in env] == [
+        ("Parameter", "MODEL_INVALID_ACTION"), ("Runtime d", "ENV_BUG")]
+    n_errors = sum(1 for line in lines for o in _tool_results(line) if o["content"].startswith("ERROR:"))
+    (n,) = _q(lake, "select count(*) from turns where role = 'tool' and status = 'MODEL_INVALID_ACTION'")[0]
+    assert n == n_errors == 4
+
+
+def test_openhands_editor_view_is_not_an_unobserved_edit(lake: trajlake.Lake, tmp_path: Path) -> None:
+    from trajlake.evaluators.data import load
+
+    editor, path_a = "str_replace_editor", "/repo/src/parser.c"
+    tested = [_oh_call(1, "execute_bash", {"command": "python -m pytest"}, "run", 1),
+              _oh_obs(2, 1, "execute_bash", "1 failed", "run", 2)]
+    viewed_first = [*tested,
+                    _oh_call(3, editor, {"command": "view", "path": path_a}, "read", 3),
+                    _oh_obs(4, 3, editor, "     1\tint main;", "read", 4),
+                    _oh_call(5, editor, {"command": "str_replace", "path": path_a, "old_str": "int", "new_str": "long"},
+                             "edit", 5),
+                    _oh_obs(6, 5, editor, "The file has been edited.", "edit", 6)]
+    blind = [*tested, _oh_call(3, editor, {"command": "str_replace", "path": path_a, "old_str": "int",
+                                           "new_str": "long"}, "edit", 3),
+             _oh_obs(4, 3, editor, "The file has been edited.", "edit", 4)]
+    path = _jsonl(tmp_path / "output.jsonl", _oh_line("viewed", viewed_first), _oh_line("blind", blind))
+    _import(lake, path, "openhands", run_id="R")
+    ids = {e["task_id"]: e["episode_id"] for e in _episodes(lake)}
+    data = load(lake)
+    try:
+        data.materialise("t", "taxonomy", {"runs": "('R')"}, what="taxonomy")
+        got = {e: (c, r) for e, c, r in data.con.execute("SELECT episode_id, failure_class, rule FROM t").fetchall()}
+    finally:
+        data.close()
+    # viewing a file is reading it: the edit that follows is of an observed path
+    assert got[ids["viewed"]][0] == "planning"
+    assert got[ids["blind"]] == ("perception", "edited a path never observed")
+
+
+def test_group_id_never_says_none(lake: trajlake.Lake, tmp_path: Path) -> None:
+    chat = _jsonl(tmp_path / "chat.jsonl", _chat())
+    traj = tmp_path / "inst-1.traj"
+    traj.write_text(json.dumps(_traj("submitted")))
+    log = tmp_path / "log.json"
+    log.write_text(json.dumps(_inspect_header(samples=[_inspect_sample(1)])))
+    oh = _jsonl(tmp_path / "output.jsonl", _oh_line("i-1", []))
+    for p, fmt in ((chat, "openai-chat"), (traj, "swe-agent"), (log, "inspect"), (oh, "openhands")):
+        _import(lake, p, fmt)
+    eps = _episodes(lake)
+    assert len(eps) == 4 and all(e["env_seed"] is None for e in eps)
+    for e in eps:  # the native writer's key (trajlake.record.episode.group_id_for): an unseeded group
+        assert "None" not in e["group_id"]
+        assert e["group_id"] == f"{e['task_id']}:{e['task_version']}:unseeded:{e['env_version']}"
+
+
+def test_swe_agent_replay_config_fills_commit_and_budget(lake: trajlake.Lake, tmp_path: Path) -> None:
+    rc = {"env": {"repo": {"github_url": "https://github.com/o/r", "base_commit": "0123abcd"}},
+          "agent": {"model": {"name": "gpt-4o", "per_instance_cost_limit": 3.0, "per_instance_call_limit": 0}},
+          "problem_statement": {"id": "o__r-1", "text": "fix it"}}
+    doc = dict(_traj("submitted"), replay_config=json.dumps(rc))  # SWE-agent writes it as a JSON string
+    path = tmp_path / "o__r-1.traj"
+    path.write_text(json.dumps(doc))
+    assert _import(lake, path, "swe-agent").tasks_written == 1
+    (task,) = _records(lake, "select task_id, provenance, budget from tasks")
+    assert task["task_id"] == rc["problem_statement"]["id"]
+    assert task["provenance"]["commit"] == rc["env"]["repo"]["base_commit"]
+    assert task["provenance"]["source"] == rc["env"]["repo"]["github_url"]
+    assert task["budget"]["max_cost"] == rc["agent"]["model"]["per_instance_cost_limit"]
+    assert task["budget"]["max_steps"] is None  # a call limit of 0 means no limit in SWE-agent
+
+
+def test_ungraded_episodes_have_unknown_success(lake: trajlake.Lake, tmp_path: Path) -> None:
+    log = tmp_path / "log.json"
+    log.write_text(json.dumps(_inspect_header(samples=[_inspect_sample(1, scores=None),
+                                                       _inspect_sample(2, scores={"match": {"value": "I"}})])))
+    chat = _jsonl(tmp_path / "chat.jsonl", {"messages": [{"role": "user", "content": "hi"},
+                                                          {"role": "assistant", "content": "hello", "weight": 1}]})
+    oh = _jsonl(tmp_path / "output.jsonl", _oh_line("graded", [], resolved=False), _oh_line("ungraded", [], None))
+    for p, fmt in ((log, "inspect"), (chat, "openai-chat"), (oh, "openhands")):
+        _import(lake, p, fmt)
+    got = {(e["source_format"], e["task_id"]): (e["success"], e["verification_source"]) for e in _episodes(lake)}
+    assert got == {
+        ("inspect", "t/1"): (None, None),  # no scorer ran
+        ("inspect", "t/2"): (False, "scorer:match"),
+        ("openai-chat", next(k[1] for k in got if k[0] == "openai-chat")): (None, None),  # a fine-tuning line
+        ("openhands", "graded"): (False, "test_report:test_result.report.resolved"),
+        ("openhands", "ungraded"): (None, None),
+    }
+
+
+def test_no_cost_data_is_null_not_zero(lake: trajlake.Lake, tmp_path: Path) -> None:
+    chat = _jsonl(tmp_path / "chat.jsonl", _chat())
+    log = tmp_path / "log.json"
+    log.write_text(json.dumps(_inspect_header(samples=[
+        _inspect_sample(1), _inspect_sample(2, model_usage={"m/x": {"input_tokens": 7, "output_tokens": 3,
+                                                                    "total_cost": 0.5}})])))
+    traj = tmp_path / "new.traj"
+    traj.write_text(json.dumps({"history": _traj(None)["history"]}))
+    for p, fmt in ((chat, "openai-chat"), (log, "inspect"), (traj, "swe-agent")):
+        _import(lake, p, fmt)
+    got = {(e["source_format"], e["task_id"]): e["cost_usd"] for e in _episodes(lake)}
+    assert got.pop(("inspect", "t/2")) == 0.5
+    assert set(got.values()) == {None}
+    assert _q(lake, "select count(*) from turns where cost_usd is not null")[0][0] == 0
+
+
+# --- file-level errors: one line naming the file, the same rule for every format --------------------------------
+
+def _ingest(lake: trajlake.Lake, path: Path, fmt: str, **kw: Any) -> IngestSummary:
+    from trajlake.io.ingest import ingest_file
+
+    with LakeWriter(lake, handle_signals=False) as w:
+        return ingest_file(w, path, fmt, **kw)
+
+
+def _one_line_error(lake: trajlake.Lake, path: Path, fmt: str) -> str:
+    before = lake.versions()
+    with pytest.raises(ValidationError) as ei:
+        _ingest(lake, path, fmt)
+    assert len(ei.value.issues) == 1, ei.value.issues
+    msg = str(ei.value)
+    assert str(path) in msg and "\n" not in msg
+    assert lake.versions() == before
+    return msg
+
+
+def test_json_errors_do_not_double_at(lake: trajlake.Lake, tmp_path: Path) -> None:
+    broken = '{"messages": [{"role": "user", "content": "unterminated'
+    for fmt, name, text in (("openai-chat", "a.jsonl", broken), ("openhands", "b.jsonl", broken),
+                            ("trajlake-jsonl", "c.jsonl", broken), ("swe-agent", "d.traj", broken),
+                            ("inspect", "e.json", broken)):
+        p = tmp_path / name
+        p.write_text(text)  # no newline: the string runs to the end of the input
+        msg = _one_line_error(lake, p, fmt)
+        assert "Unterminated string starting at" in msg and "at at" not in msg, msg
+        assert "column" in msg
+
+
+@pytest.mark.parametrize("fmt", ["trajlake-jsonl", *FORMATS])
+def test_file_level_errors_are_one_line_for_every_format(lake: trajlake.Lake, tmp_path: Path, fmt: str) -> None:
+    d = tmp_path / "logs"
+    d.mkdir()
+    assert "is a directory" in _one_line_error(lake, d, fmt)
+    assert "no such file" in _one_line_error(lake, tmp_path / "missing.jsonl", fmt)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert "empty file: no episodes" in _one_line_error(lake, empty, fmt)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_bytes(b"\n  \n\n")
+    assert "no episodes" in _one_line_error(lake, blank, fmt)
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 40 + b"\n" + bytes(range(255, -1, -1)) * 40 + b"\n" * 30)
+    assert "not UTF-8 text" in _one_line_error(lake, garbage, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["trajlake-jsonl", "openai-chat", "openhands", "swe-agent"])
+def test_eval_zip_given_to_a_text_format(lake: trajlake.Lake, tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / "log.eval"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("header.json", json.dumps(_inspect_header()))
+        z.writestr("samples/1_epoch_1.json", json.dumps(_inspect_sample(1)))
+    msg = _one_line_error(lake, path, fmt)
+    assert "zip archive" in msg and "--format inspect" in msg and "UnicodeDecodeError" not in msg
+    assert _ingest(lake, path, "inspect").episodes_written == 1
+
+
+def test_binary_line_past_the_sniffed_head_names_the_line(lake: trajlake.Lake, tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"  # text for the first 64 KiB, then a binary line
+    path.write_bytes(b" " * 70_000 + b"\n\xff\xfe\x00garbage\n")
+    for fmt in ("trajlake-jsonl", "openai-chat", "openhands"):
+        with pytest.raises(ValidationError) as ei:
+            _ingest(lake, path, fmt)
+        assert [i.source for i in ei.value.issues] == [f"{path}:2"], fmt
+        assert "UTF-8" in ei.value.issues[0].message
+
+
+def test_ingest_file_rejects_importer_options_for_trajlake_jsonl(lake: trajlake.Lake, tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", _chat())
+    with pytest.raises(TrajlakeError, match="--run-id and --tokenizer"):
+        _ingest(lake, path, "trajlake-jsonl", run_id="R")
+    with pytest.raises(TrajlakeError, match="not supported"):
+        _ingest(lake, path, "langsmith")
+
+
+def test_trajlake_jsonl_empty_file_is_an_error_through_ingest_jsonl_too(lake: trajlake.Lake, tmp_path: Path) -> None:
+    from trajlake.io.jsonl import ingest_jsonl
+
+    path = tmp_path / "blank.jsonl"
+    path.write_text("\n\n")
+    with LakeWriter(lake, handle_signals=False) as w, pytest.raises(ValidationError, match="empty file: no episodes"):
+        ingest_jsonl(w, path)
+
+
+def test_cli_empty_file_exits_1_for_every_format(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    lake_dir = tmp_path / "lake"
+    assert run_cli(capsys, "--lake", str(lake_dir), "init")[0] == 0
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    for fmt in ("trajlake-jsonl", *FORMATS):
+        code, _, err = run_cli(capsys, "--lake", str(lake_dir), "ingest", str(empty), "--format", fmt)
+        assert code == 1 and str(empty) in err and "no episodes" in err, (fmt, err)
+        assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("text, invalid", [
+    ("Parameter 'command' is expected to be one of ['view', 'create', 'str_replace', 'insert', 'undo_edit'].", True),
+    ("Missing required parameters for function 'str_replace_editor': {'path'}", True),
+    ("Function 'browse' not found in available tools: ['execute_bash']", True),
+    ("FunctionCallValidationError: Unsupported parameter 'cmd'", True),
+    ("Runtime disconnected: the sandbox container exited.", False),
+    ("Invalid JSON response from the runtime server", False),
+    ("", False),
+])
+def test_openhands_invalid_call_errors(text: str, invalid: bool) -> None:
+    from trajlake.io.importers.openhands import invalid_call_error
+
+    assert invalid_call_error(text) is invalid
+
+
+def test_editor_calls_are_named_by_command_in_every_format(lake: trajlake.Lake, tmp_path: Path) -> None:
+    view = {"command": "view", "path": "/repo/a.py"}
+    edit = {"command": "str_replace", "path": "/repo/a.py", "old_str": "a", "new_str": "b"}
+    chat = _jsonl(tmp_path / "chat.jsonl", {"messages": [
+        {"role": "user", "content": "fix"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "v", "type": "function", "function": {"name": "str_replace_editor", "arguments": json.dumps(view)}},
+            {"id": "e", "type": "function", "function": {"name": "str_replace_editor", "arguments": json.dumps(edit)}},
+            {"id": "d", "type": "function", "function": {"name": "docker", "arguments": json.dumps(
+                {"command": "create", "path": "/x"})}}]},
+        {"role": "tool", "tool_call_id": "v", "content": "1\ta"},
+        {"role": "tool", "tool_call_id": "e", "content": "edited"},
+        {"role": "tool", "tool_call_id": "d", "content": "ok"}]})
+    sample = _inspect_sample(1, messages=[
+        {"role": "user", "content": "fix"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "v", "function": "text_editor", "arguments": view}]},
+        {"role": "tool", "tool_call_id": "v", "function": "text_editor", "content": "1\ta"}])
+    log = tmp_path / "log.json"
+    log.write_text(json.dumps(_inspect_header(samples=[sample])))
+    traj = tmp_path / "t.traj"
+    traj.write_text(json.dumps({"history": [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "fix"},
+        {"role": "assistant", "content": "look", "action": "str_replace_editor view /repo/a.py"},
+        {"role": "user", "content": "1\ta"}]}))
+    for p, fmt in ((chat, "openai-chat"), (log, "inspect"), (traj, "swe-agent")):
+        _import(lake, p, fmt)
+    names = {}
+    for e in _episodes(lake):
+        names[e["source_format"]] = [(t["role"], t["action_schema"]) for t in _turns(lake, e["episode_id"])
+                                     if t["action_schema"]]
+    assert names["openai-chat"] == [("assistant", "view"), ("assistant", "str_replace"), ("assistant", "docker"),
+                                    ("tool", "view"), ("tool", "str_replace"), ("tool", "docker")]
+    assert names["inspect"] == [("assistant", "view"), ("tool", "view")]
+    assert names["swe-agent"] == [("assistant", "view"), ("tool", "view")]
+
+
+def test_inspect_usage_without_event_usage_falls_back_to_model_usage(lake: trajlake.Lake, tmp_path: Path) -> None:
+    event = _model_event(None, "m/x", (1, 1), "m1")
+    del event["output"]["usage"]
+    sample = _inspect_sample(1, events=[event], messages=[{"role": "user", "content": "q?"},
+                                                          {"id": "m1", "role": "assistant", "content": "a"}],
+                             model_usage={"m/x": {"input_tokens": 7, "output_tokens": 3}})
+    path = tmp_path / "log.json"
+    path.write_text(json.dumps(_inspect_header(samples=[sample])))
+    _import(lake, path, "inspect")
+    (e,) = _episodes(lake)
+    assert (e["tokens_in"], e["tokens_out"]) == (7, 3) and e["cost_usd"] is None
+
+
+def test_openhands_call_without_function_name_keeps_its_usage(lake: trajlake.Lake, tmp_path: Path) -> None:
+    call = _oh_call(1, "execute_bash", {"command": "ls"}, "run", 1)
+    del call["tool_call_metadata"]["function_name"]
+    line = _oh_line("i-1", [call, _oh_obs(2, 1, "execute_bash", "a.py", "run", 2)])
+    line["metrics"].update(response_latencies=[{"latency": 1.5, "response_id": "r1"}],
+                           token_usages=[{"prompt_tokens": 10, "completion_tokens": 2, "response_id": "r1"}])
+    _import(lake, _jsonl(tmp_path / "output.jsonl", line), "openhands")
+    (e,) = _episodes(lake)
+    (t,) = [t for t in _turns(lake, e["episode_id"]) if t["actor"] == "policy"]
+    assert (t["action_schema"], t["tokens"], t["prompt_tokens"], t["latency_ms"]) == ("run", 2, 10, 1500.0)

@@ -178,6 +178,13 @@ _EVENTS = [
     {"timestamp": "2025-01-01T00:00:02+00:00", "event": "tool", "id": "t1", "function": "f",
      "completed": "2025-01-01T00:00:03+00:00", "working_time": 1.0},
     {"timestamp": "2025-01-01T00:00:03+00:00", "event": "model", "completed": "2025-01-01T00:00:04+00:00"},
+    # a model-graded scorer: its call is inside a scorer span (usage kept apart from the policy's)
+    {"timestamp": "2025-01-01T00:00:04+00:00", "event": "span_begin", "id": "sc", "span_id": "sc", "type": "scorer"},
+    {"timestamp": "2025-01-01T00:00:04+00:00", "event": "span_begin", "id": "in", "span_id": "in", "parent_id": "sc"},
+    {"timestamp": "2025-01-01T00:00:04+00:00", "event": "model", "span_id": "in", "model": "g/x",
+     "output": {"model": "g-1", "usage": {"input_tokens": 9, "output_tokens": 4, "total_cost": 0.1}}},
+    {"timestamp": "2025-01-01T00:00:05+00:00", "event": "step", "action": "begin", "type": "scorer"},
+    {"timestamp": "2025-01-01T00:00:05+00:00", "event": "step", "action": "end", "type": "scorer"},
 ]
 INSPECT = {
     "version": 2, "status": "success",
@@ -217,6 +224,17 @@ OPENHANDS = {
         {"id": 4, "timestamp": "2025-01-01T00:00:04", "source": "agent", "observation": "run", "cause": 3,
          "content": "a.py", "tool_call_metadata": {"function_name": "bash", "tool_call_id": "c1"}},
         {"id": 5, "timestamp": "2025-01-01T00:00:05", "source": "agent", "observation": "error", "content": "x"},
+        {"id": 7, "timestamp": "2025-01-01T00:00:05", "source": "agent", "action": "read",
+         "args": {"path": "/a.py", "thought": ""},
+         "tool_call_metadata": {"function_name": "str_replace_editor", "tool_call_id": "c2", "model_response": {
+             "id": "r2", "choices": [{"message": {"content": "", "tool_calls": [
+                 {"id": "c2", "function": {"name": "str_replace_editor",
+                                           "arguments": '{"command": "view", "path": "/a.py"}'}}]}}]}}},
+        {"id": 8, "timestamp": "2025-01-01T00:00:05", "source": "agent", "observation": "read", "cause": 7,
+         "content": "ERROR:\nInvalid `path` parameter: /a.py.",
+         "tool_call_metadata": {"function_name": "str_replace_editor", "tool_call_id": "c2"}},
+        {"id": 9, "timestamp": "2025-01-01T00:00:05", "source": "agent", "observation": "error",
+         "content": "Parameter 'command' is expected to be one of ['view', 'create']."},
         {"id": 6, "timestamp": "2025-01-01T00:00:06", "source": "agent", "action": "finish",
          "args": {"final_thought": "ok"}}],
     "metrics": {"accumulated_cost": 0.1, "accumulated_token_usage": {"prompt_tokens": 10, "completion_tokens": 2},

@@ -372,6 +372,8 @@ def test_cli_group_rollout_b0_b2_and_eval(tiny: Path, tmp_path: Path, monkeypatc
     assert toks[0] != toks[1]  # distinct sampling seeds
     config = json.loads(con.execute("select config from runs where run_id = 'b2-pool-tiny'").fetchone()[0])
     assert config["attempts"] == 2 and config["policy_args"]["max_new_tokens"] == "8"
+    ckpt = con.execute("select policy_checkpoint_hash from runs where run_id = 'b2-pool-tiny'").fetchone()[0]
+    assert ckpt is not None and ckpt.startswith("sha256:")
 
     code, out, err = run_cli(capsys, "--lake", "lake", "best-of", "--config", str(cfg / "b2-tiny.toml"))
     assert code == 0, err

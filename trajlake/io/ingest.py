@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trajlake.errors import TrajlakeError
-from trajlake.io.importers import FORMATS, import_file
+from trajlake.io.importers import FORMATS, check_input_file, import_file
 from trajlake.io.jsonl import IngestSummary, ingest_jsonl
 from trajlake.record.writer import LakeWriter
 
@@ -28,10 +28,8 @@ def ingest_file(writer: LakeWriter, path: Path, fmt: str, *, run_id: str | None 
     """Import one file of format ``fmt``: validated whole first, all-or-nothing unless ``skip_invalid``;
     importing the same file again is a no-op."""
     check_options(fmt, run_id=run_id, tokenizer=tokenizer)
-    if path.is_dir():
-        raise TrajlakeError(f"{path}: is a directory, not a {fmt} file")
-    if not path.is_file():
-        raise TrajlakeError(f"{path}: no such file")
+    # missing, a directory, empty, binary: one line naming the file, the same rule for every format
+    check_input_file(path, fmt)
     if fmt == INTERCHANGE:
         return ingest_jsonl(writer, path, skip_invalid=skip_invalid)
     return import_file(writer, path, fmt, run_id=run_id, tokenizer=tokenizer, skip_invalid=skip_invalid)

@@ -155,19 +155,34 @@ def parse_line(obj: Any, where: str, out: Parsed, lineno: int) -> None:
     out.line_of[ep_id] = lineno
 
 
+def json_error_text(e: json.JSONDecodeError, *, with_line: bool = True) -> str:
+    """``invalid JSON: <what> at line L column C``. Some of json's messages already end in "at" ("Unterminated
+    string starting at"): the position follows them directly instead of a second "at"."""
+    pos = f"line {e.lineno} column {e.colno}" if with_line else f"column {e.colno}"
+    return f"invalid JSON: {e.msg} {pos}" if e.msg.endswith(" at") else f"invalid JSON: {e.msg} at {pos}"
+
+
 def iter_chunks(path: Path, chunk: int = CHUNK_EPISODES) -> Iterator[Parsed]:
     """Parse ``path`` in chunks; raises ValidationError naming file:line and field on the first bad line."""
     cur = Parsed()
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValidationError([Issue("episodes", None, None, "*", f"line is not UTF-8 text (byte "
+                                             f"{e.start}): not a trajlake-jsonl file", where)]) from None
+            try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValidationError([Issue("episodes", None, None, "*", f"invalid JSON: {e.msg} at column "
-                                             f"{e.colno}", where)]) from None
+                raise ValidationError([Issue("episodes", None, None, "*", json_error_text(e, with_line=False),
+                                             where)]) from None
+            except RecursionError:
+                raise ValidationError([Issue("episodes", None, None, "*", "invalid JSON: nested too deeply",
+                                             where)]) from None
             parse_line(obj, where, cur, lineno)
             if len(cur.episodes) >= chunk:
                 yield cur
@@ -201,10 +216,14 @@ def ingest_jsonl(writer: LakeWriter, path: Path, *, skip_invalid: bool = False) 
     """Validate the whole file first; unless ``skip_invalid``, any invalid episode means nothing is written."""
     summary = IngestSummary()
     # pass 1: parse and validate everything without writing
+    empty = True
     for parsed in iter_chunks(path):
+        empty = False
         if parsed.episodes:
             res = writer.write_batch(parsed.episodes, parsed.turns, parsed.events or None, dry_run=True)
             summary.rejected += _locate(res, parsed, path)
+    if empty:  # the rule of every ingest format (trajlake.io.importers.check_input_file)
+        raise ValidationError([Issue("episodes", None, None, "*", "empty file: no episodes", str(path))])
     if summary.rejected and not skip_invalid:
         raise ValidationError(summary.rejected)
     # pass 2: write (re-parsing keeps memory bounded by one chunk)
@@ -242,4 +261,4 @@ def episode_to_json(ep: dict[str, Any], turns: list[dict[str, Any]], events: lis
     return json.dumps(obj, separators=(",", ":"))
 
 
-__all__ = ["IngestSummary", "episode_to_json", "ingest_jsonl", "iter_chunks"]
+__all__ = ["IngestSummary", "episode_to_json", "ingest_jsonl", "iter_chunks", "json_error_text"]

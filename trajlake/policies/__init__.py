@@ -42,6 +42,27 @@ def check_policy_spec(env: str, spec: str, policy_args: Mapping[str, str]) -> No
         raise TrajlakeError(f"--policy {spec}: single-turn wraps an hf: or openai: policy")
 
 
+def checkpoint_hash(spec: str) -> str | None:
+    """``runs.policy_checkpoint_hash`` of an LM policy: sha256 over the weight files of an ``hf:`` folder (names
+    and contents, read once per run); None for ``openai:``, whose weights the server does not expose."""
+    import hashlib
+
+    inner = spec.removeprefix("single-turn:")
+    if not inner.startswith("hf:"):
+        return None
+    folder = Path(inner[3:])
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
 def make_lm_policy(spec: str, policy_version: str, policy_args: Mapping[str, str]) -> Any:
     settings = LMSettings.from_args(policy_args)
     if spec.startswith("single-turn:"):
@@ -71,5 +92,5 @@ def make_rollout_policy(env: str, spec: str, policy_version: str, policy_args: M
     return make_policy(env, spec, policy_version)
 
 
-__all__ = ["LMSettings", "check_policy_spec", "is_lm_policy", "make_lm_policy", "make_rollout_policy",
+__all__ = ["LMSettings", "check_policy_spec", "checkpoint_hash", "is_lm_policy", "make_lm_policy", "make_rollout_policy",
            "parse_policy_args"]

@@ -103,13 +103,15 @@ def _sum_mask(turns: Iterable[Mapping[str, Any]]) -> int:
 
 def build_episode(episode: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], *,
                   reported_tokens_in: int | None = None, reported_tokens_out: int | None = None,
-                  reported_cost_usd: float | None = None) -> dict[str, Any]:
+                  reported_cost_usd: float | None = None, reported_tool_seconds: float | None = None
+                  ) -> dict[str, Any]:
     """The episode row with its aggregate columns derived from ``turns`` (in ``turn_idx`` order).
 
     ``episode`` gives everything else (ids, versions, seeds, outcome, rewards, timing). Derived columns it
     already has are replaced, except ``policy_version_start``/``_end`` (kept when given) and ``group_id``
     (kept when given: a caller may group by more than the default key). ``reported_*`` are counts the source
-    itself reports for the policy model (API usage, a log's cost): they win over the counts from the turns."""
+    itself reports for the policy model (API usage, a log's cost, its own tool time): they win over the counts
+    from the turns."""
     row = dict(episode)
     policy = [t for t in turns if t.get("actor") == Actor.POLICY]
     row["n_turns"] = len(turns)
@@ -121,7 +123,8 @@ def build_episode(episode: Mapping[str, Any], turns: Sequence[Mapping[str, Any]]
     else:
         ctx = context_tokens(turns)
         row["tokens_in"] = sum(c for t, c in zip(turns, ctx, strict=True) if t.get("actor") == Actor.POLICY)
-    row["tool_seconds"] = float(sum(float(t.get("tool_seconds") or 0.0) for t in turns))
+    row["tool_seconds"] = float(reported_tool_seconds) if reported_tool_seconds is not None else \
+        float(sum(float(t.get("tool_seconds") or 0.0) for t in turns))
     costs = [float(t["cost_usd"]) for t in turns if t.get("cost_usd") is not None]
     row["cost_usd"] = float(reported_cost_usd) if reported_cost_usd is not None else \
         (float(sum(costs)) if costs else None)

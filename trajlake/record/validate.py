@@ -17,9 +17,8 @@ import pyarrow.compute as pc
 
 from trajlake.errors import Issue, ValidationError
 from trajlake.schema import arrow_schema, table_def
+from trajlake.schemas.vocab import TERMINATED_REASONS, TRUNCATED_REASONS
 
-TERMINATED_REASONS = frozenset({"success", "submitted", "gave_up", "safety_stop"})
-TRUNCATED_REASONS = frozenset({"budget_steps", "budget_tokens", "budget_cost", "timeout", "env_failure", "safety_stop"})
 _BOOKKEEPING = frozenset({"content_hash", "written_at", "schema_version", "writer_version", "trajlake_version"})
 
 

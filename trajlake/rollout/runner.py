@@ -181,7 +181,7 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "ended_at": end, "terminated": last.terminated, "truncated": last.truncated, "termination_reason": reason,
         "error_class": error_class, "success": success, "reward_total": float(sum(comps.values())),
         "reward_components": comps, "wall_seconds": (end - start).total_seconds(),
-        "injection_attempted": False, "final_state_hash": last.state_hash,
+        "injection_attempted": bool(env.injection_attempted), "final_state_hash": last.state_hash,
         "sandbox": sandbox or getattr(env, "sandbox_kind", None),
         "verification_source": env.verification_source if graded else None, "policy_lag": policy_lag,
     }, turns)
@@ -436,7 +436,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     from trajlake.envs import list_tasks, make_policy, task_rows
     from trajlake.errors import ConflictError
     from trajlake.lake.store import Lake
-    from trajlake.policies import check_policy_spec, is_lm_policy
+    from trajlake.policies import check_policy_spec, checkpoint_hash, is_lm_policy
     from trajlake.provenance import code_version
     from trajlake.query import connect
     from trajlake.record.writer import LakeWriter
@@ -459,7 +459,8 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
             w.write_runs([{"run_id": cfg.run_id, "created_at": utcnow(), "label": cfg.run_id,
                            "config": json.dumps(settings, sort_keys=True), "policy_name": cfg.policy,
                            "policy_version": cfg.policy_version,
-                           "policy_checkpoint_hash": getattr(probe, "checkpoint_hash", None),
+                           "policy_checkpoint_hash": getattr(probe, "checkpoint_hash", None) if probe is not None
+                           else checkpoint_hash(cfg.policy),
                            "code_version": code_version()}])
     items = plan(cfg)
     done = existing_episode_ids(cfg.lake, cfg.run_id)

@@ -8,6 +8,10 @@
 - ``inspect``: an inspect_ai log, ``.eval`` (zip) or ``.json``: one episode per sample and epoch;
 - ``openhands``: an OpenHands evaluation ``output.jsonl``: one episode per line (instance).
 
+``check_input_file(path, fmt)`` holds the file-level checks (missing, a directory, empty, binary) that are
+the same for every ``--format`` of ``trajlake ingest``, each failing with one line naming the file;
+``trajlake.io.ingest.ingest_file`` applies them to ``trajlake-jsonl`` too.
+
 Like ``trajlake-jsonl`` ingestion, the whole file is parsed and validated first (a dry run against the lake)
 and nothing is written unless everything is valid (or ``skip_invalid``). Episode ids are derived from the
 format, the file's sha256, the run id and the record's position, so importing the same file again is a no-op.
@@ -48,6 +52,70 @@ def _opener(fmt: str) -> Callable[[Path], Source]:
     return openhands.open_source
 
 
+# What "no episodes" means for each format (the file is not empty, yet nothing in it is an episode).
+_NO_RECORDS = {
+    "openai-chat": "the file has no JSON lines",
+    "openhands": "the file has no JSON lines",
+    "swe-agent": "the file has no trajectory",
+    "inspect": "the log has no samples",
+}
+_TEXT_SNIFF_BYTES = 1 << 16
+_TEXT_KIND = {"trajlake-jsonl": "JSONL", "openai-chat": "JSONL", "openhands": "JSONL", "swe-agent": "JSON",
+              "inspect": "JSON or an .eval zip"}
+
+
+def _file_error(path: Path, message: str) -> ValidationError:
+    return ValidationError([Issue("episodes", None, None, "*", message, str(path))])
+
+
+def check_input_file(path: Path, fmt: str) -> None:
+    """File-level checks shared by every format, each failing with one ``ValidationError`` line that names
+    the file: it exists, is a regular readable file (a directory says so), is not empty (an empty file has no
+    episodes: an error for every format), and is text where the format is text (binary data, e.g. an
+    inspect ``.eval`` zip given to a JSONL format, is one message rather than one error per line)."""
+    path = Path(path)
+    if not path.exists():
+        raise _file_error(path, "no such file")
+    if path.is_dir():
+        raise _file_error(path, "is a directory, not a file (pass the files inside it)")
+    if not path.is_file():
+        raise _file_error(path, "not a regular file")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_TEXT_SNIFF_BYTES)
+            blank = not head.strip()
+            while blank:  # only whitespace so far: read on until something else (or the end)
+                block = fh.read(1 << 20)
+                if not block:
+                    break
+                blank = not block.strip()
+    except OSError as e:
+        raise _file_error(path, f"cannot read the file: {e.strerror or e}") from e
+    if blank:
+        raise _file_error(path, "empty file: no episodes")
+    kind = _TEXT_KIND.get(fmt, "text")
+    if head.startswith(b"PK\x03\x04"):
+        if fmt == "inspect":
+            return
+        raise _file_error(path, f"is a zip archive (an inspect .eval log? use --format inspect), not the {kind} "
+                                f"that --format {fmt} reads")
+    bad = _binary_at(head, truncated=len(head) == _TEXT_SNIFF_BYTES)
+    if bad is not None:
+        raise _file_error(path, f"not UTF-8 text (binary data at byte {bad}): --format {fmt} reads {kind}")
+
+
+def _binary_at(head: bytes, truncated: bool) -> int | None:
+    """Offset of the first byte that makes ``head`` binary (a NUL, or invalid UTF-8), else None. A multi-byte
+    character cut by the end of a truncated read is not an error."""
+    nul = head.find(b"\x00")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not (truncated and e.reason == "unexpected end of data"):
+            return e.start if nul < 0 else min(nul, e.start)
+    return None if nul < 0 else nul
+
+
 def default_run_id(fmt: str, file_hash: str) -> str:
     """The run id of an import without ``--run-id``: derived from the format and the file's sha256."""
     return f"import-{fmt}-{file_hash[:16]}"
@@ -74,12 +142,16 @@ def _parse(rec: Record) -> _common.EpisodeSpec:
                                      f"malformed record ({type(e).__name__}: {str(e)[:200]})", rec.where)]) from e
 
 
-def _batches(ctx: ImportContext, src: Source, issues: list[Issue] | None) -> Iterator[_Batch]:
+def _batches(ctx: ImportContext, src: Source, issues: list[Issue] | None,
+             n_records: list[int] | None = None) -> Iterator[_Batch]:
     """Parse the source's records into row batches; record-level problems go to ``issues`` (pass 1) or are
-    skipped silently (pass 2, where they were already reported)."""
+    skipped silently (pass 2, where they were already reported). ``n_records[0]`` counts the records read,
+    valid or not."""
     cur = _Batch()
     seen: dict[str, str] = {}
     for rec in src.records():
+        if n_records is not None:
+            n_records[0] += 1
         try:
             spec = _parse(rec)
             ep_id = episode_id_for(ctx.fmt, ctx.file_hash, ctx.run_id, spec.key)
@@ -132,14 +204,13 @@ def import_file(writer: LakeWriter, path: Path, fmt: str, *, run_id: str | None 
     ``rejected``. ``run_id`` defaults to ``import-<format>-<sha256 of the file>[:16]``; a ``runs`` row is
     written for it (an existing run with that id is kept as is) and ``tasks`` rows for the tasks of the
     imported episodes. ``tokenizer`` is a local Hugging Face ``tokenizer.json``: turns then get token ids and
-    loss masks (1 only on policy turns). A file with no episodes (e.g. an inspect log with zero samples)
-    imports nothing and is not an error."""
+    loss masks (1 only on policy turns). A file with no episodes (empty, or an inspect log with zero samples)
+    is an error (``check_input_file`` lists the file-level checks)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise ValidationError([Issue("episodes", None, None, "format", f"unknown import format {fmt!r} "
                                      f"(supported: {', '.join(FORMATS)})", str(path))])
-    if not path.is_file():
-        raise ValidationError([Issue("episodes", None, None, "*", "no such file", str(path))])
+    check_input_file(path, fmt)
     if run_id is not None and not run_id.strip():
         raise ValidationError([Issue("runs", None, None, "run_id", "--run-id must not be empty", str(path))])
     tok = TurnTokenizer(tokenizer) if tokenizer is not None else None
@@ -153,10 +224,13 @@ def import_file(writer: LakeWriter, path: Path, fmt: str, *, run_id: str | None 
     summary = IngestSummary()
     # pass 1: parse and validate everything (against the lake too) without writing
     valid: set[str] = set()
-    for batch in _batches(ctx, src, summary.rejected):
+    seen = [0]
+    for batch in _batches(ctx, src, summary.rejected, seen):
         res = _write_batch(writer, batch, path, dry_run=True)
         summary.rejected += _locate(res, batch, path)
         valid.update(res.accepted, res.duplicates)
+    if not seen[0]:  # the same rule as an empty file, for every format
+        raise _file_error(path, f"no episodes: {_NO_RECORDS.get(fmt, 'the file holds no record')}")
     if summary.rejected and not skip_invalid:
         raise ValidationError(summary.rejected)
     if not valid:
@@ -178,4 +252,4 @@ def import_file(writer: LakeWriter, path: Path, fmt: str, *, run_id: str | None 
     return summary
 
 
-__all__ = ["FORMATS", "default_run_id", "import_file"]
+__all__ = ["FORMATS", "check_input_file", "default_run_id", "import_file"]

@@ -18,6 +18,8 @@ from trajlake.io.importers._common import (
     sha256_text,
 )
 from trajlake.io.importers._tokenize import PrefixError, TurnTokenizer
+from trajlake.record.episode import build_episode
+from trajlake.schemas.vocab import Actor, Role, Split
 
 INT32 = 1 << 31
 INT64 = 1 << 63
@@ -62,16 +64,17 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
             loc.fail("token_ids", e.message, turn=e.turn, table="turns")
     turns: list[dict[str, Any]] = []
     for i, t in enumerate(spec.turns):
-        policy = t.actor == "policy"
+        policy = t.actor == Actor.POLICY
         pv = (t.policy_version or spec.policy_version or "unknown") if policy else None
         row: dict[str, Any] = {
             "episode_id": episode_id, "run_id": ctx.run_id, "turn_idx": i, "role": t.role, "actor": t.actor,
             "policy_version": pv, "raw_content": t.content,
             "action_schema": t.action_schema, "tool_call_id": t.tool_call_id, "tool_args": t.tool_args,
-            "observation_hash": sha256_text(t.content) if t.content is not None and t.role in ("tool", "env")
+            "observation_hash": sha256_text(t.content) if t.content is not None and t.role in (Role.TOOL, Role.ENV)
             else None,
             "started_at": t.started_at, "ended_at": t.ended_at, "latency_ms": float(t.latency_ms or 0.0),
-            "status": t.status, "tokens": int(t.tokens), "cost_usd": float(t.cost_usd),
+            "status": t.status, "tokens": int(t.tokens), "prompt_tokens": t.prompt_tokens if policy else None,
+            "cost_usd": None if t.cost_usd is None else float(t.cost_usd),
             "tool_seconds": float(t.tool_seconds),
             "reward_components": clean_components(t.reward_components) if t.reward_components else None,
         }
@@ -82,42 +85,34 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
             row["tokenizer_id"] = ctx.tokenizer.tokenizer_id
             row["tokens"] = len(ids)
         turns.append(_clean(row))
-    pol = [r["policy_version"] for r in turns if r["actor"] == "policy" and r["policy_version"]]
-    n_policy_tokens = sum(sum(r["loss_mask"]) for r in turns if r.get("loss_mask"))
-    tokens_in, tokens_out = spec.tokens_in, spec.tokens_out
-    if tokens_in is None:
-        tokens_in = sum(r["tokens"] for r in turns if r["actor"] != "policy")
-    if tokens_out is None:
-        tokens_out = sum(r["tokens"] for r in turns if r["actor"] == "policy")
-    for name, v in (("tokens_in", tokens_in), ("tokens_out", tokens_out)):
-        if not 0 <= v < INT64:
-            loc.fail(name, f"{v} does not fit in int64")
     comps = clean_components(spec.reward_components)
-    episode = _clean({
+    pol = [r["policy_version"] for r in turns if r["actor"] == Actor.POLICY and r["policy_version"]]
+    # aggregates come from the one episode builder; the source's own usage and cost, when it reports them,
+    # win over counts from the turns
+    episode = build_episode(_clean({
         "episode_id": episode_id, "run_id": ctx.run_id, "task_id": spec.task_id, "task_version": spec.task_version,
-        "split": "unknown", "env_id": ctx.env_id, "env_version": spec.env_version, "env_image_digest": None,
-        "env_seed": spec.env_seed,
-        "group_id": f"{spec.task_id}:{spec.task_version}:{spec.env_seed}:{spec.env_version}",
-        "attempt": spec.attempt,
+        "split": Split.UNKNOWN, "env_id": ctx.env_id, "env_version": spec.env_version, "env_image_digest": None,
+        "env_seed": spec.env_seed, "attempt": spec.attempt,
         "policy_version_start": pol[0] if pol else spec.policy_version,
         "policy_version_end": pol[-1] if pol else spec.policy_version,
-        "started_at": start, "ended_at": end, "n_turns": len(turns), "n_policy_tokens": n_policy_tokens,
+        "started_at": start, "ended_at": end,
         "terminated": spec.terminated, "truncated": spec.truncated, "termination_reason": spec.termination_reason,
         "error_class": spec.error_class, "success": spec.success,
         "reward_total": float(sum(comps.values())) if spec.reward_total is None else float(spec.reward_total),
-        "reward_components": comps, "tokens_in": int(tokens_in), "tokens_out": int(tokens_out),
-        "cost_usd": float(sum(r["cost_usd"] for r in turns) if spec.cost_usd is None else spec.cost_usd),
-        "tool_seconds": float(sum(r["tool_seconds"] for r in turns) if spec.tool_seconds is None
-                              else spec.tool_seconds),
-        "wall_seconds": (end - start).total_seconds(), "faults_injected": 0, "injection_attempted": False,
+        "reward_components": comps, "wall_seconds": (end - start).total_seconds(), "injection_attempted": False,
         "final_state_hash": None, "sandbox": spec.sandbox,
+        "served_model": spec.served_model, "verification_source": spec.verification_source,
         "source_format": ctx.fmt, "source_file_hash": ctx.file_hash, "source_format_version": ctx.format_version,
-    })
+    }), turns, reported_tokens_in=spec.tokens_in, reported_tokens_out=spec.tokens_out,
+        reported_cost_usd=spec.cost_usd, reported_tool_seconds=spec.tool_seconds)
+    for name in ("tokens_in", "tokens_out"):
+        if not 0 <= episode[name] < INT64:
+            loc.fail(name, f"{episode[name]} does not fit in int64")
     task = None
     if spec.task is not None:
         ts = spec.task
         task = _clean({
-            "task_id": spec.task_id, "task_version": spec.task_version, "env_id": ctx.env_id, "split": "unknown",
+            "task_id": spec.task_id, "task_version": spec.task_version, "env_id": ctx.env_id, "split": Split.UNKNOWN,
             "family": ts.family, "difficulty": None, "created_at": ts.created_at or start,
             "statement": clean_str(ts.statement),
             "provenance": {"generator": ctx.env_id, "source": ts.source, "commit": ts.commit, "mutator": None,
@@ -131,7 +126,8 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
 
 def run_row(ctx: ImportContext, run: RunInfo, explicit: bool) -> dict[str, Any]:
     """The ``runs`` row of an import. For the default (file-derived) run id it describes the file."""
-    config = {"importer": ctx.fmt, "source_format_version": ctx.format_version, **run.config}
+    config = {"importer": ctx.fmt, "source_format_version": ctx.format_version, **run.config,
+              **(run.late_config() if run.late_config is not None else {})}
     if not explicit:
         config.update({"source_file": ctx.path.name, "source_file_hash": ctx.file_hash})
     return _clean({

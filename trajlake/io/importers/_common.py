@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from trajlake.errors import Issue, ValidationError
+from trajlake.io.jsonl import json_error_text
 
 SYNTHETIC_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MIN_TIME = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
@@ -25,8 +26,6 @@ MAX_TIME = dt.datetime(2999, 12, 31, tzinfo=dt.UTC)
 MAX_SECONDS = 1e7  # longest duration the synthetic timeline gives one turn (about 115 days)
 """Base time of the synthetic timeline of sources that carry no time at all (documented in docs/importers.md)."""
 
-TERMINATED_REASONS = frozenset({"success", "submitted", "gave_up", "safety_stop"})
-TRUNCATED_REASONS = frozenset({"budget_steps", "budget_tokens", "budget_cost", "timeout", "env_failure", "safety_stop"})
 
 # When True, unexpected exceptions raised while parsing one record (a bug, or a shape the checked accessors
 # missed) are reported as a ValidationError naming the record instead of escaping. The fuzz tests turn it off
@@ -252,7 +251,8 @@ def decode_arguments(raw: Any) -> tuple[str | None, bool]:
 
 
 def openai_tool_calls(m: Mapping[str, Any], loc: Loc, field: str) -> list[tuple[str | None, str, str | None, bool]]:
-    """A message's OpenAI-style ``tool_calls`` as ``(call id, function name, arguments, arguments valid)``."""
+    """A message's OpenAI-style ``tool_calls`` as ``(call id, action name, arguments, arguments valid)``; the
+    action name is the function name, or the command of a file-editor call (``tool_action_name``)."""
     calls: list[tuple[str | None, str, str | None, bool]] = []
     for j, c in enumerate(opt_list(m, "tool_calls", loc, f"{field}.tool_calls") or []):
         cf = f"{field}.tool_calls[{j}]"
@@ -261,8 +261,35 @@ def openai_tool_calls(m: Mapping[str, Any], loc: Loc, field: str) -> list[tuple[
         name = req_str(fn, "name", loc, f"{cf}.function.name")
         args, ok = decode_arguments(fn.get("arguments"))
         cid = id_str(c["id"], loc, f"{cf}.id") if c.get("id") is not None else None
-        calls.append((cid, name, args, ok))
+        calls.append((cid, tool_action_name(name, args), args, ok))
     return calls
+
+
+EDITOR_COMMANDS = frozenset({"view", "create", "str_replace", "insert", "undo_edit"})
+"""Commands of the file-editor tools that multiplex operations through one ``command`` argument
+(``str_replace_editor`` of SWE-agent and OpenHands, inspect's ``text_editor``, Anthropic's
+``str_replace_based_edit_tool``)."""
+EDITOR_TOOLS = frozenset({"str_replace_editor", "text_editor", "str_replace_based_edit_tool"})
+
+
+def tool_action_name(name: str, args_json: str | None) -> str:
+    """The ``action_schema`` of a call of tool ``name`` with arguments ``args_json`` (canonical JSON).
+
+    A file-editor call (a tool in ``EDITOR_TOOLS`` or with "edit" in its name, arguments with a ``path`` and
+    a ``command`` in ``EDITOR_COMMANDS``) is named by its command: ``view`` reads, ``str_replace``/``insert``/
+    ``undo_edit`` edit, ``create`` writes a new file. Named by the tool alone, every call of
+    ``str_replace_editor`` (words str, replace, editor) would be an edit to the failure taxonomy, a ``view``
+    of a file never seen before included."""
+    if not args_json or '"command"' not in args_json or not (name in EDITOR_TOOLS or "edit" in name.lower()):
+        return name
+    try:
+        args = json.loads(args_json)
+    except ValueError:
+        return name
+    command = args.get("command") if isinstance(args, dict) else None
+    if isinstance(command, str) and command in EDITOR_COMMANDS and "path" in args:
+        return command
+    return name
 
 
 def canonical_json(v: Any) -> str:
@@ -271,11 +298,17 @@ def canonical_json(v: Any) -> str:
 
 
 def command_name(action: str | None) -> str | None:
-    """First word of a shell-style action (``edit 1:1`` -> ``edit``), the tool name of text actions."""
+    """First word of a shell-style action (``edit 1:1`` -> ``edit``), the tool name of text actions; a
+    file-editor action is named by its command (``str_replace_editor view /a.py`` -> ``view``), as
+    ``tool_action_name`` names editor calls."""
     if not action:
         return None
-    parts = action.strip().split(None, 1)
-    return parts[0][:200] if parts else None
+    parts = action.strip().split(None, 2)
+    if not parts:
+        return None
+    if len(parts) > 1 and parts[0] in EDITOR_TOOLS and parts[1] in EDITOR_COMMANDS:
+        return parts[1]
+    return parts[0][:200]
 
 
 def sha256_text(s: str) -> str:
@@ -311,7 +344,8 @@ class TurnSpec:
     tool_args: str | None = None
     status: str = "OK"
     tokens: int = 0
-    cost_usd: float = 0.0
+    prompt_tokens: int | None = None  # policy turns: the input tokens the source reports for this call
+    cost_usd: float | None = None  # None: the source has no cost for this turn
     tool_seconds: float = 0.0
     latency_ms: float | None = None
     started_at: dt.datetime | None = None
@@ -319,6 +353,7 @@ class TurnSpec:
     duration_s: float | None = None  # used for unknown times: the turn lasts this long on the synthetic timeline
     trainable: bool = True  # policy turns only: loss mask 1 when tokenized (OpenAI "weight": 0 turns it off)
     reward_components: dict[str, float] | None = None
+    served_model: str | None = None  # policy turns: the model version that answered (the episode's column)
 
 
 @dataclass
@@ -346,14 +381,14 @@ class EpisodeSpec:
     terminated: bool
     truncated: bool
     termination_reason: str
-    success: bool
+    success: bool | None  # None: never graded
     turns: list[TurnSpec]
     error_class: str | None = None
     reward_components: dict[str, float] = field(default_factory=dict)
     reward_total: float | None = None  # default: sum of the components
     tokens_in: int | None = None  # None: not in the source (tokenizer counts or 0)
     tokens_out: int | None = None
-    cost_usd: float | None = None  # None: sum of the turns
+    cost_usd: float | None = None  # None: sum of the turns that have a cost, null when none has
     tool_seconds: float | None = None  # None: sum of the turns
     started_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None
@@ -363,6 +398,8 @@ class EpisodeSpec:
     env_seed: int | None = None
     sandbox: str | None = None
     task: TaskSpec | None = None
+    verification_source: str | None = None  # how ``success`` was verified; None when it was not
+    served_model: str | None = None  # the model version that answered, when the source names it apart
 
 
 @dataclass
@@ -373,6 +410,8 @@ class RunInfo:
     policy_name: str | None = None
     code_version: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    # config facts known only once every record was parsed (the run row is written after the check pass)
+    late_config: Callable[[], dict[str, Any]] | None = None
 
 
 @dataclass
@@ -466,7 +505,7 @@ def load_json_line(raw: bytes, loc: Loc) -> dict[str, Any]:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        loc.fail("*", f"invalid JSON: {e.msg} at column {e.colno}")
+        loc.fail("*", json_error_text(e, with_line=False))
     except RecursionError:
         loc.fail("*", "invalid JSON: nested too deeply")
     return as_obj(obj, loc, "line")

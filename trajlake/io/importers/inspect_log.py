@@ -38,34 +38,37 @@ from trajlake.io.importers._common import (
     req_str,
     short_hash,
     text_of,
+    tool_action_name,
 )
+from trajlake.io.jsonl import json_error_text
+from trajlake.schemas.vocab import ErrorClass, Status
 
 FORMAT = "inspect"
 
 # EvalSampleLimit.type -> (termination_reason, error_class); every limit is a truncation.
 LIMITS: dict[str, tuple[str, str | None]] = {
-    "message": ("budget_steps", "BUDGET_EXHAUSTED"),
-    "token": ("budget_tokens", "BUDGET_EXHAUSTED"),
-    "context": ("budget_tokens", "BUDGET_EXHAUSTED"),
-    "cost": ("budget_cost", "BUDGET_EXHAUSTED"),
-    "time": ("timeout", "BUDGET_EXHAUSTED"),
-    "working": ("timeout", "BUDGET_EXHAUSTED"),
+    "message": ("budget_steps", ErrorClass.BUDGET_EXHAUSTED),
+    "token": ("budget_tokens", ErrorClass.BUDGET_EXHAUSTED),
+    "context": ("budget_tokens", ErrorClass.BUDGET_EXHAUSTED),
+    "cost": ("budget_cost", ErrorClass.BUDGET_EXHAUSTED),
+    "time": ("timeout", ErrorClass.BUDGET_EXHAUSTED),
+    "working": ("timeout", ErrorClass.BUDGET_EXHAUSTED),
     "operator": ("safety_stop", None),
-    "custom": ("budget_steps", "BUDGET_EXHAUSTED"),
+    "custom": ("budget_steps", ErrorClass.BUDGET_EXHAUSTED),
 }
 
 # ToolCallError.type of a tool message -> turn status.
 TOOL_ERRORS: dict[str, str] = {
-    "parsing": "MODEL_INVALID_ACTION",
-    "permission": "MODEL_INVALID_ACTION",
-    "file_not_found": "MODEL_INVALID_ACTION",
-    "is_a_directory": "MODEL_INVALID_ACTION",
-    "timeout": "ENV_TRANSIENT",
-    "limit": "BUDGET_EXHAUSTED",
-    "output_limit": "BUDGET_EXHAUSTED",
-    "approval": "SAFETY_BLOCK",
-    "unicode_decode": "ENV_BUG",
-    "unknown": "ENV_BUG",
+    "parsing": Status.MODEL_INVALID_ACTION,
+    "permission": Status.MODEL_INVALID_ACTION,
+    "file_not_found": Status.MODEL_INVALID_ACTION,
+    "is_a_directory": Status.MODEL_INVALID_ACTION,
+    "timeout": Status.ENV_TRANSIENT,
+    "limit": Status.BUDGET_EXHAUSTED,
+    "output_limit": Status.BUDGET_EXHAUSTED,
+    "approval": Status.SAFETY_BLOCK,
+    "unicode_decode": Status.ENV_BUG,
+    "unknown": Status.ENV_BUG,
 }
 
 _LETTER_SCORES = {"C": 1.0, "I": 0.0, "P": 0.5, "N": 0.0}
@@ -145,14 +148,28 @@ class _Header:
         self.run_id = opt_str(ev, "run_id", loc, "eval.run_id")
         self.eval_id = opt_str(ev, "eval_id", loc, "eval.eval_id")
         self.task_file = opt_str(ev, "task_file", loc, "eval.task_file")
+        # per sample (episode key): the scorers' model usage, which is not the policy's (see _usage)
+        self.grader_usage: dict[str, dict[str, dict[str, float]]] = {}
 
     def run_info(self) -> RunInfo:
         info = RunInfo(policy_name=self.model, code_version=self.commit,
                        config={"task": self.task, "task_file": self.task_file, "inspect_run_id": self.run_id,
-                               "eval_id": self.eval_id, "inspect_ai": self.inspect_version})
+                               "eval_id": self.eval_id, "inspect_ai": self.inspect_version},
+                       late_config=self._grader_config)
         if self.created is not None:
             info.created_at = self.created
         return info
+
+    def _grader_config(self) -> dict[str, Any]:
+        """``grader_usage``: the scorers' model calls summed over the imported samples, per model (episodes'
+        tokens and cost are the policy's only)."""
+        total: dict[str, dict[str, float]] = {}
+        for per_model in self.grader_usage.values():
+            for model, u in per_model.items():
+                acc = total.setdefault(model, {})
+                for k, v in u.items():
+                    acc[k] = acc.get(k, 0) + v
+        return {"grader_usage": total} if total else {}
 
 
 def _sandbox_type(v: Any) -> str | None:
@@ -173,29 +190,92 @@ def _event_times(e: dict[str, Any], loc: Loc, f: str) -> tuple[Any, Any, float |
     return start, end, working
 
 
+SCORER_SPANS = frozenset({"scorer", "scorers"})
+"""Span (and older ``step``) types inside which model calls are the scorers', not the policy's."""
+
+
+class _ScorerScope:
+    """Tells whether an event belongs to a scorer: newer logs nest events in spans (``span_begin`` with
+    ``id``, ``parent_id``, ``type``; every event has ``span_id``), older ones bracket them with ``step``
+    events (``action`` begin/end, ``type``)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str | None] = {}
+        self.kind: dict[str, str | None] = {}
+        self.open_steps = 0
+
+    def see(self, e: dict[str, Any]) -> None:
+        kind = e.get("event")
+        if kind == "span_begin" and isinstance(e.get("id"), str):
+            parent = e.get("parent_id")
+            self.parent[e["id"]] = parent if isinstance(parent, str) else None
+            self.kind[e["id"]] = e.get("type") if isinstance(e.get("type"), str) else None
+        elif kind == "step" and e.get("type") in SCORER_SPANS:
+            if e.get("action") == "begin":
+                self.open_steps += 1
+            elif e.get("action") == "end":
+                self.open_steps = max(0, self.open_steps - 1)
+
+    def is_scorer(self, e: dict[str, Any]) -> bool:
+        if self.open_steps:
+            return True
+        span = e.get("span_id")
+        for _ in range(64):  # spans nest a few levels; the bound guards against a cycle in a broken log
+            if not isinstance(span, str):
+                return False
+            if self.kind.get(span) in SCORER_SPANS:
+                return True
+            span = self.parent.get(span)
+        return False
+
+
+def _usage(events: list[dict[str, Any]], loc: Loc, where: str) -> dict[str, float]:
+    """``input_tokens``, ``output_tokens`` and ``total_cost`` (when any call has one) summed over model events."""
+    out: dict[str, float] = {"input_tokens": 0, "output_tokens": 0}
+    for e in events:
+        usage = opt_obj(opt_obj(e, "output", loc, f"{where}.output") or {}, "usage", loc, f"{where}.output.usage")
+        for k in ("input_tokens", "output_tokens"):
+            out[k] += opt_int(usage or {}, k, loc, f"{where}.output.usage.{k}") or 0
+        c = opt_num(usage or {}, "total_cost", loc, f"{where}.output.usage.total_cost")
+        if c is not None:
+            out["total_cost"] = out.get("total_cost", 0.0) + max(0.0, c)
+    return out
+
+
+def _has_usage(e: dict[str, Any]) -> bool:
+    out = e.get("output")
+    return isinstance(out, dict) and isinstance(out.get("usage"), dict)
+
+
 def parse_sample(s: Any, h: _Header, loc: Loc) -> EpisodeSpec:
     """One sample (one epoch) as an episode."""
     s = as_obj(s, loc, "sample")
     sid = id_str(s.get("id"), loc, "id")
     epoch = opt_int(s, "epoch", loc, "epoch") or 1
+    key = f"sample {canonical_json(s.get('id'))} epoch {epoch}"
     raw_att = opt_obj(s, "attachments", loc, "attachments") or {}
     att = {k: v for k, v in raw_att.items() if isinstance(v, str)}
-    # --- events: model calls (in order, and by output message id) and tool calls (by call id)
+    # --- events: the policy's model calls (in order, and by output message id), the scorers' model calls
+    # (usage kept apart) and tool calls (by call id)
     model_events: list[dict[str, Any]] = []
+    grader_events: list[dict[str, Any]] = []
+    scope = _ScorerScope()
     tool_events: dict[str, dict[str, Any]] = {}
     limit_event: str | None = None
     first_ts = last_ts = None
-    for i, e in enumerate(opt_list(s, "events", loc, "events") or []):
+    events = opt_list(s, "events", loc, "events")
+    for i, e in enumerate(events or []):
         f = f"events[{i}]"
         e = as_obj(e, loc, f)
         kind = e.get("event")
+        scope.see(e)
         start, end, _ = _event_times(e, loc, f)
         for t in (start, end):
             if t is not None:
                 first_ts = t if first_ts is None else min(first_ts, t)
                 last_ts = t if last_ts is None else max(last_ts, t)
         if kind == "model":
-            model_events.append(e)
+            (grader_events if scope.is_scorer(e) else model_events).append(e)
         elif kind == "tool" and e.get("id") is not None:
             tool_events[id_str(e["id"], loc, f"{f}.id")] = e
         elif kind == "sample_limit":
@@ -235,7 +315,10 @@ def parse_sample(s: Any, h: _Header, loc: Loc) -> EpisodeSpec:
     if scores is None and s.get("score") is not None:  # logs older than multi-scorer support
         scores = {"score": s["score"]}
     comps = reward_components(scores or {}, loc)
-    success = bool(comps) and all(v >= 1.0 for v in comps.values())
+    # no numeric score: the sample was never graded (no scorer, or it errored before scoring)
+    success = all(v >= 1.0 for v in comps.values()) if comps else None
+    graders = [n for n in (scores or {}) if any(k == n or k.startswith(f"{n}.") for k in comps)]
+    verification = f"scorer:{','.join(graders)}" if graders else None
     error = s.get("error")
     limit = opt_obj(s, "limit", loc, "limit")
     limit_type = opt_str(limit, "type", loc, "limit.type") if limit is not None else limit_event
@@ -243,7 +326,7 @@ def parse_sample(s: Any, h: _Header, loc: Loc) -> EpisodeSpec:
     if error is not None:
         if not isinstance(error, dict | str):
             loc.fail("error", f"expected an object, got {type(error).__name__}")
-        terminated, truncated, reason, error_class = False, True, "env_failure", "ENV_BUG"
+        terminated, truncated, reason, error_class = False, True, "env_failure", ErrorClass.ENV_BUG
     elif limit_type is not None:
         if limit_type not in LIMITS:
             loc.fail("limit.type", f"unknown limit type {limit_type[:60]!r} (known: {', '.join(LIMITS)})")
@@ -252,16 +335,32 @@ def parse_sample(s: Any, h: _Header, loc: Loc) -> EpisodeSpec:
     else:
         terminated, truncated, error_class = True, False, None
         reason = "success" if success else "submitted"
-    # --- usage and time
-    tokens_in = tokens_out = 0
-    cost: float | None = None
-    for name, u in (opt_obj(s, "model_usage", loc, "model_usage") or {}).items():
-        u = as_obj(u, loc, f"model_usage.{name}")
-        tokens_in += opt_int(u, "input_tokens", loc, f"model_usage.{name}.input_tokens") or 0
-        tokens_out += opt_int(u, "output_tokens", loc, f"model_usage.{name}.output_tokens") or 0
-        c = opt_num(u, "total_cost", loc, f"model_usage.{name}.total_cost")
-        if c is not None:
-            cost = (cost or 0.0) + max(0.0, c)
+    # --- usage and time: the policy's calls only. ``model_usage`` sums every model the sample called, a
+    # model-graded scorer's included, so it is used only when no model event reports its usage.
+    tokens_in: int | None
+    tokens_out: int | None
+    if any(_has_usage(e) for e in (*model_events, *grader_events)):
+        pu = _usage(model_events, loc, "model event")
+        tokens_in, tokens_out = int(pu["input_tokens"]), int(pu["output_tokens"])
+        cost = pu.get("total_cost")
+        graded: dict[str, dict[str, float]] = {}
+        for e in grader_events:
+            gm = e.get("model")
+            acc = graded.setdefault(gm if isinstance(gm, str) else "unknown", {})
+            for name, value in _usage([e], loc, "scorer model event").items():
+                acc[name] = acc.get(name, 0) + value
+        if graded:
+            h.grader_usage[key] = graded
+    else:
+        mu = opt_obj(s, "model_usage", loc, "model_usage") or {}
+        u = as_obj(mu[h.model], loc, f"model_usage.{h.model}") if h.model in mu else None
+        if u is None and len(mu) == 1:  # one model and no scorer calls to tell apart: the policy's
+            name = next(iter(mu))
+            u = as_obj(mu[name], loc, f"model_usage.{name}")
+        tokens_in = opt_int(u, "input_tokens", loc, "model_usage.input_tokens") if u is not None else None
+        tokens_out = opt_int(u, "output_tokens", loc, "model_usage.output_tokens") if u is not None else None
+        c = opt_num(u, "total_cost", loc, "model_usage.total_cost") if u is not None else None
+        cost = max(0.0, c) if c is not None else None
     started = opt_time(s, "started_at", loc, "started_at") or first_ts
     ended = opt_time(s, "completed_at", loc, "completed_at") or last_ts
     total_time = opt_num(s, "total_time", loc, "total_time")
@@ -271,14 +370,16 @@ def parse_sample(s: Any, h: _Header, loc: Loc) -> EpisodeSpec:
     target = s.get("target")
     sample_input = s.get("input")
     statement = _statement(sample_input, loc, att)
+    served = list(dict.fromkeys(t.served_model for t in turns if t.served_model))
     return EpisodeSpec(
-        key=f"sample {canonical_json(s.get('id'))} epoch {epoch}", task_id=f"{h.task}/{sid}",
+        key=key, task_id=f"{h.task}/{sid}",
         task_version=short_hash(canonical_json([sample_input, target])), env_version=h.task_version,
         terminated=terminated, truncated=truncated, termination_reason=reason, error_class=error_class,
         success=success, turns=turns, reward_components=comps, tokens_in=tokens_in, tokens_out=tokens_out,
         cost_usd=cost, started_at=started, ended_at=ended, base_time=base or h.created or SYNTHETIC_EPOCH,
         policy_version=h.model or "unknown", attempt=max(0, epoch - 1),
-        sandbox=_sandbox_type(s.get("sandbox")) or h.sandbox,
+        sandbox=_sandbox_type(s.get("sandbox")) or h.sandbox, verification_source=verification,
+        served_model=",".join(served) or None,
         task=TaskSpec(statement=statement, family=h.task, created_at=h.created, source=h.dataset, commit=h.commit,
                       max_steps=h.message_limit, max_tokens=h.token_limit, max_cost=h.cost_limit),
     )
@@ -308,20 +409,27 @@ def _model_event_of(m: dict[str, Any], k: int, n_assistant: int, model_events: l
 
 def _assistant_turns(m: dict[str, Any], content: str | None, event: dict[str, Any] | None, h: _Header,
                      call_names: dict[str, str], loc: Loc, f: str) -> list[TurnSpec]:
-    model = opt_str(m, "model", loc, f"{f}.model") or h.model
-    t = TurnSpec("assistant", "policy", content, policy_version=model)
+    # The policy is the model that was requested (the event's, else the eval's); the message's ``model`` and
+    # the output's are the version the provider served (``openai/gpt-4o-mini`` -> ``gpt-4o-mini-2024-07-18``).
+    served = opt_str(m, "model", loc, f"{f}.model")
+    requested = opt_str(event, "model", loc, "model event.model") if event is not None else None
+    t = TurnSpec("assistant", "policy", content, policy_version=requested or h.model)
     if event is not None:
         start, end, working = _event_times(event, loc, "model event")
         out = opt_obj(event, "output", loc, "model event.output") or {}
         usage = opt_obj(out, "usage", loc, "model event.output.usage") or {}
         call_time = opt_num(out, "time", loc, "model event.output.time")
+        served = served or opt_str(out, "model", loc, "model event.output.model")
         t.started_at, t.ended_at = start, end
         secs = call_time if call_time is not None else working
         if secs is not None and secs >= 0:
             t.duration_s = secs
             t.latency_ms = secs * 1000.0
         t.tokens = opt_int(usage, "output_tokens", loc, "model event.output.usage.output_tokens") or 0
-        t.cost_usd = max(0.0, opt_num(usage, "total_cost", loc, "model event.output.usage.total_cost") or 0.0)
+        t.prompt_tokens = opt_int(usage, "input_tokens", loc, "model event.output.usage.input_tokens")
+        call_cost = opt_num(usage, "total_cost", loc, "model event.output.usage.total_cost")
+        t.cost_usd = max(0.0, call_cost) if call_cost is not None else None
+    t.served_model = served if served != t.policy_version else None
     calls = opt_list(m, "tool_calls", loc, f"{f}.tool_calls") or []
     if not calls:
         return [t]
@@ -329,8 +437,8 @@ def _assistant_turns(m: dict[str, Any], content: str | None, event: dict[str, An
     for j, c in enumerate(calls):
         cf = f"{f}.tool_calls[{j}]"
         c = as_obj(c, loc, cf)
-        name = req_str(c, "function", loc, f"{cf}.function")
         args, ok = decode_arguments(c.get("arguments"))
+        name = tool_action_name(req_str(c, "function", loc, f"{cf}.function"), args)
         if c.get("parse_error") is not None:
             ok = False
         cid = id_str(c["id"], loc, f"{cf}.id") if c.get("id") is not None else None
@@ -339,10 +447,10 @@ def _assistant_turns(m: dict[str, Any], content: str | None, event: dict[str, An
         if j == 0:
             turn = t
         else:  # further calls of the same message: no text of their own, at the same time
-            turn = TurnSpec("assistant", "policy", None, policy_version=model, started_at=t.ended_at,
-                            ended_at=t.ended_at, latency_ms=0.0)
+            turn = TurnSpec("assistant", "policy", None, policy_version=t.policy_version, started_at=t.ended_at,
+                            ended_at=t.ended_at, latency_ms=0.0, served_model=served)
         turn.action_schema, turn.tool_call_id, turn.tool_args = name, cid, args
-        turn.status = "OK" if ok else "MODEL_INVALID_ACTION"
+        turn.status = "OK" if ok else Status.MODEL_INVALID_ACTION
         out_turns.append(turn)
     return out_turns
 
@@ -351,12 +459,13 @@ def _tool_turn(m: dict[str, Any], content: str | None, tool_events: dict[str, di
                call_names: dict[str, str], loc: Loc, f: str) -> TurnSpec:
     tcid = m.get("tool_call_id")
     cid = id_str(tcid, loc, f"{f}.tool_call_id") if tcid is not None else None
-    name = opt_str(m, "function", loc, f"{f}.function") or (call_names.get(cid) if cid is not None else None)
+    raw_name = opt_str(m, "function", loc, f"{f}.function")
+    name = (call_names.get(cid) if cid is not None else None) or raw_name
     t = TurnSpec("tool", "env", content, action_schema=name, tool_call_id=cid)
     err = opt_obj(m, "error", loc, f"{f}.error")
     if err is not None:
         kind = opt_str(err, "type", loc, f"{f}.error.type") or "unknown"
-        t.status = TOOL_ERRORS.get(kind, "ENV_BUG")
+        t.status = TOOL_ERRORS.get(kind, Status.ENV_BUG)
         if t.content is None:
             t.content = opt_str(err, "message", loc, f"{f}.error.message")
     event = tool_events.get(cid) if cid is not None else None
@@ -411,7 +520,7 @@ def _read_json(zf: zipfile.ZipFile, name: str, path: Path, loc: Loc | None = Non
     except UnicodeDecodeError as e:
         loc.fail("*", f"{name} is not valid UTF-8 (byte {e.start})")
     except json.JSONDecodeError as e:
-        loc.fail("*", f"{name}: invalid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+        loc.fail("*", f"{name}: {json_error_text(e)}")
     except RecursionError:
         loc.fail("*", f"{name}: invalid JSON: nested too deeply")
 
@@ -423,7 +532,7 @@ def _open_json(path: Path) -> Source:
     except UnicodeDecodeError as e:
         loc.fail("*", f"file is not valid UTF-8 (byte {e.start})")
     except json.JSONDecodeError as e:
-        Loc(f"{path}:{e.lineno}").fail("*", f"invalid JSON: {e.msg} at column {e.colno}")
+        Loc(f"{path}:{e.lineno}").fail("*", json_error_text(e, with_line=False))
     except RecursionError:
         loc.fail("*", "invalid JSON: nested too deeply")
     h = _Header(doc, str(path))

@@ -36,7 +36,9 @@ from trajlake.io.importers._common import (
     req_str,
     short_hash,
     text_of,
+    tool_action_name,
 )
+from trajlake.schemas.vocab import Status
 
 FORMAT = "openai-chat"
 
@@ -84,8 +86,8 @@ def parse_conversation(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
             call_names.update((cid, name) for cid, name, _, _ in calls if cid is not None)
             fc = opt_obj(m, "function_call", loc, f"{f}.function_call")
             if fc is not None:
-                name = req_str(fc, "name", loc, f"{f}.function_call.name")
                 args, ok = decode_arguments(fc.get("arguments"))
+                name = tool_action_name(req_str(fc, "name", loc, f"{f}.function_call.name"), args)
                 calls.append((None, name, args, ok))
                 pending_function = name
             if not calls:
@@ -93,7 +95,7 @@ def parse_conversation(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
             for k, (cid, name, args, ok) in enumerate(calls):
                 turns.append(TurnSpec("assistant", "policy", content if k == 0 else None, policy_version=model,
                                       action_schema=name, tool_call_id=cid, tool_args=args,
-                                      status="OK" if ok else "MODEL_INVALID_ACTION", trainable=weight != 0))
+                                      status="OK" if ok else Status.MODEL_INVALID_ACTION, trainable=weight != 0))
         elif role == "tool":
             tcid = m.get("tool_call_id")
             cid = id_str(tcid, loc, f"{f}.tool_call_id") if tcid is not None else None
@@ -114,7 +116,8 @@ def parse_conversation(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
         key=key, task_id=task_id, task_version=short_hash(canonical_json(prompt)), env_version="unknown",
         terminated=final_answer, truncated=not final_answer,
         termination_reason="submitted" if final_answer else "budget_steps",
-        success=False, turns=turns, tokens_in=opt_int(usage, "prompt_tokens", loc, "usage.prompt_tokens"),
+        success=None,  # chat and fine-tuning files carry no grade
+        turns=turns, tokens_in=opt_int(usage, "prompt_tokens", loc, "usage.prompt_tokens"),
         tokens_out=opt_int(usage, "completion_tokens", loc, "usage.completion_tokens"),
         base_time=base, started_at=base, policy_version=model or "unknown",
         task=TaskSpec(statement=statement, family=FORMAT, created_at=base),

@@ -10,10 +10,12 @@ actions with ``action``/``args``/``tool_call_metadata``, observations with ``obs
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
 from trajlake.io.importers._common import (
+    EDITOR_TOOLS,
     SYNTHETIC_EPOCH,
     EpisodeSpec,
     Loc,
@@ -37,7 +39,9 @@ from trajlake.io.importers._common import (
     opt_time,
     short_hash,
     text_of,
+    tool_action_name,
 )
+from trajlake.schemas.vocab import ErrorClass, Status
 
 FORMAT = "openhands"
 
@@ -48,16 +52,16 @@ SKIPPED_OBSERVATIONS = frozenset({"agent_state_changed", "null"})
 
 # ``error`` substrings (lower case) -> (terminated, truncated, termination_reason, error_class); first match wins.
 ERROR_PATTERNS: tuple[tuple[tuple[str, ...], tuple[bool, bool, str, str | None]], ...] = (
-    (("maximum iteration", "max iteration", "max_iterations"), (False, True, "budget_steps", "BUDGET_EXHAUSTED")),
-    (("maximum budget", "budget exceeded", "max_budget"), (False, True, "budget_cost", "BUDGET_EXHAUSTED")),
+    (("maximum iteration", "max iteration", "max_iterations"), (False, True, "budget_steps", ErrorClass.BUDGET_EXHAUSTED)),
+    (("maximum budget", "budget exceeded", "max_budget"), (False, True, "budget_cost", ErrorClass.BUDGET_EXHAUSTED)),
     (("contextwindowexceeded", "context window", "context length", "maximum context"),
-     (False, True, "budget_tokens", "BUDGET_EXHAUSTED")),
-    (("stuck in a loop", "stuckinloop"), (True, False, "gave_up", "MODEL_BAD_PLAN")),
-    (("timeout", "timed out"), (False, True, "timeout", "ENV_TRANSIENT")),
+     (False, True, "budget_tokens", ErrorClass.BUDGET_EXHAUSTED)),
+    (("stuck in a loop", "stuckinloop"), (True, False, "gave_up", ErrorClass.MODEL_BAD_PLAN)),
+    (("timeout", "timed out"), (False, True, "timeout", ErrorClass.ENV_TRANSIENT)),
     (("ratelimit", "rate limit", "apiconnection", "serviceunavailable", "internalservererror", "connection"),
-     (False, True, "env_failure", "ENV_TRANSIENT")),
+     (False, True, "env_failure", ErrorClass.ENV_TRANSIENT)),
 )
-_OTHER_ERROR = (False, True, "env_failure", "ENV_BUG")
+_OTHER_ERROR = (False, True, "env_failure", ErrorClass.ENV_BUG)
 
 
 def map_error(error: str) -> tuple[bool, bool, str, str | None]:
@@ -69,19 +73,40 @@ def map_error(error: str) -> tuple[bool, bool, str, str | None]:
     return _OTHER_ERROR
 
 
-def _resolved(obj: dict[str, Any], loc: Loc) -> bool | None:
-    """Whether the evaluation harness marked the instance resolved; None when the line is not graded."""
+def _resolved(obj: dict[str, Any], loc: Loc) -> tuple[bool | None, str | None]:
+    """Whether the evaluation harness marked the instance resolved, and the field that says so; (None, None)
+    when the line is not graded."""
     tr = opt_obj(obj, "test_result", loc, "test_result") or {}
     for holder, prefix in ((tr, "test_result"), (obj, "")):
-        r = opt_bool(holder, "resolved", loc, f"{prefix}.resolved".lstrip("."))
+        field = f"{prefix}.resolved".lstrip(".")
+        r = opt_bool(holder, "resolved", loc, field)
         if r is not None:
-            return r
+            return r, field
         report = opt_obj(holder, "report", loc, f"{prefix}.report".lstrip("."))
         if report is not None:
-            r = opt_bool(report, "resolved", loc, f"{prefix}.report.resolved".lstrip("."))
+            field = f"{prefix}.report.resolved".lstrip(".")
+            r = opt_bool(report, "resolved", loc, field)
             if r is not None:
-                return r
-    return None
+                return r, field
+    return None, None
+
+
+TOOL_ERROR_PREFIX = "ERROR:"
+"""OpenHands tools (the file editor, the shell) report a failed call as a normal observation whose text
+starts with this: the call was wrong (a path that does not exist, an ``old_str`` that does not match)."""
+
+# Error observations not tied to an action that are the model's fault: OpenHands could not turn the model's
+# tool call into an action (FunctionCallValidationError, FunctionCallNotExistsError, malformed responses).
+_INVALID_CALL_PATTERNS = re.compile(
+    r"Parameter '[^']*' is expected to be|Missing required (?:parameters?|argument)|Unsupported parameter|"
+    r"not found in available tools|Tool \S+ is not registered|FunctionCall(?:Validation|NotExists)Error|"
+    r"Failed to parse tool call arguments|Invalid (?:parameter|`\w+` parameter)|LLMMalformedActionError|"
+    r"LLMNoActionError", re.IGNORECASE)
+
+
+def invalid_call_error(text: str | None) -> bool:
+    """Whether an error observation not tied to an action reports a tool call the model got wrong."""
+    return bool(text) and _INVALID_CALL_PATTERNS.search(text or "") is not None
 
 
 def _per_response(metrics: dict[str, Any], key: str, loc: Loc) -> dict[str, dict[str, Any]]:
@@ -124,6 +149,7 @@ def parse_instance(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
     usages = _per_response(metrics, "token_usages", loc)
     turns: list[TurnSpec] = []
     calls_of_event: dict[int, tuple[str | None, str | None, dt.datetime | None]] = {}
+    action_of_call: dict[str, str] = {}  # tool call id -> the policy turn's action name
     seen_responses: set[str] = set()
     version: str | None = None
     times: list[dt.datetime] = []
@@ -151,6 +177,9 @@ def parse_instance(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
                 new = _agent_turns(e, action, args, message, ts, model, latencies, usages, seen_responses, loc, f)
                 if eid is not None and new[0].action_schema is not None:
                     calls_of_event[eid] = (new[0].action_schema, new[0].tool_call_id, ts)
+                for t in new:
+                    if t.tool_call_id is not None and t.action_schema is not None:
+                        action_of_call[t.tool_call_id] = t.action_schema
                 turns += new
             else:  # the user (or the evaluation harness speaking as the user)
                 content = text_of(args.get("content"), loc, f"{f}.args.content") if action == "message" else None
@@ -171,27 +200,30 @@ def parse_instance(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
                 cid = tcm.get("tool_call_id") if tcm else None
                 cid = id_str(cid, loc, f"{f}.tool_call_metadata.tool_call_id") if cid is not None else None
                 started = linked[2] if linked else None
-                t = TurnSpec("tool", "env", content, action_schema=name or (linked[0] if linked else None),
-                             tool_call_id=cid or (linked[1] if linked else None), started_at=started, ended_at=ts)
+                cid = cid or (linked[1] if linked else None)
+                # the answered call's action name (an editor call is named by its command), else the tool's
+                name = action_of_call.get(cid or "") or (linked[0] if linked else None) or name
+                t = TurnSpec("tool", "env", content, action_schema=name, tool_call_id=cid, started_at=started,
+                             ended_at=ts)
                 if started is not None and ts is not None and ts >= started:
                     t.tool_seconds = (ts - started).total_seconds()
-                if observation == "error":
-                    t.status = "MODEL_INVALID_ACTION"
+                if observation == "error" or (content or "").startswith(TOOL_ERROR_PREFIX):
+                    t.status = Status.MODEL_INVALID_ACTION
                 elif observation == "user_rejected":
-                    t.status = "SAFETY_BLOCK"
+                    t.status = Status.SAFETY_BLOCK
                 turns.append(t)
             else:
                 t = TurnSpec("env", "env", content, started_at=ts, ended_at=ts)
                 if observation == "error":
-                    t.status = "ENV_BUG"
+                    t.status = Status.MODEL_INVALID_ACTION if invalid_call_error(content) else Status.ENV_BUG
                 turns.append(t)
         else:
             loc.fail(f"{f}", "event is neither an action nor an observation")
     if not turns:
         loc.fail("history", "no events to import")
-    resolved = _resolved(obj, loc)
+    resolved, resolved_field = _resolved(obj, loc)
     comps = {"resolved": 1.0 if resolved else 0.0} if resolved is not None else {}
-    success = bool(resolved)
+    success = resolved  # None: the line was never evaluated
     if error:
         terminated, truncated, reason, error_class = map_error(error)
     else:
@@ -216,6 +248,7 @@ def parse_instance(obj: dict[str, Any], loc: Loc, key: str) -> EpisodeSpec:
         terminated=terminated, truncated=truncated, termination_reason=reason, error_class=error_class,
         success=success, turns=turns, reward_components=comps, tokens_in=tokens_in, tokens_out=tokens_out,
         cost_usd=max(0.0, cost) if cost is not None else None,
+        verification_source=f"test_report:{resolved_field}" if resolved_field else None,
         started_at=min(times) if times else None, ended_at=max(times) if times else None,
         base_time=start_time or SYNTHETIC_EPOCH, policy_version=model or "unknown",
         task=TaskSpec(statement=statement,
@@ -244,7 +277,6 @@ def _agent_turns(e: dict[str, Any], action: str, args: dict[str, Any], message: 
     name = opt_str(tcm, "function_name", loc, f"{f}.tool_call_metadata.function_name")
     cid = tcm.get("tool_call_id")
     cid = id_str(cid, loc, f"{f}.tool_call_metadata.tool_call_id") if cid is not None else None
-    t.action_schema = name or t.action_schema
     t.tool_call_id = cid
     rid, msg = _llm_message(tcm, loc, f)
     if msg is not None:
@@ -256,7 +288,7 @@ def _agent_turns(e: dict[str, Any], action: str, args: dict[str, Any], message: 
                 fn = as_obj(c.get("function"), loc, f"{f}...message.tool_calls[{j}].function")
                 args_json, ok = decode_arguments(fn.get("arguments"))
                 t.tool_args = args_json
-                t.status = "OK" if ok else "MODEL_INVALID_ACTION"
+                t.status = "OK" if ok else Status.MODEL_INVALID_ACTION
         if rid is not None and first:
             seen.add(rid)
             lat = opt_num(latencies.get(rid, {}), "latency", loc, "metrics.response_latencies.latency")
@@ -265,6 +297,13 @@ def _agent_turns(e: dict[str, Any], action: str, args: dict[str, Any], message: 
                 t.latency_ms = lat * 1000.0
             t.tokens = opt_int(usages.get(rid, {}), "completion_tokens", loc,
                                "metrics.token_usages.completion_tokens") or 0
+            t.prompt_tokens = opt_int(usages.get(rid, {}), "prompt_tokens", loc, "metrics.token_usages.prompt_tokens")
+    # a file-editor call is named by its command (``view`` is a read, ``str_replace`` an edit); without the
+    # call's own arguments OpenHands' action says which it was (a ``read`` action is a view)
+    if name:
+        t.action_schema = tool_action_name(name, t.tool_args)
+        if t.action_schema == name and name in EDITOR_TOOLS and action == "read":
+            t.action_schema = "view"
     return [t]
 
 

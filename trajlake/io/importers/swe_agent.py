@@ -37,6 +37,8 @@ from trajlake.io.importers._common import (
     short_hash,
     text_of,
 )
+from trajlake.io.jsonl import json_error_text
+from trajlake.schemas.vocab import ErrorClass, Role, Status
 
 FORMAT = "swe-agent"
 
@@ -45,14 +47,14 @@ EXIT_STATUS: dict[str, tuple[bool, bool, str, str | None]] = {
     "submitted": (True, False, "submitted", None),
     "exit_command": (True, False, "gave_up", None),
     "exit_forfeit": (True, False, "gave_up", None),
-    "exit_format": (True, False, "gave_up", "MODEL_INVALID_ACTION"),
-    "exit_cost": (False, True, "budget_cost", "BUDGET_EXHAUSTED"),
-    "exit_context": (False, True, "budget_tokens", "BUDGET_EXHAUSTED"),
-    "exit_total_execution_time": (False, True, "timeout", "BUDGET_EXHAUSTED"),
-    "exit_command_timeout": (False, True, "timeout", "BUDGET_EXHAUSTED"),
-    "exit_api": (False, True, "env_failure", "ENV_TRANSIENT"),
-    "exit_environment_error": (False, True, "env_failure", "ENV_BUG"),
-    "exit_error": (False, True, "env_failure", "ENV_BUG"),
+    "exit_format": (True, False, "gave_up", ErrorClass.MODEL_INVALID_ACTION),
+    "exit_cost": (False, True, "budget_cost", ErrorClass.BUDGET_EXHAUSTED),
+    "exit_context": (False, True, "budget_tokens", ErrorClass.BUDGET_EXHAUSTED),
+    "exit_total_execution_time": (False, True, "timeout", ErrorClass.BUDGET_EXHAUSTED),
+    "exit_command_timeout": (False, True, "timeout", ErrorClass.BUDGET_EXHAUSTED),
+    "exit_api": (False, True, "env_failure", ErrorClass.ENV_TRANSIENT),
+    "exit_environment_error": (False, True, "env_failure", ErrorClass.ENV_BUG),
+    "exit_error": (False, True, "env_failure", ErrorClass.ENV_BUG),
     "early_exit": (False, True, "env_failure", None),
 }
 _UNFINISHED = (False, True, "env_failure", None)
@@ -88,7 +90,7 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        Loc(f"{path}:{e.lineno}").fail("*", f"invalid JSON: {e.msg} at column {e.colno}")
+        Loc(f"{path}:{e.lineno}").fail("*", json_error_text(e, with_line=False))
     except RecursionError:
         loc.fail("*", "invalid JSON: nested too deeply")
     doc = as_obj(doc, loc, "file")
@@ -113,6 +115,33 @@ def _model_name(rc: dict[str, Any]) -> str | None:
     model = agent.get("model") if isinstance(agent, dict) else None
     name = model.get("name") if isinstance(model, dict) else None
     return name if isinstance(name, str) and name else None
+
+
+def _sub(d: Any, *keys: str) -> Any:
+    """``d[k1][k2]...``, or None where a level is missing or not an object."""
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _task_budget(rc: dict[str, Any], loc: Loc) -> tuple[str | None, str | None, float | None, int | None]:
+    """(repository, base commit, max cost, max steps) of the task from the replay config: ``env.repo``
+    (``base_commit``; ``github_url``, ``repo_name`` or ``path``) and ``agent.model``
+    (``per_instance_cost_limit``, ``per_instance_call_limit``; 0 means no limit in SWE-agent)."""
+    repo = _sub(rc, "env", "repo")
+    repo = repo if isinstance(repo, dict) else {}
+    commit = opt_str(repo, "base_commit", loc, "replay_config.env.repo.base_commit")
+    source = None
+    for k in ("github_url", "repo_name", "path"):
+        source = source or opt_str(repo, k, loc, f"replay_config.env.repo.{k}")
+    model = _sub(rc, "agent", "model")
+    model = model if isinstance(model, dict) else {}
+    cost = opt_num(model, "per_instance_cost_limit", loc, "replay_config.agent.model.per_instance_cost_limit")
+    calls = opt_int(model, "per_instance_call_limit", loc, "replay_config.agent.model.per_instance_call_limit")
+    return (source or None, commit or None, cost if cost is not None and cost > 0 else None,
+            calls if calls else None)
 
 
 def _instance_id(rc: dict[str, Any], path: Path) -> str:
@@ -141,7 +170,7 @@ def parse_traj(doc: dict[str, Any], path: Path, loc: Loc) -> EpisodeSpec:
         f = f"history[{i}]"
         m = as_obj(m, loc, f)
         role = req_str(m, "role", loc, f"{f}.role")
-        if role not in ("system", "user", "assistant", "tool"):
+        if role not in (Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL):
             loc.fail(f"{f}.role", f"unknown role {role!r} (system, user, assistant or tool)")
         content = text_of(m.get("content"), loc, f"{f}.content")
         if m.get("is_demo") is True:  # demonstrations are prompt text written by people, never policy output
@@ -157,7 +186,7 @@ def parse_traj(doc: dict[str, Any], path: Path, loc: Loc) -> EpisodeSpec:
                 for k, (cid, name, args, ok) in enumerate(calls):
                     turns.append(TurnSpec("assistant", "policy", content if k == 0 else None, policy_version=model,
                                           action_schema=name, tool_call_id=cid, tool_args=args,
-                                          status="OK" if ok else "MODEL_INVALID_ACTION"))
+                                          status="OK" if ok else Status.MODEL_INVALID_ACTION))
                     if cid is not None:
                         call_names[cid] = name
                 pending = (calls[0][1], calls[0][0])
@@ -200,15 +229,17 @@ def parse_traj(doc: dict[str, Any], path: Path, loc: Loc) -> EpisodeSpec:
     version = opt_str(info, "swe_agent_version", loc, "info.swe_agent_version")
     task_id = _instance_id(rc, path)
     statement = statement or ""
+    source, commit, max_cost, max_steps = _task_budget(rc, loc)
     return EpisodeSpec(
         key=f"file {path.name}", task_id=task_id, task_version=short_hash(statement),
         env_version=version or "unknown",
         terminated=terminated, truncated=truncated, termination_reason=reason, error_class=error_class,
-        success=False, turns=turns,
+        success=None, turns=turns,  # a .traj file is not graded (the evaluation writes its own report)
         tokens_in=opt_int(stats, "tokens_sent", loc, "info.model_stats.tokens_sent"),
         tokens_out=opt_int(stats, "tokens_received", loc, "info.model_stats.tokens_received"),
-        cost_usd=max(0.0, cost) if cost is not None else 0.0, policy_version=model or "unknown",
-        task=TaskSpec(statement=statement, family=FORMAT),
+        cost_usd=max(0.0, cost) if cost is not None else None, policy_version=model or "unknown",
+        task=TaskSpec(statement=statement, family=FORMAT, source=source, commit=commit, max_cost=max_cost,
+                      max_steps=max_steps),
     )
 
 
