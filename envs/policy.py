@@ -47,6 +47,20 @@ class PolicyOutput:
     cost_usd: float | None = None
     """Cost the policy itself reports for this turn (e.g. an API's billed amount); None: the run's cost model
     prices the turn's tokens."""
+    completion_tokens: int | None = None
+    """Generated tokens when the policy has no token ids (a text-only server); None: len(token_ids)."""
+    context_token_ids: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None
+    """Token ids the policy appended to its context since its previous turn, before the generated ones (the
+    rendered observation and chat template). The runner records them on the observation turn just before this
+    turn, so the turns' token ids concatenate to the exact model context (the prefix property)."""
+    context_tokenizer_id: str | None = None
+    status: str | None = None
+    """Status of the policy call itself: MODEL_INVALID_ACTION (unparsable output) or ENV_TRANSIENT (the model
+    server needed retries: infrastructure, kept over the environment's model-error statuses); None: OK."""
+    context_dropped_hash: str | None = None
+    """Hash of the turns left out of this turn's context (context trimming), or None."""
+    context_strategy: str | None = None
+    """Name of the context strategy that built this turn's context (LM policies)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,9 @@ class Policy(abc.ABC):
     checkpoint_hash: str | None = None
     """Hash of the weights the policy samples from (``runs.policy_checkpoint_hash``); None for scripted
     policies, which have none."""
+    attempt: int = 0
+    """Attempt index of the episode being played (set by the runner before ``reset``: sampling seeds differ
+    between the attempts of a group)."""
 
     def __init__(self, policy_version: str):
         self.policy_version = policy_version
@@ -82,6 +99,11 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def act(self, observation: str) -> PolicyOutput:
         """Return the next action."""
+
+    def observation_tokens(self, observation: str) -> tuple[Sequence[int], str] | None:
+        """Token ids (and tokenizer id) of an observation the policy will not act on (the episode's last); None:
+        the runner records byte tokens."""
+        return None
 
     def scripted_output(self, action: str) -> PolicyOutput:
         """Wrap an action of a scripted policy: byte tokens with loss mask 1 and no log-probs."""

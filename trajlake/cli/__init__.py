@@ -237,7 +237,9 @@ def rollout(
     ctx: typer.Context,
     env: Annotated[str, typer.Option(help="Environment (a registered name, e.g. mini-swe).")] = "mini-swe",
     policy: Annotated[str, typer.Option(help="Policy: a built-in one of the environment (oracle, random, "
-                                             "heuristic).")] = "heuristic",
+                                             "heuristic), hf:PATH (a local model folder), openai:MODEL (with "
+                                             "--base-url) or single-turn:SPEC (baseline B0); docs/policies.md."
+                                        )] = "heuristic",
     split: Annotated[str, typer.Option(help="Task split: train, dev or hidden.")] = "dev",
     seeds: Annotated[str, typer.Option(help="Seeds: 0,1,2 or an inclusive range 0-4.")] = "0",
     workers: Annotated[int, typer.Option(help="Parallel workers (processes, or Ray actors).", min=1)] = 1,
@@ -260,6 +262,15 @@ def rollout(
     preflight: Annotated[bool, typer.Option(help="Check the environment (sandbox, grader, one oracle "
                                                  "solution graded end to end) before playing.")] = True,
     allow_unisolated: AllowUnisolatedOpt = False,
+    attempts: Annotated[int, typer.Option(help="Attempts per task and seed (attempt 0..N-1, one group_id, "
+                                               "distinct sampling seeds).", min=1)] = 1,
+    policy_arg: Annotated[list[str] | None, typer.Option(
+        "--policy-arg", help="KEY=VALUE setting of a language-model policy (repeatable): temperature, top_p, "
+        "max_new_tokens, seed, price_in, price_out, ... (docs/policies.md).")] = None,
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server of an openai: policy.")] = None,
+    tasks: Annotated[str | None, typer.Option(help="Only these task ids of the split (comma-separated).")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file of rollout options (keys as the option names, "
+                                                     "[policy_args] table); options given here win.")] = None,
     lake: LakeOpt = None,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
@@ -267,23 +278,42 @@ def rollout(
     Resumable: episodes already committed for the run are skipped, never duplicated."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trajlake.envs import make_policy
+    from trajlake.policies import check_policy_spec, parse_policy_args
     from trajlake.record.episode import CostModel
     from trajlake.rollout.preflight import preflight as check_env
     from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 
+    file_cfg = _rollout_config_file(config) if config else {}
+    policy = policy if policy != "heuristic" else str(file_cfg.get("policy", policy))
+    split = split if split != "dev" else str(file_cfg.get("split", split))
+    seeds = seeds if seeds != "0" else str(file_cfg.get("seeds", seeds))
+    attempts = attempts if attempts != 1 else int(file_cfg.get("attempts", attempts))
+    workers = workers if workers != 1 else int(file_cfg.get("workers", workers))
+    run_id = run_id or file_cfg.get("run_id")
+    file_tasks = file_cfg.get("tasks")
+    tasks = tasks or (",".join(map(str, file_tasks)) if isinstance(file_tasks, list) else file_tasks)
+    args = {str(k): str(v) for k, v in (file_cfg.get("policy_args") or {}).items()}
+    args.update(parse_policy_args(policy_arg or []))
+    if base_url:
+        args["base_url"] = base_url
+    check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
+    # --policy-arg price_in / price_out are the run's prices too (the cost model prices the reported usage).
+    price_in = price_in or float(args.get("price_in", 0) or 0)
+    price_out = price_out or float(args.get("price_out", 0) or 0)
     if engine not in ("local", "ray"):
         raise TrajlakeError(f"--engine must be local or ray, not {engine!r}")
     if not 0.0 <= fault_rate <= 1.0:
         raise TrajlakeError("--fault-rate must be between 0 and 1")
     cost = CostModel(price_in, price_out) if price_tool_second is None else \
         CostModel(price_in, price_out, price_tool_second)
-    cfg = RolloutConfig(lake=str(lake_path(ctx, lake)), run_id=run_id or f"{policy}-{split}", env=env,
+    cfg = RolloutConfig(lake=str(lake_path(ctx, lake)), run_id=run_id or f"{policy.replace('/', '_')}-{split}",
+                        env=env,
                         policy=policy, split=split, seeds=parse_seeds(seeds), workers=workers,
                         fault_rate=fault_rate, fault_seed=fault_seed, policy_version=policy_version,
                         max_policy_lag=max_policy_lag, commit_every_s=commit_every,
-                        env_kwargs=_parse_env_args(env_arg, allow_unisolated), cost_model=cost, engine=engine)
-    make_policy(env, policy, "check")  # fail fast on unknown env/policy names
+                        env_kwargs=_parse_env_args(env_arg, allow_unisolated), cost_model=cost, engine=engine,
+                        attempts=attempts, policy_args=args,
+                        task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else ())
     if preflight:
         _print_checks(check_env(env, split, **cfg.env_kwargs), env)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -300,6 +330,23 @@ def rollout(
         typer.echo(f"  failed: {f}", err=True)
     if s.failed_items:
         raise typer.Exit(1)
+
+
+def _rollout_config_file(path: Path) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise TrajlakeError(f"--config {path}: {e}") from e
+    data = data.get("rollout", data)
+    known = {"policy", "split", "seeds", "attempts", "workers", "run_id", "tasks", "policy_args"}
+    unknown = set(data) - known - {"select"}
+    if unknown:
+        raise TrajlakeError(f"--config {path}: unknown key(s) {', '.join(sorted(unknown))}; keys: "
+                            f"{', '.join(sorted(known))}")
+    return dict(data)
 
 
 @app.command()
@@ -379,6 +426,7 @@ def doctor(
 
 
 def _register_command_groups() -> None:
+    from trajlake.cli.best_of_cmd import register as register_best_of
     from trajlake.cli.browse_cmd import register as register_browse
     from trajlake.cli.contamination_cmd import register as register_contamination
     from trajlake.cli.eval_cmd import register as register_eval
@@ -390,6 +438,7 @@ def _register_command_groups() -> None:
     register_browse(app)
     register_contamination(app)
     register_reward_check(app)
+    register_best_of(app)
 
 
 _register_command_groups()

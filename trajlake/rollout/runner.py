@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
-from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, TaskView, byte_tokenize
+from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, TaskView, byte_tokenize
 from trajlake.errors import TrajlakeError
 from trajlake.record.episode import CostModel, build_episode, price_turns
 from trajlake.rollout.faults import FaultInjector
@@ -86,6 +86,7 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
     r = env.reset(seed, task_version, task_id=task_id)
     ep_id = episode_id_for(run_id, r.task_id, r.task_version, seed, attempt)
     view = (task_view or (lambda i, v: env.task_view(i, v, oracle=policy.needs_oracle)))(r.task_id, r.task_version)
+    policy.attempt = attempt  # attempts of one group sample with distinct seeds
     policy.reset(view, seed)
     pv = policy.policy_version
     turns: list[dict[str, Any]] = []
@@ -116,14 +117,17 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         action = out.action
         tool = _tool_name(action)
         key = f"{ep_id}#{step_idx}"
-        n_out = _n_tokens(out.token_ids)
+        if out.context_token_ids is not None:
+            _use_policy_context_tokens(turns[-1], out)
+        n_out = _n_tokens(out.token_ids) if out.completion_tokens is None else out.completion_tokens
         pol_idx = add_turn(role=Role.ASSISTANT, actor=Actor.POLICY, policy_version=pv, raw_content=action,
                            token_ids=_array(out.token_ids, np.int32), loss_mask=_array(out.loss_mask, np.int8),
                            behavior_logprobs=_array(out.behavior_logprobs, np.float32),
                            tokenizer_id=out.tokenizer_id, action_schema=tool, tool_call_id=f"call-{step_idx}",
                            tool_args=_tool_args(action), idempotency_key=key, started_at=t0, ended_at=t1,
-                           latency_ms=(t1 - t0).total_seconds() * 1000, status=Status.OK,
-                           tokens=n_out, prompt_tokens=out.prompt_tokens, cost_usd=out.cost_usd, tool_seconds=0.0)
+                           latency_ms=(t1 - t0).total_seconds() * 1000, status=out.status or Status.OK,
+                           tokens=n_out, prompt_tokens=out.prompt_tokens, cost_usd=out.cost_usd, tool_seconds=0.0,
+                           context_dropped_hash=out.context_dropped_hash, context_strategy=out.context_strategy)
         fault = faults.decide(ep_id, step_idx)
         # budgets count the policy's own reported cost; priced costs are added when the episode is recorded
         step_cost = float(out.cost_usd or 0.0)
@@ -138,8 +142,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
             res = env.step(action, key, tokens=n_out, cost_usd=step_cost)
         t2 = utcnow()
         statuses.append(res.status)
-        if res.status in MODEL_STATUSES:
-            turns[pol_idx]["status"] = res.status
+        if res.status in MODEL_STATUSES and turns[pol_idx]["status"] != Status.ENV_TRANSIENT:
+            turns[pol_idx]["status"] = res.status  # a retried model call stays recorded as infrastructure
         for j, ev in enumerate(res.gateway_events):
             events.append({**ev, "episode_id": ep_id, "run_id": run_id, "turn_idx": pol_idx, "event_idx": j})
         obs_ids = byte_tokenize(res.observation)
@@ -155,6 +159,10 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         step_idx += 1
         if res.done:
             break
+    final = policy.observation_tokens(observation)
+    if final is not None:  # the last observation in the policy's tokenizer too: one tokenizer per episode
+        _use_policy_context_tokens(turns[-1], PolicyOutput("", pv, context_token_ids=final[0],
+                                                           context_tokenizer_id=final[1]))
     end = utcnow()
     comps = dict(last.reward_components) if last else {}
     graded = env.success_component in comps
@@ -178,6 +186,14 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "verification_source": env.verification_source if graded else None, "policy_lag": policy_lag,
     }, turns)
     return EpisodeRecord(episode, turns, events)
+
+
+def _use_policy_context_tokens(obs_turn: dict[str, Any], out: PolicyOutput) -> None:
+    """Record the tokens an LM policy rendered for the observation turn before its own turn (replacing the byte
+    tokens), so the turns' token ids concatenate to the model's context."""
+    ids = np.asarray(out.context_token_ids, dtype=np.int32).reshape(-1)
+    obs_turn.update(token_ids=ids, loss_mask=np.zeros(ids.shape[0], dtype=np.int8),
+                    tokenizer_id=out.context_tokenizer_id, tokens=ids.shape[0])
 
 
 def _count_budget_on_fault(env: Env, res: StepResult, tokens: int, cost: float) -> StepResult:
@@ -293,6 +309,12 @@ class RolloutConfig:
     """Prices of the run's tokens and tool time (recorded in the run's config)."""
     engine: str = "local"
     """local (processes) or ray; recorded so the run can be played again the same way."""
+    attempts: int = 1
+    """Attempts per (task, seed): attempt 0..N-1, one group (same group_id), distinct sampling seeds."""
+    policy_args: dict[str, str] = field(default_factory=dict)
+    """Settings of a language-model policy (``--policy-arg KEY=VALUE``), recorded in the run's config."""
+    task_ids: tuple[str, ...] = ()
+    """Only these tasks of the split (empty: all)."""
 
 
 @dataclass
@@ -310,15 +332,16 @@ class _Worker:
     """Per-process state: one environment, one policy, one writer."""
 
     def __init__(self, cfg: RolloutConfig):
-        from trajlake.envs import make_env, make_policy, task_view_fn
+        from trajlake.envs import make_env, task_view_fn
         from trajlake.lake.store import Lake
+        from trajlake.policies import make_rollout_policy
         from trajlake.record.writer import LakeWriter
         from trajlake.rollout.versions import PolicyVersions
 
         self.cfg = cfg
         self.env = make_env(cfg.env, split=cfg.split, **cfg.env_kwargs)
         self.versions = PolicyVersions(Path(cfg.lake), cfg.policy)
-        self.policy = make_policy(cfg.env, cfg.policy, self._current_version())
+        self.policy = make_rollout_policy(cfg.env, cfg.policy, self._current_version(), cfg.policy_args)
         self.task_view = task_view_fn(self.env, oracle=self.policy.needs_oracle)
         # The worker hands its finished episodes to the writer in one batch per commit (validation has a fixed
         # cost per call that a 3-step episode cannot amortise); the writer then commits in the background while
@@ -387,7 +410,13 @@ def plan(cfg: RolloutConfig) -> list[WorkItem]:
     from trajlake.envs import list_tasks
 
     tasks = list_tasks(cfg.env, cfg.split, **cfg.env_kwargs)
-    return [WorkItem(t["task_id"], t["task_version"], s) for t in tasks for s in cfg.seeds]
+    if cfg.task_ids:
+        missing = set(cfg.task_ids) - {t["task_id"] for t in tasks}
+        if missing:
+            raise TrajlakeError(f"--tasks: not in split {cfg.split!r}: {', '.join(sorted(missing))}")
+        tasks = [t for t in tasks if t["task_id"] in cfg.task_ids]
+    return [WorkItem(t["task_id"], t["task_version"], s, a) for t in tasks for s in cfg.seeds
+            for a in range(cfg.attempts)]
 
 
 def existing_episode_ids(lake: str, run_id: str) -> set[str]:
@@ -407,6 +436,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     from trajlake.envs import list_tasks, make_policy, task_rows
     from trajlake.errors import ConflictError
     from trajlake.lake.store import Lake
+    from trajlake.policies import check_policy_spec, checkpoint_hash, is_lm_policy
     from trajlake.provenance import code_version
     from trajlake.query import connect
     from trajlake.record.writer import LakeWriter
@@ -420,14 +450,17 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
         if any(now.get(k) != v for k, v in recorded.items()):
             raise ConflictError(f"run {cfg.run_id!r} exists with another configuration ({old[0][0]}); resume it "
                                 f"with the same options or choose a new --run-id")
-    probe = make_policy(cfg.env, cfg.policy, cfg.policy_version or "check")
+    probe = make_policy(cfg.env, cfg.policy, cfg.policy_version or "check") if not is_lm_policy(cfg.policy) \
+        else None  # an LM policy is checked without loading its model (check_policy_spec)
+    check_policy_spec(cfg.env, cfg.policy, cfg.policy_args)
     with LakeWriter(lake, handle_signals=False) as w:
         w.write_tasks(task_rows(cfg.env, list_tasks(cfg.env, None, **cfg.env_kwargs), **cfg.env_kwargs))
         if not old:
             w.write_runs([{"run_id": cfg.run_id, "created_at": utcnow(), "label": cfg.run_id,
                            "config": json.dumps(settings, sort_keys=True), "policy_name": cfg.policy,
                            "policy_version": cfg.policy_version,
-                           "policy_checkpoint_hash": getattr(probe, "checkpoint_hash", None),
+                           "policy_checkpoint_hash": getattr(probe, "checkpoint_hash", None) if probe is not None
+                           else checkpoint_hash(cfg.policy),
                            "code_version": code_version()}])
     items = plan(cfg)
     done = existing_episode_ids(cfg.lake, cfg.run_id)
@@ -516,7 +549,11 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             "fault_rate": cfg.fault_rate, "fault_seed": cfg.fault_seed, "policy_version": cfg.policy_version,
             "max_policy_lag": cfg.max_policy_lag, "env_kwargs": cfg.env_kwargs,
             "cost_model": cfg.cost_model.to_config(), "workers": cfg.workers, "engine": cfg.engine,
-            "commit_every_s": cfg.commit_every_s, "reproduce": reproduce_command(cfg)}
+            "commit_every_s": cfg.commit_every_s, "reproduce": reproduce_command(cfg),
+            # Keys added after the first runs appear only when set, so resuming an older run still matches.
+            **({"attempts": cfg.attempts} if cfg.attempts != 1 else {}),
+            **({"policy_args": cfg.policy_args} if cfg.policy_args else {}),
+            **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {})}
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
@@ -586,6 +623,12 @@ def reproduce_command(cfg: RolloutConfig) -> str:
              "--price-tool-second", repr(cm.price_tool_second)]
     for k, v in sorted(cfg.env_kwargs.items()):
         args += ["--env-arg", f"{k}={json.dumps(v)}"]
+    if cfg.attempts != 1:
+        args += ["--attempts", str(cfg.attempts)]
+    for k, v in sorted(cfg.policy_args.items()):
+        args += ["--policy-arg", f"{k}={v}"]
+    if cfg.task_ids:
+        args += ["--tasks", ",".join(cfg.task_ids)]
     return shlex.join(args)
 
 

@@ -1,0 +1,166 @@
+"""Language-model policy recording overhead and rollout scaling (issue 11).
+
+    python bench/bench_lm_policy.py [--turns 200] [--context 2048] [--episodes 4]
+
+1. Recording overhead per LM policy turn at a ~2k-token context: the time ``play_episode`` spends per turn outside
+   the model (rendering and tokenizing the observation, keeping the context pieces, trimming, parsing the tool
+   call, building the PolicyOutput and the turn rows, moving the rendered tokens onto the observation turn),
+   measured with an instant environment and a model stub that returns a fixed reply, beside the tiny model's own
+   time per turn (``HFPolicy.generate`` on the same context). Target: < 1 ms per turn.
+2. Rollout throughput of ``--policy hf:<tiny model>`` on Mini SWE with 1 and 2 worker processes (one torch thread
+   per worker), wall time including worker start-up. Target: 2 workers >= 1.6x one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from trajlake.envs.core import Env, ResetResult, Snapshot, StepResult
+from trajlake.envs.policy import TaskView
+
+from trajlake.policies.hf import HFPolicy
+from trajlake.policies.lm import Generation
+from trajlake.policies.settings import LMSettings
+from trajlake.policies.tiny import build_tiny_model
+from trajlake.rollout.runner import RolloutConfig, play_episode, run_rollout
+
+OBSERVATION = ("1 passed, 2 failed (exit code 1)\nFAILED tests/test_durations.py::test_parse_units\n"
+               "FAILED tests/test_durations.py::test_aliases\n") * 6
+
+
+class InstantEnv(Env):
+    """An environment that answers every action at once with a fixed ~200-token observation."""
+
+    env_id = "bench"
+    env_version = "1"
+
+    def __init__(self, steps: int, intro: str):
+        self.steps, self.intro, self.n = steps, intro, 0
+
+    @property
+    def image_digest(self) -> str:
+        return "bench"
+
+    def reset(self, seed: int, task_version: str | None = None, *, task_id: str | None = None) -> ResetResult:
+        self.n = 0
+        return ResetResult("e", self.intro, "h0", task_id or "t", task_version or "v", seed)
+
+    def step(self, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
+             cost_usd: float = 0.0) -> StepResult:
+        self.n += 1
+        done = self.n >= self.steps
+        return StepResult(OBSERVATION, {"resolved": 0.0} if done else {}, False, done, "OK", 0.0, f"h{self.n}",
+                          termination_reason="budget_steps" if done else None, tool="run_tests")
+
+    def snapshot(self) -> Snapshot:
+        raise NotImplementedError
+
+    def restore(self, snapshot: Snapshot) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def overhead(model_dir: Path, turns: int, context: int) -> dict[str, float]:
+    from trajlake.envs.mini_swe.env import TOOL_DOCS
+
+    max_new = 16
+    settings = LMSettings(max_new_tokens=max_new, max_context=context + max_new)
+    policy = HFPolicy("v1", str(model_dir), settings)
+    assert policy.renderer is not None
+    call = '<tool_call>{"name": "run_tests", "arguments": {"command": "pytest -q"}}</tool_call>'
+    reply = [*policy.renderer.encode(call), policy.renderer.eos_id]
+    text = policy.renderer.decode(reply[:-1])
+    # An intro of ~context/2 tokens; the observations then fill the window until drop_oldest trims it.
+    intro = "Bug report: `parse_duration` fails.\n" + "src/durations.py\n" * (context // 40)
+    model_generate = policy.generate
+    model_times: list[float] = []
+    contexts: list[int] = []
+
+    def stub(ids: list[int], n: int) -> Generation:
+        contexts.append(len(ids))
+        return Generation(list(reply), [-0.1] * len(reply), text, len(ids), len(reply), ended_with_eos=True)
+
+    policy.generate = stub  # type: ignore[method-assign]
+    env = InstantEnv(turns, intro)
+    view = TaskView("t", "v", "stmt", TOOL_DOCS)
+    play_episode(env, policy, run_id="warm", task_id="t", task_version="v", seed=0, task_view=lambda *_: view)
+    t0, c0 = time.perf_counter(), time.thread_time()
+    rec = play_episode(env, policy, run_id="bench", task_id="t", task_version="v", seed=0,
+                       task_view=lambda *_: view)
+    elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    n_policy = sum(1 for t in rec.turns if t["actor"] == "policy")
+    # The model's own time per turn on the same contexts (a sample of turns).
+    policy.reset(view, 0)
+    ids = policy.renderer.initial(policy.system, intro)
+    ids = (ids * (context // max(1, len(ids)) + 1))[:context]
+    for _ in range(10):
+        t = time.perf_counter()
+        model_generate(ids, max_new)
+        model_times.append(time.perf_counter() - t)
+    return {"turns": n_policy, "mean_context": statistics.mean(contexts[-n_policy:]),
+            "overhead_ms": elapsed / n_policy * 1e3, "overhead_cpu_ms": cpu / n_policy * 1e3, "model_ms": statistics.median(model_times) * 1e3}
+
+
+def scaling(model_dir: Path, episodes: int) -> dict[int, tuple[float, float]]:
+    """Per worker count: (episodes/s over the whole run including worker start-up, episodes/s between the first
+    and the last finished episode, i.e. once the workers are up)."""
+    from trajlake.envs import list_tasks
+
+    tasks = tuple(t["task_id"] for t in list_tasks("mini-swe", "dev")[:episodes])
+    out = {}
+    for workers in (1, 2):
+        lake = tempfile.mkdtemp(prefix="bench-lm-lake-")
+        try:
+            cfg = RolloutConfig(lake=lake, run_id=f"w{workers}", env="mini-swe", policy=f"hf:{model_dir}",
+                                split="dev", seeds=(0,), workers=workers, task_ids=tasks,
+                                policy_args={"max_new_tokens": "16", "threads": "1"}, commit_every_s=0.0)
+            done_at: list[float] = []
+            t = time.perf_counter()
+            s = run_rollout(cfg, progress=lambda n, total, stamps=done_at: stamps.append(time.perf_counter()))
+            dt = time.perf_counter() - t
+            assert s.written == len(tasks) and not s.failed_items, s.failed_items
+            steady = (len(done_at) - 1) / (done_at[-1] - done_at[0]) if len(done_at) > 1 else float("nan")
+            out[workers] = (len(tasks) / dt, steady)
+        finally:
+            shutil.rmtree(lake, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--turns", type=int, default=200)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--episodes", type=int, default=4, help="Mini SWE dev tasks per worker setting")
+    ap.add_argument("--skip-scaling", action="store_true")
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-lm-"))
+    try:
+        model = build_tiny_model(tmp / "tiny")
+        o = overhead(model, a.turns, a.context)
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(f"recording overhead per LM policy turn: {o['overhead_ms']:.3f} ms wall, {o['overhead_cpu_ms']:.3f} ms "
+              f"CPU (thread time) over {o['turns']} turns at a mean "
+              f"context of {o['mean_context']:.0f} tokens; the tiny model's own time per turn "
+              f"(16 new tokens, {a.context}-token context): {o['model_ms']:.1f} ms "
+              f"(overhead = {o['overhead_ms'] / o['model_ms']:.1%} of it); target < 1 ms")
+        if not a.skip_scaling:
+            s = scaling(model, a.episodes)
+            for i, what in enumerate(("whole run, worker start-up included", "after the first finished episode")):
+                print(f"rollout throughput, hf tiny model, {a.episodes} Mini SWE dev episodes, {what}: 1 worker "
+                      f"{s[1][i]:.3f} episodes/s, 2 workers {s[2][i]:.3f} episodes/s ({s[2][i] / s[1][i]:.2f}x); "
+                      f"target >= 1.6x")
+            print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Language-model policies (rollout layer): ``hf:PATH``, ``openai:MODEL`` and the ``single-turn:SPEC`` wrapper
+(baseline B0); ``trajlake.policies.best_of`` selects among group attempts (baseline B2). See docs/policies.md."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trajlake.errors import TrajlakeError
+from trajlake.policies.settings import LMSettings, parse_policy_args
+
+LM_PREFIXES = ("hf:", "openai:", "single-turn:")
+
+
+def is_lm_policy(spec: str) -> bool:
+    return spec.startswith(LM_PREFIXES)
+
+
+def check_policy_spec(env: str, spec: str, policy_args: Mapping[str, str]) -> None:
+    """Fail fast on a bad ``--policy``/``--policy-arg`` without loading a model."""
+    if not is_lm_policy(spec):
+        from trajlake.envs import make_policy
+
+        if policy_args:
+            raise TrajlakeError(f"--policy-arg applies to language-model policies (hf:, openai:, single-turn:), "
+                                f"not {spec!r}")
+        make_policy(env, spec, "check")
+        return
+    settings = LMSettings.from_args(policy_args)
+    inner = spec.removeprefix("single-turn:")
+    if inner.startswith("hf:"):
+        path = Path(inner[3:])
+        if not (path / "config.json").is_file():
+            raise TrajlakeError(f"--policy {spec}: {path} is not a local model folder (no config.json)")
+    elif inner.startswith("openai:"):
+        if not inner[7:]:
+            raise TrajlakeError("--policy openai:MODEL needs a model name")
+        if not settings.base_url:
+            raise TrajlakeError(f"--policy {spec} needs --base-url URL (or --policy-arg base_url=URL)")
+    else:
+        raise TrajlakeError(f"--policy {spec}: single-turn wraps an hf: or openai: policy")
+
+
+def checkpoint_hash(spec: str) -> str | None:
+    """``runs.policy_checkpoint_hash`` of an LM policy: sha256 over the weight files of an ``hf:`` folder (names
+    and contents, read once per run); None for ``openai:``, whose weights the server does not expose."""
+    import hashlib
+
+    inner = spec.removeprefix("single-turn:")
+    if not inner.startswith("hf:"):
+        return None
+    folder = Path(inner[3:])
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def make_lm_policy(spec: str, policy_version: str, policy_args: Mapping[str, str]) -> Any:
+    settings = LMSettings.from_args(policy_args)
+    if spec.startswith("single-turn:"):
+        from trajlake.policies.single_turn import SingleTurnPolicy
+
+        inner = make_lm_policy(spec.removeprefix("single-turn:"), policy_version, policy_args)
+        return SingleTurnPolicy(inner, settings.n_files)
+    if spec.startswith("hf:"):
+        from trajlake.policies.hf import HFPolicy
+
+        return HFPolicy(policy_version, spec[3:], settings)
+    if spec.startswith("openai:"):
+        from trajlake.policies.openai_policy import OpenAIPolicy
+
+        return OpenAIPolicy(policy_version, spec[7:], settings)
+    raise TrajlakeError(f"unknown language-model policy {spec!r}")
+
+
+def make_rollout_policy(env: str, spec: str, policy_version: str, policy_args: Mapping[str, str] | None = None) -> Any:
+    """The policy a rollout worker plays: an environment's built-in one (oracle, heuristic, random) or a
+    language model (``hf:PATH``, ``openai:MODEL``, ``single-turn:SPEC``)."""
+    check_policy_spec(env, spec, policy_args or {})
+    if is_lm_policy(spec):
+        return make_lm_policy(spec, policy_version, policy_args or {})
+    from trajlake.envs import make_policy
+
+    return make_policy(env, spec, policy_version)
+
+
+__all__ = ["LMSettings", "check_policy_spec", "checkpoint_hash", "is_lm_policy", "make_lm_policy", "make_rollout_policy",
+           "parse_policy_args"]

@@ -1,0 +1,189 @@
+"""``--policy openai:MODEL --base-url URL``: any OpenAI-compatible server through the ``openai`` client.
+
+Two ways to talk to the server:
+
+- **token in, token out** (``--policy-arg tokenizer=PATH``, a local copy of the served model's tokenizer): the
+  policy renders the context itself exactly like ``hf:`` and sends the token ids to ``/v1/completions``; the
+  server's ``token_ids`` (vLLM's ``return_token_ids``) and ``logprobs`` are recorded as they come.
+- **chat** (no tokenizer): messages go to ``/v1/chat/completions`` with ``return_token_ids`` and ``logprobs``
+  requested. When the server returns ``prompt_token_ids`` and ``token_ids`` they are recorded exactly; each
+  observation turn gets the part of the server's prompt ids after the previous context. If the server's rendering
+  of the history is not an extension of the previous context (it re-tokenized an earlier reply), the turn's
+  context is recorded whole on the observation turn with ``context_strategy`` ``rerendered`` and the earlier turns
+  named by ``context_dropped_hash``. When the server returns no token ids, turns are text only
+  (``tokenizer_id`` null) and a warning says so once per worker.
+
+Timeouts, connection errors, 429 and 5xx are retried with exponential backoff; a turn that needed a retry has
+status ``ENV_TRANSIENT`` (infrastructure, never a model error); when every retry fails the episode fails and is
+played again when the run resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from trajlake.envs.policy import PolicyOutput, TaskView
+from trajlake.errors import TrajlakeError
+from trajlake.policies.chat import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, ChatRenderer
+from trajlake.policies.lm import Generation, LMPolicy, ModelServerError, dropped_hash
+from trajlake.policies.settings import LMSettings
+from trajlake.policies.toolcall import parse_tool_call
+
+_warned_text_only = False
+
+
+def _extra(obj: Any, key: str) -> Any:
+    """A field the openai client does not model (vLLM's token ids): attribute, then ``model_extra``."""
+    v = getattr(obj, key, None)
+    if v is None:
+        v = (getattr(obj, "model_extra", None) or {}).get(key)
+    return v
+
+
+class OpenAIPolicy(LMPolicy):
+    """A model behind an OpenAI-compatible HTTP API."""
+
+    name = "openai"
+
+    def __init__(self, policy_version: str, model: str, settings: LMSettings):
+        try:
+            import openai
+        except ImportError as e:
+            raise TrajlakeError("the openai: policy needs the openai client: pip install 'trajlake[lm]'") from e
+        if not settings.base_url:
+            raise TrajlakeError(f"openai:{model}: give the server with --base-url URL")
+        renderer = None
+        if settings.tokenizer:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(settings.tokenizer, local_files_only=True)
+            renderer = ChatRenderer(tok, f"openai:{model}")
+        super().__init__(policy_version, settings, renderer, None)
+        self.model = model
+        self._openai = openai
+        self.client = openai.OpenAI(base_url=settings.base_url, api_key=os.environ.get(settings.api_key_env) or "EMPTY",
+                                    timeout=settings.timeout_s, max_retries=0)
+        self.messages: list[dict[str, str]] = []
+        self.server_context: list[int] | None = None
+        self.history: list[tuple[int, str]] = []
+        self.rerendered_upto = 0
+
+    # -- transport ---------------------------------------------------------------------------------------------
+    def _call(self, fn: Callable[..., Any], **kw: Any) -> tuple[Any, int]:
+        """Call the server; retry transient failures with backoff. Returns (response, retries)."""
+        o = self._openai
+        retries = 0
+        while True:
+            try:
+                return fn(**kw), retries
+            except (o.APITimeoutError, o.APIConnectionError, o.InternalServerError, o.RateLimitError) as e:
+                err: Exception = e
+            except o.APIStatusError as e:
+                if e.status_code < 500:
+                    raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: HTTP {e.status_code}: "
+                                           f"{e.message}") from e
+                err = e
+            if retries >= self.settings.max_retries:
+                raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: {retries + 1} attempt(s) "
+                                       f"failed; last: {type(err).__name__}: {err}") from err
+            time.sleep(min(30.0, self.settings.backoff_s * 2 ** retries))
+            retries += 1
+
+    def _sampling(self) -> dict[str, Any]:
+        s = self.settings
+        return {"model": self.model, "max_tokens": s.max_new_tokens, "temperature": s.temperature,
+                "top_p": s.top_p, "seed": self.seed + self.n_turns}
+
+    # -- token in, token out -----------------------------------------------------------------------------------
+    def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
+        assert self.renderer is not None
+        resp, retries = self._call(self.client.completions.create, prompt=context_ids, logprobs=1,
+                                   extra_body={"return_token_ids": True}, **self._sampling())
+        choice = resp.choices[0]
+        ids = _extra(choice, "token_ids")
+        if ids is None:
+            raise ModelServerError(f"openai:{self.model} at {self.settings.base_url} returned no token_ids for a "
+                                   f"token-id prompt (vLLM >= 0.10.2 returns them); without "
+                                   f"--policy-arg tokenizer the policy uses chat mode instead")
+        ids = [int(i) for i in ids]
+        lp = getattr(getattr(choice, "logprobs", None), "token_logprobs", None)
+        logprobs = [float(v) for v in lp] if lp is not None and len(lp) == len(ids) else None
+        usage = resp.usage
+        eos = bool(ids) and ids[-1] == self.renderer.eos_id
+        text = self.renderer.decode(ids[:-1] if eos else ids)
+        return Generation(ids, logprobs, text, usage.prompt_tokens if usage else len(context_ids),
+                          usage.completion_tokens if usage else len(ids), ended_with_eos=eos, retries=retries)
+
+    # -- chat --------------------------------------------------------------------------------------------------
+    def reset(self, task: TaskView, seed: int) -> None:
+        super().reset(task, seed)
+        self.messages = [{"role": "system", "content": self.system}]
+        self.server_context = None
+        self.history = []
+        self.rerendered_upto = 0
+
+    def observation_tokens(self, observation: str) -> Any:
+        return super().observation_tokens(observation) if self.renderer is not None else None
+
+    def act(self, observation: str) -> PolicyOutput:
+        if self.renderer is not None:
+            return super().act(observation)
+        global _warned_text_only
+        obs_idx = 2 * self.n_turns
+        first = self.n_turns == 0
+        self.messages.append({"role": "user", "content": observation if first else
+                              TOOL_RESPONSE_OPEN + observation + TOOL_RESPONSE_CLOSE})
+        resp, retries = self._call(self.client.chat.completions.create, messages=self.messages, logprobs=True,
+                                   extra_body={"return_token_ids": True}, **self._sampling())
+        choice = resp.choices[0]
+        text = choice.message.content or ""
+        self.messages.append({"role": "assistant", "content": text})
+        parsed = parse_tool_call(text)
+        usage = resp.usage
+        prompt_tokens = usage.prompt_tokens if usage else None
+        completion_tokens = usage.completion_tokens if usage else None
+        self.history.append((obs_idx, observation))
+        prompt_ids = _extra(resp, "prompt_token_ids") or _extra(choice, "prompt_token_ids")
+        gen_ids = _extra(choice, "token_ids")
+        common: dict[str, Any] = {"action": parsed.action, "policy_version": self.policy_version, "prompt_tokens": prompt_tokens,
+                  "status": self.status_of(parsed.ok, retries), "context_strategy": "server_chat"}
+        self.n_turns += 1
+        if prompt_ids is None or gen_ids is None:
+            if not _warned_text_only:
+                print(f"note: openai:{self.model} at {self.settings.base_url} returns no token ids: turns are "
+                      f"recorded as text only (tokenizer_id null)", file=sys.stderr)
+                _warned_text_only = True
+            self.history.append((obs_idx + 1, parsed.action))
+            return PolicyOutput(**common, completion_tokens=completion_tokens)
+        prompt_ids = [int(i) for i in prompt_ids]
+        gen_ids = [int(i) for i in gen_ids]
+        strategy = "server_chat"
+        if self.server_context is not None and prompt_ids[:len(self.server_context)] == self.server_context:
+            context = prompt_ids[len(self.server_context):]
+        else:
+            context = prompt_ids
+            if self.server_context is not None:  # the server re-rendered the history: record the whole context
+                self.rerendered_upto = len(self.history) - 1
+        if self.rerendered_upto:
+            strategy = "rerendered"
+        dropped = dropped_hash(self.history[:self.rerendered_upto]) if self.rerendered_upto else None
+        self.history.append((obs_idx + 1, parsed.action))
+        self.server_context = prompt_ids + gen_ids
+        content = getattr(getattr(choice, "logprobs", None), "content", None)
+        logprobs = [float(c.logprob) for c in content] if content and len(content) == len(gen_ids) else None
+        tokenizer_id = f"served:{self.model}"
+        ids = np.asarray(gen_ids, dtype=np.int32)
+        return PolicyOutput(**{**common, "context_strategy": strategy}, token_ids=ids,
+                            loss_mask=np.ones(ids.shape[0], dtype=np.int8),
+                            behavior_logprobs=None if logprobs is None else np.asarray(logprobs, dtype=np.float32),
+                            tokenizer_id=tokenizer_id, context_token_ids=np.asarray(context, dtype=np.int32),
+                            context_tokenizer_id=tokenizer_id, context_dropped_hash=dropped)
+
+
+__all__ = ["OpenAIPolicy"]

@@ -1,0 +1,90 @@
+"""Settings of the language-model policies, from ``--policy-arg KEY=VALUE`` or a config file."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trajlake.errors import TrajlakeError
+
+CONTEXT_STRATEGIES = ("drop_oldest", "none")
+
+
+@dataclass(frozen=True)
+class LMSettings:
+    """Every key is a ``--policy-arg`` (``--policy-arg temperature=0.7``); the run's config records them."""
+
+    temperature: float = 1.0
+    """Sampling temperature; 0 samples greedily (log-probs are then those of the unscaled distribution)."""
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int = 0
+    """Base sampling seed; each (task, env seed, attempt) samples with its own seed derived from it."""
+    max_context: int | None = None
+    """Context window in tokens (default: the model's ``max_position_embeddings``; unlimited for servers)."""
+    context_strategy: str = "drop_oldest"
+    """What to do when the context would overflow: ``drop_oldest`` (drop the oldest action/observation pairs,
+    keeping the task prompt) or ``none`` (fail the episode)."""
+    price_in: float = 0.0
+    """USD per million prompt tokens (the run's cost model, same as ``--price-in``): a turn costs the prompt
+    tokens the model reports (``turns.prompt_tokens``) and its completion tokens."""
+    price_out: float = 0.0
+    """USD per million completion tokens (same as ``--price-out``)."""
+    base_url: str | None = None
+    """OpenAI-compatible server (``--base-url``)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key (the key itself is never recorded)."""
+    timeout_s: float = 60.0
+    max_retries: int = 4
+    """Retries of a timed-out or 5xx request (with exponential backoff) before the episode fails."""
+    backoff_s: float = 1.0
+    """First retry delay; doubles each retry, capped at 30 s."""
+    tokenizer: str | None = None
+    """openai: a local tokenizer folder. With it the policy renders the context itself and sends token ids to
+    ``/v1/completions`` (token in, token out); without it, it sends messages to ``/v1/chat/completions``."""
+    device: str = "cpu"
+    """hf: torch device."""
+    dtype: str = "float32"
+    """hf: torch dtype of the weights."""
+    threads: int = 0
+    """hf: torch CPU threads of this process (0: torch's default). One per worker avoids oversubscription."""
+    n_files: int = 4
+    """single-turn: most files named in the task statement to show the model."""
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> LMSettings:
+        """Settings from ``KEY=VALUE`` strings (or typed values); unknown keys and bad values are one clear
+        error naming the key."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {}
+        for key, raw in args.items():
+            if key not in fields:
+                raise TrajlakeError(f"unknown --policy-arg {key!r}; keys: {', '.join(sorted(fields))}")
+            default = getattr(cls, key)
+            kind = type(default) if default is not None else (int if key == "max_context" else str)
+            try:
+                kw[key] = raw if not isinstance(raw, str) or kind is str else kind(raw)
+            except ValueError as e:
+                raise TrajlakeError(f"--policy-arg {key}={raw!r}: not a {kind.__name__}") from e
+        s = cls(**kw)
+        if s.context_strategy not in CONTEXT_STRATEGIES:
+            raise TrajlakeError(f"--policy-arg context_strategy must be one of {', '.join(CONTEXT_STRATEGIES)}")
+        if s.temperature < 0 or not 0 < s.top_p <= 1 or s.max_new_tokens < 1:
+            raise TrajlakeError("--policy-arg: temperature >= 0, 0 < top_p <= 1 and max_new_tokens >= 1")
+        return s
+
+
+def parse_policy_args(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``["temperature=0.7", ...]`` -> ``{"temperature": "0.7"}``; a malformed item is one clear error."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TrajlakeError(f"--policy-arg {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+__all__ = ["CONTEXT_STRATEGIES", "LMSettings", "parse_policy_args"]
