@@ -24,7 +24,9 @@
 --   fault turn    a turn with fault_injected IS NOT NULL or status = 'ENV_TRANSIENT': an injected or transient
 --                 (recoverable) fault. Its failing call is the action of its group; a fault before the first
 --                 action has no failing call.
---   met a fault   the episode has a fault turn or records faults_injected > 0 (the recovery denominator).
+--   met a fault   a fault was injected into the episode: a turn with fault_injected, or episodes.faults_injected
+--                 > 0 (the recovery denominator, as the seed defines it). A transient error the source reports
+--                 without injecting it is a fault turn for retries, but not an injected recoverable fault.
 --   graded        success IS NOT NULL. success NULL means the episode was never graded (an imported log
 --                 without a scorer): it is counted as ungraded and every quantity that needs the outcome
 --                 (success, budgeted_success, recovered, model_failure, env_failure, ...) is NULL for it, so
@@ -139,6 +141,7 @@ t AS (
         env_state_hash,
         CASE WHEN actor <> 'policy' THEN observation_hash END AS obs_hash,
         (fault_injected IS NOT NULL OR status = 'ENV_TRANSIENT') AS is_fault,
+        fault_injected IS NOT NULL AS is_injected,
         CASE WHEN actor = 'policy' AND action_schema IS NOT NULL THEN
             action_schema || ' ' || CASE
                 WHEN tool_args IS NULL THEN ''
@@ -173,6 +176,7 @@ grp AS (
         bool_or(is_fault) AS fault,
         count(*) FILTER (WHERE actor = 'policy') AS steps,
         count(*) FILTER (WHERE is_fault) AS fault_turns,
+        count(*) FILTER (WHERE is_injected) AS injected_turns,
         count(*) FILTER (WHERE status = 'ENV_TRANSIENT') AS env_transient_turns,
         count(*) FILTER (WHERE status = 'ENV_BUG') AS env_bug_turns,
         count(*) FILTER (WHERE status = 'MODEL_INVALID_ACTION') AS invalid_action_turns,
@@ -234,6 +238,7 @@ per_turn AS (
         episode_id,
         sum(steps) AS steps,
         sum(fault_turns) AS fault_turns,
+        sum(injected_turns) AS injected_turns,
         coalesce(bool_or(fault) FILTER (WHERE action_idx IS NULL), false) AS fault_before_first_action,
         sum(env_transient_turns) AS env_transient_turns,
         sum(env_bug_turns) AS env_bug_turns,
@@ -299,6 +304,7 @@ ep AS (
         coalesce(pt.steps, 0) AS steps,
         coalesce(pa.actions, 0) AS actions,
         coalesce(pt.fault_turns, 0) AS fault_turns,
+        coalesce(pt.injected_turns, 0) AS injected_turns,
         coalesce(pt.fault_before_first_action, false) AS fault_before_first_action,
         coalesce(pa.unretried_faults, 0) AS unretried_faults,
         coalesce(pa.duplicate_actions, 0) AS duplicate_actions,
@@ -340,7 +346,7 @@ budgeted AS (
          AND (max_steps IS NULL OR steps <= max_steps)
          AND (max_tokens IS NULL OR tokens_in + tokens_out <= max_tokens)
          AND (max_cost IS NULL OR cost_usd IS NULL OR cost_usd <= max_cost)) AS is_within_budget,
-        (fault_turns > 0 OR faults_injected > 0) AS met_fault,
+        (injected_turns > 0 OR faults_injected > 0) AS met_fault,
         (coalesce(error_class IN ('ENV_TRANSIENT', 'ENV_BUG'), false) OR termination_reason = 'env_failure')
             AS recorded_env
     FROM ep

@@ -59,6 +59,8 @@ def test_recovery_rate_is_success_among_faulted_episodes(tmp_path: Path) -> None
         # no fault met: not in the denominator, whatever the outcome
         episode("clean-ok", task="t0", seed=1, steps=[read("a.py")]),
         episode("clean-fail", task="t1", seed=1, steps=[read("a.py")], **fail),
+        # a transient error the environment reported on its own, not an injected fault: not in the denominator
+        episode("natural-transient", task="t2", seed=1, steps=[read("a.py", status="ENV_TRANSIENT"), read("a.py")]),
     ]
     report, r = _report(_lake(tmp_path, eps))
     rr = report["runs"]["run-A"]["metrics"]["recovery_rate"]
@@ -66,6 +68,7 @@ def test_recovery_rate_is_success_among_faulted_episodes(tmp_path: Path) -> None
     assert [r[e]["recovered"] for e in ("s-retried", "s-moved-on", "f-retried-1", "f-retried-2", "f-unretried",
                                         "f-failagain")] == [1, 1, 0, 0, 0, 0]
     assert r["clean-ok"]["recovered"] is None and r["clean-fail"]["recovery_eligible"] == 0
+    assert r["natural-transient"]["recovery_eligible"] == 0 and r["natural-transient"]["retries"] == 1
     # the taxonomy still tells a failing call that was never retried from one that was
     tax = report["taxonomy"]["run-A"]
     assert tax["examples"]["recovery"] == ["f-failagain", "f-unretried"]
