@@ -153,3 +153,22 @@ def test_a_run_records_what_plays_it_again(tmp_path: Path, capsys: pytest.Captur
         assert json.loads(a) == json.loads(b) and len(json.loads(a)) == 2 * 3
     finally:
         registry.unregister("counter-prov")
+
+
+def test_data_cutoff_reaches_the_contamination_time_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    registry.register("counter-cutoff", CounterEnv)
+    try:
+        lake = str(tmp_path / "lake")
+        rc, _, err = run_cli(capsys, "rollout", "--lake", lake, "--env", "counter-cutoff", "--policy", "oracle",
+                             "--split", "dev", "--run-id", "ev", "--data-cutoff", "2026-06-30", "--no-preflight")
+        assert rc == 0, err
+        rc, out, err = run_cli(capsys, "contamination", "--lake", lake, "--eval-split", "dev", "--format", "json")
+        assert rc == 0, err
+        report = json.loads(out)
+        # the counter tasks were created on 2026-01-01, before the policy's data cutoff
+        assert sorted(report["flagged_tasks"]) == ["counter/1", "counter/3"]
+        rc, _, err = run_cli(capsys, "rollout", "--lake", lake, "--env", "counter-cutoff", "--policy", "oracle",
+                             "--data-cutoff", "last summer", "--no-preflight")
+        assert rc == 1 and "--data-cutoff 'last summer' is not an ISO-8601 date" in err
+    finally:
+        registry.unregister("counter-cutoff")

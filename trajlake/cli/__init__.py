@@ -227,6 +227,19 @@ def _parse_env_args(values: list[str] | None, allow_unisolated: bool = False) ->
     return out
 
 
+def _iso_date(value: str | None) -> str | None:
+    """An ISO-8601 date or time, as given (checked), or None."""
+    if value is None:
+        return None
+    import datetime as dt
+
+    try:
+        dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as e:
+        raise TrajlakeError(f"--data-cutoff {value!r} is not an ISO-8601 date or time (e.g. 2026-06-30)") from e
+    return value
+
+
 def _print_checks(reqs: list[Any], env: str) -> None:
     for r in reqs:
         typer.echo(f"check {env}: {r.name}: {'ok' if r.ok else 'MISSING'}: {r.detail}", err=True)
@@ -271,6 +284,8 @@ def rollout(
     tasks: Annotated[str | None, typer.Option(help="Only these task ids of the split (comma-separated).")] = None,
     config: Annotated[Path | None, typer.Option(help="TOML file of rollout options (keys as the option names, "
                                                      "[policy_args] table); options given here win.")] = None,
+    data_cutoff: Annotated[str | None, typer.Option(help="The policy's training-data cutoff (ISO-8601 date), "
+                                                         "recorded for the contamination scan's time split.")] = None,
     lake: LakeOpt = None,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
@@ -313,7 +328,8 @@ def rollout(
                         max_policy_lag=max_policy_lag, commit_every_s=commit_every,
                         env_kwargs=_parse_env_args(env_arg, allow_unisolated), cost_model=cost, engine=engine,
                         attempts=attempts, policy_args=args,
-                        task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else ())
+                        task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (),
+                        data_cutoff=_iso_date(data_cutoff))
     if preflight:
         _print_checks(check_env(env, split, **cfg.env_kwargs), env)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -315,6 +315,9 @@ class RolloutConfig:
     """Settings of a language-model policy (``--policy-arg KEY=VALUE``), recorded in the run's config."""
     task_ids: tuple[str, ...] = ()
     """Only these tasks of the split (empty: all)."""
+    data_cutoff: str | None = None
+    """The policy's training-data cutoff (ISO-8601), for the contamination scan's time split: tasks created
+    before it may have been seen in training (``trajlake contamination``)."""
 
 
 @dataclass
@@ -553,7 +556,8 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             # Keys added after the first runs appear only when set, so resuming an older run still matches.
             **({"attempts": cfg.attempts} if cfg.attempts != 1 else {}),
             **({"policy_args": cfg.policy_args} if cfg.policy_args else {}),
-            **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {})}
+            **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {}),
+            **({"data_cutoff": cfg.data_cutoff} if cfg.data_cutoff else {})}
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
@@ -629,6 +633,8 @@ def reproduce_command(cfg: RolloutConfig) -> str:
         args += ["--policy-arg", f"{k}={v}"]
     if cfg.task_ids:
         args += ["--tasks", ",".join(cfg.task_ids)]
+    if cfg.data_cutoff:
+        args += ["--data-cutoff", cfg.data_cutoff]
     return shlex.join(args)
 
 
