@@ -106,7 +106,8 @@ def report_tables(report: dict[str, Any]) -> list[TextTable]:
             ["tasks (clusters)"] + [str(runs[r]["n_tasks"]) for r in ids],
             ["graded / ungraded"] + [f"{runs[r].get('n_graded', '?')} / {runs[r].get('n_ungraded', '?')}"
                                      for r in ids],
-            ["verification source"] + [_sources(runs[r].get("verification_sources", {})) for r in ids]]
+            ["verification source"] + [_sources(runs[r].get("verification_sources", {})) for r in ids],
+            ["isolation"] + [_sources(runs[r].get("isolation", {})) for r in ids]]
     for name in _metric_names(report):
         rows.append([name] + [cell(runs[r]["metrics"].get(name)) for r in ids])
     settings = report["settings"]

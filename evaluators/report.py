@@ -132,6 +132,19 @@ def _verification_sources(data: EvalData, group: str) -> dict[int, dict[str, int
     return out
 
 
+def _isolation(data: EvalData) -> dict[str, dict[str, int]]:
+    """``{run: {isolation kind: episodes}}``: how each run's agent code was isolated (``episodes.sandbox``, e.g.
+    ``bwrap`` or the ``rlimit`` fallback; "none recorded" for sources that do not say), so a report states
+    plainly what isolation its numbers came from (docs/security.md)."""
+    rows = data.con.execute(
+        "SELECT run_id, coalesce(sandbox, 'none recorded'), count(*) FROM episodes "
+        f"WHERE run_id IN {sql.quote_list(data.runs)} GROUP BY ALL ORDER BY ALL").fetchall()
+    out: dict[str, dict[str, int]] = {}
+    for run, kind, n in rows:
+        out.setdefault(str(run), {})[str(kind)] = int(n)
+    return out
+
+
 def _grading(data: EvalData, idx: np.ndarray, sources: dict[str, int]) -> dict[str, Any]:
     """How the episodes of a group were graded: graded / ungraded counts and the verification sources."""
     ungraded = _count(data.ep["ungraded"][idx])
@@ -205,6 +218,7 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
         "distributions": {},
     }
     run_sources = _verification_sources(data, "run_code")
+    isolation = _isolation(data)
     for run in data.runs:
         idx = data.run_index(run)
         info = data.run_info.get(run)
@@ -219,6 +233,7 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
             "policy_name": info.policy_name if info else None,
             "policy_version": info.policy_version if info else None,
             **_grading(data, idx, sources),
+            "isolation": isolation.get(run, {}),
             "metrics": _with_sources(vector, sources),
         }
         report["error_attribution"][run], report["termination_reasons"][run] = _counts(data, idx)

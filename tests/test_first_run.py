@@ -172,3 +172,22 @@ def test_data_cutoff_reaches_the_contamination_time_split(tmp_path: Path, capsys
         assert rc == 1 and "--data-cutoff 'last summer' is not an ISO-8601 date" in err
     finally:
         registry.unregister("counter-cutoff")
+
+
+def test_the_report_states_each_runs_isolation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 9: the report says plainly which isolation the episodes had (the sandbox column)."""
+    from tests.conftest import make_episode
+    from trajlake import LakeWriter, open_lake
+
+    lake = open_lake(tmp_path / "lake", create=True)
+    with LakeWriter(lake, handle_signals=False) as w:
+        for i, sandbox in enumerate(["bwrap", "bwrap", "rlimit", None]):
+            ep, turns = make_episode(f"e{i}", run_id="r", sandbox=sandbox, task_id=f"t{i}", group_id=f"g{i}")
+            for t in turns:
+                t["episode_id"] = f"e{i}"
+            w.write_batch([ep], turns).raise_if_rejected()
+    rc, out, err = run_cli(capsys, "eval", "--lake", str(lake.root), "--format", "json", "--resamples", "50")
+    assert rc == 0, err
+    assert json.loads(out)["runs"]["r"]["isolation"] == {"bwrap": 2, "none recorded": 1, "rlimit": 1}
+    rc, out, _ = run_cli(capsys, "eval", "--lake", str(lake.root), "--resamples", "50")
+    assert "isolation" in out and "rlimit (1)" in out
