@@ -242,7 +242,8 @@ def _iso_date(value: str | None) -> str | None:
 
 def _print_checks(reqs: list[Any], env: str) -> None:
     for r in reqs:
-        typer.echo(f"check {env}: {r.name}: {'ok' if r.ok else 'MISSING'}: {r.detail}", err=True)
+        status = "ok" if r.ok else ("MISSING" if r.required else "absent (optional)")
+        typer.echo(f"check {env}: {r.name}: {status}: {r.detail}", err=True)
 
 
 @app.command()
