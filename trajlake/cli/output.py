@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -65,7 +66,7 @@ def emit(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: Format, tit
         for c in columns:
             t.add_column(str(c), overflow="fold")
         for r in rows:
-            t.add_row(*["" if v is None else _short(plain(v)) for v in r])
+            t.add_row(*["" if v is None else escape(_short(plain(v))) for v in r])  # text, never markup
         Console(width=max(100, Console().width)).print(t)
 
 
