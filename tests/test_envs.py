@@ -51,6 +51,7 @@ def test_gymnasium_check_env() -> None:
     genv.close()
 
 
+@pytest.mark.slow
 def test_oracle_solves_every_dev_task_and_random_does_not(env) -> None:
     oracle = make_policy("mini-swe", "oracle", "oracle-v1")
     view = task_view_fn(env, oracle=True)
@@ -122,6 +123,7 @@ def test_faults_are_seeded_and_recorded(env) -> None:
     assert rec.episode["faults_injected"] == len(faulted)
 
 
+@pytest.mark.slow
 def test_rollout_resume_replay_and_cli(tmp_path: Path, capsys) -> None:
     lake = tmp_path / "lake"
     code, out, err = run(capsys, "--lake", str(lake), "rollout", "--env", "mini-swe", "--policy", "heuristic",
@@ -167,6 +169,7 @@ def test_replay_names_the_first_diverging_turn(tmp_path: Path, capsys, env) -> N
     assert code == 1 and f"turn {edit_turn['turn_idx'] - 1}" in err
 
 
+@pytest.mark.slow
 def test_policy_lag_is_bounded(tmp_path: Path) -> None:
     versions = PolicyVersions(tmp_path, "heuristic")
     assert versions.latest_label() == "heuristic-v0" and versions.lag("x") == 0
@@ -183,6 +186,7 @@ def test_policy_lag_is_bounded(tmp_path: Path) -> None:
     assert connect(lake).execute("select distinct policy_version_start from episodes").fetchall() == [("h-1",)]
 
 
+@pytest.mark.slow
 def test_worker_crash_loses_nothing_and_resume_completes(tmp_path: Path) -> None:
     import signal
     import time

@@ -261,14 +261,17 @@ def test_fuzz_openai_chat(fuzz_lake: trajlake.Lake, tmp_path: Path) -> None:
     _run_fuzz(fuzz_lake, tmp_path, "openai-chat", ".jsonl", [CHAT], _write_jsonl)
 
 
+@pytest.mark.slow
 def test_fuzz_swe_agent(fuzz_lake: trajlake.Lake, tmp_path: Path) -> None:
     _run_fuzz(fuzz_lake, tmp_path, "swe-agent", ".traj", [SWE_OLD, SWE_NEW], _write_json)
 
 
+@pytest.mark.slow
 def test_fuzz_inspect_json(fuzz_lake: trajlake.Lake, tmp_path: Path) -> None:
     _run_fuzz(fuzz_lake, tmp_path, "inspect", ".json", [INSPECT], _write_json)
 
 
+@pytest.mark.slow
 def test_fuzz_openhands(fuzz_lake: trajlake.Lake, tmp_path: Path) -> None:
     _run_fuzz(fuzz_lake, tmp_path, "openhands", ".jsonl", [[OPENHANDS, OPENHANDS]], _write_jsonl)
 
@@ -289,5 +292,6 @@ def _write_eval(path: Path, doc: Any, cut: int | None) -> None:
     path.write_bytes(data if cut is None else data[: max(4, cut * 4)])
 
 
+@pytest.mark.slow
 def test_fuzz_inspect_eval_zip(fuzz_lake: trajlake.Lake, tmp_path: Path) -> None:
     _run_fuzz(fuzz_lake, tmp_path, "inspect", ".eval", [INSPECT], _write_eval)

@@ -314,6 +314,7 @@ def test_openai_chat_without_token_ids_records_text(tiny: Path, env: Any) -> Non
     assert all(t["tokens"] > 0 and t["cost_usd"] == pytest.approx(t["tokens"] / 1e6) for t in pol)
 
 
+@pytest.mark.slow
 def test_openai_retries_timeouts_and_5xx_as_infrastructure(tiny: Path, env: Any, server: Any) -> None:
     from trajlake.policies.lm import ModelServerError
 

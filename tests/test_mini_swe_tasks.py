@@ -251,6 +251,7 @@ def test_missing_source_is_an_error(tmp_path: Path) -> None:
     assert not result.resolved and result.error is not None
 
 
+@pytest.mark.slow
 def test_timeout_is_an_error(tmp_path: Path) -> None:
     t = TASKS[0]
     ws = materialize_workspace(t, tmp_path / "ws", mutated=False)
@@ -333,6 +334,7 @@ def test_every_task_fails_mutated_and_resolves_with_oracle(tmp_path: Path) -> No
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_parse_python_is_safe_from_many_threads() -> None:
     # CPython 3.11's ast.parse fails under this load with "AST constructor recursion depth mismatch"
     # (gh-106905; it broke a CI run of check_tasks). The collector and a tiny switch interval make thread switches

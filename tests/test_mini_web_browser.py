@@ -47,6 +47,7 @@ def without_screenshot(observation: str) -> tuple[str, str | None]:
     return "\n".join(lines), shot
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_chromium_plays_the_same_pages_with_screenshots() -> None:
     tasks = [TASKS["orders/two-items-coupon"], TASKS["tickets/triage"], TASKS["compare/cheapest-in-category"]]
@@ -76,6 +77,7 @@ def test_missing_chromium_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
         env.close()
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_restore_in_the_browser_returns_to_the_snapshot_page() -> None:
     task = TASKS["orders/two-items-coupon"]

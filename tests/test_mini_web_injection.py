@@ -195,6 +195,7 @@ def test_gullible_runs_through_the_runner_with_events() -> None:
         env.close()
 
 
+@pytest.mark.slow
 def test_suite_command_prints_agentdojo_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     from trajlake.envs.mini_web.suite import main
 

@@ -72,6 +72,7 @@ def _same_float(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=episodes())
 def test_roundtrip(rt_lake: Lake, case) -> None:

@@ -348,6 +348,7 @@ def test_daemons_do_not_survive_the_run(tmp_path, mode) -> None:
     assert (ws / "heartbeat").stat().st_size == size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_timeout_covers_children_that_hold_stdout(tmp_path, mode) -> None:
     ws = _suite(tmp_path, """
