@@ -250,6 +250,48 @@ class Env(abc.ABC):
         self.close()
 
 
+class SplitTasks:
+    """Task lookup for an environment that holds its split's task records (each with task_id, task_version and
+    split): ``self.tasks`` sorted by task id, looked up by seed (``reset(seed)``) or by id and version (pinned
+    replays). Mix it into an ``Env`` and call ``index_tasks`` in ``__init__``."""
+
+    tasks: list[dict[str, Any]]
+    by_id: dict[str, list[dict[str, Any]]]
+    split: str | None
+
+    def index_tasks(self, records: Sequence[Mapping[str, Any]], split: str | None, what: str) -> None:
+        """Keep the records of ``split`` (None: all); raises naming ``what`` when the split has none."""
+        self.tasks = sorted((dict(t) for t in records if split is None or t["split"] == split),
+                            key=lambda t: t["task_id"])
+        if not self.tasks:
+            raise EnvError(f"no {what} tasks in split {split!r}")
+        self.by_id = {}
+        for t in self.tasks:
+            self.by_id.setdefault(t["task_id"], []).append(t)
+        self.split = split
+
+    def list_tasks(self) -> list[dict[str, Any]]:
+        return [dict(t) for t in self.tasks]
+
+    def task_for(self, seed: int, task_version: str | None = None, task_id: str | None = None) -> dict[str, Any]:
+        """The task a reset plays: chosen by the seed, or ``task_id`` at ``task_version`` (default: newest)."""
+        if task_id is None:
+            task = self.tasks[seed % len(self.tasks)]
+            if task_version is not None and task["task_version"] != task_version:
+                raise EnvError(f"seed {seed} picks {task['task_id']} at version {task['task_version']}, "
+                               f"not {task_version}")
+            return task
+        versions = self.by_id.get(task_id)
+        if not versions:
+            raise EnvError(f"unknown task {task_id!r} (split {self.split!r})")
+        if task_version is None:
+            return versions[-1]
+        for t in versions:
+            if t["task_version"] == task_version:
+                return t
+        raise EnvError(f"task {task_id!r} has no version {task_version!r}; pinned replays need that version")
+
+
 class BudgetTracker:
     """Counts steps, tokens and cost of an episode and says which budget, if any, is spent."""
 
@@ -293,6 +335,7 @@ __all__ = [
     "Requirement",
     "ResetResult",
     "Snapshot",
+    "SplitTasks",
     "StepResult",
     "stable_hash",
 ]

@@ -43,6 +43,7 @@ from trajlake.envs.core import (
     Requirement,
     ResetResult,
     Snapshot,
+    SplitTasks,
     StepResult,
     stable_hash,
 )
@@ -90,7 +91,7 @@ def _code_digest() -> str:
     return "sha256:" + h.hexdigest()
 
 
-class MiniSWEEnv(Env):
+class MiniSWEEnv(SplitTasks, Env):
     """Mini SWE over the bundled tasks of one split (or all). Not thread-safe; one episode at a time."""
 
     env_id = ENV_ID
@@ -100,15 +101,7 @@ class MiniSWEEnv(Env):
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  workdir: str | os.PathLike[str] | None = None, sandbox: str = "auto",
                  budget: Budget | None = None, test_timeout_s: float = 60.0, allow_unisolated: bool | None = None):
-        all_tasks = [dict(t) for t in (tasks if tasks is not None else load_tasks())]
-        self.tasks = sorted((t for t in all_tasks if split is None or t["split"] == split),
-                                 key=lambda t: t["task_id"])
-        if not self.tasks:
-            raise EnvError(f"no Mini SWE tasks in split {split!r}")
-        self.by_id: dict[str, list[dict[str, Any]]] = {}
-        for t in self.tasks:
-            self.by_id.setdefault(t["task_id"], []).append(t)
-        self.split = split
+        self.index_tasks(tasks if tasks is not None else load_tasks(), split, "Mini SWE")
         self.sandbox = sandbox
         self.sandbox_kind: str | None = None
         self.allow_unisolated = (os.environ.get(UNISOLATED_ENV, "") in ("1", "true", "yes")
@@ -129,9 +122,6 @@ class MiniSWEEnv(Env):
     @property
     def image_digest(self) -> str:
         return _code_digest()
-
-    def list_tasks(self) -> list[dict[str, Any]]:
-        return [dict(t) for t in self.tasks]
 
     def task_row(self, task: Mapping[str, Any]) -> dict[str, Any]:
         return task_row(task)
@@ -165,23 +155,6 @@ class MiniSWEEnv(Env):
             out.append(Requirement("sandbox", False, str(e), "apt-get install bubblewrap, or use sandbox='auto'"))
         out.append(pytest_requirement())
         return out
-
-    def task_for(self, seed: int, task_version: str | None = None, task_id: str | None = None) -> dict[str, Any]:
-        if task_id is None:
-            task = self.tasks[seed % len(self.tasks)]
-            if task_version is not None and task["task_version"] != task_version:
-                raise EnvError(f"seed {seed} picks {task['task_id']} at version {task['task_version']}, "
-                               f"not {task_version}")
-            return task
-        versions = self.by_id.get(task_id)
-        if not versions:
-            raise EnvError(f"unknown task {task_id!r} (split {self.split!r})")
-        if task_version is None:
-            return versions[-1]
-        for t in versions:
-            if t["task_version"] == task_version:
-                return t
-        raise EnvError(f"task {task_id!r} has no version {task_version!r}; pinned replays need that version")
 
     def isolation(self) -> str:
         """The sandbox kind agent code runs in here; raises EnvError when that is the unisolated ``rlimit``

@@ -46,6 +46,7 @@ from trajlake.envs.core import (
     Requirement,
     ResetResult,
     Snapshot,
+    SplitTasks,
     StepResult,
     stable_hash,
 )
@@ -151,7 +152,7 @@ class _Browser:
     error: str = ""
 
 
-class MiniWebEnv(Env):
+class MiniWebEnv(SplitTasks, Env):
     """Mini Web over the bundled tasks of one split (or all). One server per instance; one episode at a time.
 
     ``injection``: an attack name (``important_instructions`` or ``tool_knowledge``) to play the attacked
@@ -173,13 +174,7 @@ class MiniWebEnv(Env):
         base = [dict(t) for t in (tasks if tasks is not None else load_tasks(tasks_path))]
         if injection:
             base = injected_tasks(base, injection)
-        self.tasks = sorted((t for t in base if split is None or t["split"] == split), key=lambda t: t["task_id"])
-        if not self.tasks:
-            raise EnvError(f"no Mini Web tasks in split {split!r}")
-        self.by_id: dict[str, list[dict[str, Any]]] = {}
-        for t in self.tasks:
-            self.by_id.setdefault(t["task_id"], []).append(t)
-        self.split = split
+        self.index_tasks(base, split, "Mini Web")
         self.injection = injection
         self.budget_override = budget
         self.permissions = Permissions(
@@ -219,9 +214,6 @@ class MiniWebEnv(Env):
     @property
     def image_digest(self) -> str:
         return _code_digest()
-
-    def list_tasks(self) -> list[dict[str, Any]]:
-        return [dict(t) for t in self.tasks]
 
     def task_row(self, task: Mapping[str, Any]) -> dict[str, Any]:
         return task_row(task)
@@ -265,23 +257,6 @@ class MiniWebEnv(Env):
     def injection_attempted(self) -> bool:
         """An injected payload was shown in this episode (the episodes.injection_attempted flag)."""
         return self.injection_shown
-
-    def task_for(self, seed: int, task_version: str | None = None, task_id: str | None = None) -> dict[str, Any]:
-        if task_id is None:
-            task = self.tasks[seed % len(self.tasks)]
-            if task_version is not None and task["task_version"] != task_version:
-                raise EnvError(f"seed {seed} picks {task['task_id']} at version {task['task_version']}, "
-                               f"not {task_version}")
-            return task
-        versions = self.by_id.get(task_id)
-        if not versions:
-            raise EnvError(f"unknown task {task_id!r} (split {self.split!r})")
-        if task_version is None:
-            return versions[-1]
-        for t in versions:
-            if t["task_version"] == task_version:
-                return t
-        raise EnvError(f"task {task_id!r} has no version {task_version!r}; pinned replays need that version")
 
     def reset(self, seed: int, task_version: str | None = None, *, task_id: str | None = None) -> ResetResult:
         task = self.task_for(seed, task_version, task_id)
