@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path
+from trajlake.cli.output import write_report
 from trajlake.errors import TrajlakeError
 
 __all__ = ["ContaminationFormat", "contamination_command", "register", "render_html", "render_markdown"]
@@ -168,15 +169,7 @@ def contamination_command(
             table.add_row(*r)
         console.print(table)
         text = buf.getvalue()
-    if out is None:
-        typer.echo(text, nl=not text.endswith("\n"))
-    else:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from e
-        typer.echo(f"wrote the contamination report to {out}", err=True)
+    write_report(text, out, "the contamination report")
     if fail_on_flags and report["flagged_tasks"]:
         raise typer.Exit(2)
 

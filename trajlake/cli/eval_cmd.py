@@ -9,13 +9,13 @@ as one line with exit status 1.
 from __future__ import annotations
 
 import enum
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path
+from trajlake.cli.output import write_report
 from trajlake.errors import TrajlakeError
 
 __all__ = ["DiagnoseFormat", "ReportFormat", "diagnose_command", "eval_command", "register"]
@@ -56,19 +56,6 @@ def _settings(resamples: int, seed: int, confidence: float, alpha: float = 0.05,
     return Settings(resamples=resamples, seed=seed, confidence=confidence, alpha=alpha, mdd_target=mdd_target)
 
 
-def _write(text: str, out: Path | None, what: str) -> None:
-    if out is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        sys.stdout.flush()
-        return
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from e
-    typer.echo(f"wrote {what} to {out}", err=True)
-
-
 def eval_command(
     ctx: typer.Context,
     run: Annotated[list[str] | None, typer.Option(
@@ -107,11 +94,11 @@ def eval_command(
                           settings=settings, memory_limit=memory_limit, threads=threads, breakdown=breakdown,
                           taxonomy=taxonomy)
     if fmt == ReportFormat.json:
-        _write(to_json(report), out, "JSON report")
+        write_report(to_json(report), out, "JSON report")
     elif fmt == ReportFormat.markdown:
-        _write(render.render_markdown(report), out, "Markdown report")
+        write_report(render.render_markdown(report), out, "Markdown report")
     elif fmt == ReportFormat.html:
-        _write(render.render_html(report), out or DEFAULT_HTML, "HTML report")
+        write_report(render.render_html(report), out or DEFAULT_HTML, "HTML report")
     elif out is not None:
         import io
 
@@ -119,7 +106,7 @@ def eval_command(
 
         buf = io.StringIO()
         render.print_report(report, Console(file=buf, width=160, color_system=None))
-        _write(buf.getvalue(), out, "report")
+        write_report(buf.getvalue(), out, "report")
     else:
         render.print_report(report)
 
@@ -150,11 +137,11 @@ def diagnose_command(
     d = diagnose(lake_path(ctx, lake), baseline, candidate, as_of=as_of, settings=settings, memory_limit=memory_limit,
                  threads=threads)
     if fmt == DiagnoseFormat.json:
-        _write(to_json(d), out, "diagnosis")
+        write_report(to_json(d), out, "diagnosis")
     elif fmt == DiagnoseFormat.markdown:
-        _write(render.render_diagnosis_markdown(d), out, "diagnosis")
+        write_report(render.render_diagnosis_markdown(d), out, "diagnosis")
     elif out is not None:
-        _write("\n".join(render.diagnosis_lines(d)), out, "diagnosis")
+        write_report("\n".join(render.diagnosis_lines(d)), out, "diagnosis")
     else:
         render.print_diagnosis(d)
 

@@ -11,6 +11,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -73,3 +74,24 @@ def emit(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: Format, tit
 def _short(v: Any, limit: int = 120) -> str:
     s = json.dumps(v) if isinstance(v, dict | list) else str(v)
     return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def write_report(text: str, out: Path | None, what: str) -> None:
+    """Print ``text``, or write it to ``out`` (its folder created) and say so on stderr; a file that cannot be
+    written is one clear error line."""
+    import sys
+
+    import typer
+
+    from trajlake.errors import TrajlakeError
+
+    if out is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from e
+    typer.echo(f"wrote {what} to {out}", err=True)

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from trajlake.cli.options import AsOfOpt, LakeOpt, lake_path
+from trajlake.cli.output import write_report
 from trajlake.errors import TrajlakeError
 
 __all__ = ["RewardCheckFormat", "register", "reward_check_command"]
@@ -53,15 +54,7 @@ def reward_check_command(
     report = check_reward(lake_path(ctx, lake), run, reward, eps=eps, tolerance=tolerance, confidence=confidence,
                           limit=limit, as_of=as_of)
     text = json.dumps(report, indent=1) if fmt == RewardCheckFormat.json else "\n".join(summary_lines(report))
-    if out is None:
-        typer.echo(text)
-    else:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text + "\n", encoding="utf-8")
-        except OSError as e:
-            raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from e
-        typer.echo(f"wrote the reward check to {out}", err=True)
+    write_report(text, out, "the reward check")
     if fail_on_hack and report["hackable_under"]:
         raise typer.Exit(2)
 
