@@ -79,7 +79,6 @@ def _short(v: Any, limit: int = 120) -> str:
 def write_report(text: str, out: Path | None, what: str) -> None:
     """Print ``text``, or write it to ``out`` (its folder created) and say so on stderr; a file that cannot be
     written is one clear error line."""
-    import sys
 
     import typer
 
