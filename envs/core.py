@@ -227,6 +227,11 @@ class Env(abc.ABC):
         printed by ``trajlake doctor``."""
         return []
 
+    def count_external_step(self, tokens: int, cost_usd: float) -> StepResult | None:
+        """Count a step that never reached the environment (an injected fault) against the budgets; returns the
+        final result when that spends a budget. Environments without budgets count nothing (None)."""
+        return None
+
     def replay(self, log: ReplayLog) -> ReplayReport:
         """Re-run a recorded episode and compare every state hash; reports the first divergence."""
         if log.env_id != self.env_id or log.env_version != self.env_version:
@@ -292,6 +297,35 @@ class SplitTasks:
         raise EnvError(f"task {task_id!r} has no version {task_version!r}; pinned replays need that version")
 
 
+class TrackedBudget:
+    """``count_external_step`` for an environment that keeps its budgets in ``self.tracker``, ``self.done``
+    for an ended episode, and grades with ``self._final_grade()`` when a budget cuts an episode. Mix it in
+    before ``Env``."""
+
+    tracker: BudgetTracker
+    done: bool
+
+    def _final_grade(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def state_hash(self) -> str:
+        raise NotImplementedError
+
+    def count_external_step(self, tokens: int, cost_usd: float) -> StepResult | None:
+        """Count a step that never reached the environment (an injected fault) against the budgets; when
+        that spends a budget the episode is truncated and graded, and the final result is returned."""
+        if self.done:
+            return None
+        spent = self.tracker.add(tokens, cost_usd)
+        if spent is None:
+            return None
+        comps = self._final_grade()
+        self.done = True
+        return StepResult(observation=f"The {spent.removeprefix('budget_')} budget is spent.", reward_components=comps,
+                          terminated=False, truncated=True, status=Status.BUDGET_EXHAUSTED, cost_usd=0.0,
+                          state_hash=self.state_hash(), termination_reason=spent)
+
+
 class BudgetTracker:
     """Counts steps, tokens and cost of an episode and says which budget, if any, is spent."""
 
@@ -337,5 +371,6 @@ __all__ = [
     "Snapshot",
     "SplitTasks",
     "StepResult",
+    "TrackedBudget",
     "stable_hash",
 ]

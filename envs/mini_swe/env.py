@@ -45,6 +45,7 @@ from trajlake.envs.core import (
     Snapshot,
     SplitTasks,
     StepResult,
+    TrackedBudget,
     stable_hash,
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
@@ -91,7 +92,7 @@ def _code_digest() -> str:
     return "sha256:" + h.hexdigest()
 
 
-class MiniSWEEnv(SplitTasks, Env):
+class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
     """Mini SWE over the bundled tasks of one split (or all). Not thread-safe; one episode at a time."""
 
     env_id = ENV_ID
@@ -224,20 +225,6 @@ class MiniSWEEnv(SplitTasks, Env):
                           truncated=truncated, status=status, cost_usd=0.0, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None,
                           tool_seconds=tool_seconds, gateway_events=(res.event,), taint=self._taint)
-
-    def count_external_step(self, tokens: int, cost_usd: float) -> StepResult | None:
-        """Count a step that never reached the environment (an injected fault) against the budgets; when
-        that spends a budget the episode is truncated and graded, and the final result is returned."""
-        if self.done:
-            return None
-        spent = self.tracker.add(tokens, cost_usd)
-        if spent is None:
-            return None
-        comps = self._final_grade()
-        self.done = True
-        return StepResult(observation=f"The {spent.removeprefix('budget_')} budget is spent.", reward_components=comps,
-                          terminated=False, truncated=True, status=Status.BUDGET_EXHAUSTED, cost_usd=0.0,
-                          state_hash=self.state_hash(), termination_reason=spent)
 
     def snapshot(self) -> Snapshot:
         if self.task is None or self.gateway is None:

@@ -48,6 +48,7 @@ from trajlake.envs.core import (
     Snapshot,
     SplitTasks,
     StepResult,
+    TrackedBudget,
     stable_hash,
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec, TransientToolError, validate_args
@@ -152,7 +153,7 @@ class _Browser:
     error: str = ""
 
 
-class MiniWebEnv(SplitTasks, Env):
+class MiniWebEnv(SplitTasks, TrackedBudget, Env):
     """Mini Web over the bundled tasks of one split (or all). One server per instance; one episode at a time.
 
     ``injection``: an attack name (``important_instructions`` or ``tool_knowledge``) to play the attacked
@@ -343,19 +344,6 @@ class MiniWebEnv(SplitTasks, Env):
                           truncated=truncated, status=status, cost_usd=0.0, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None, tool_seconds=0.0,
                           gateway_events=(res.event,), taint=self._taint)
-
-    def count_external_step(self, tokens: int, cost_usd: float) -> StepResult | None:
-        """Count a step that never reached the environment (an injected fault) against the budgets."""
-        if self.done:
-            return None
-        spent = self.tracker.add(tokens, cost_usd)
-        if spent is None:
-            return None
-        comps = self._final_grade()
-        self.done = True
-        return StepResult(observation=f"The {spent.removeprefix('budget_')} budget is spent.", reward_components=comps,
-                          terminated=False, truncated=True, status=Status.BUDGET_EXHAUSTED, cost_usd=0.0,
-                          state_hash=self.state_hash(), termination_reason=spent)
 
     def snapshot(self) -> Snapshot:
         if self.task is None or self.gateway is None or self.site is None:

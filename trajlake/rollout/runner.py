@@ -197,10 +197,7 @@ def _use_policy_context_tokens(obs_turn: dict[str, Any], out: PolicyOutput) -> N
 
 
 def _count_budget_on_fault(env: Env, res: StepResult, tokens: int, cost: float) -> StepResult:
-    count = getattr(env, "count_external_step", None)
-    if count is None:
-        return res
-    ended: StepResult | None = count(tokens, cost)
+    ended = env.count_external_step(tokens, cost)
     if ended is None:
         return res
     return StepResult(observation=res.observation + "\n" + ended.observation, reward_components=ended.reward_components,
