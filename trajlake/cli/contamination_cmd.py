@@ -6,7 +6,6 @@ Wire it into the CLI with ``register(app)`` (``trajlake/cli/__init__.py``). Read
 
 from __future__ import annotations
 
-import enum
 import html
 import io
 import json
@@ -15,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trajlake.cli.eval_cmd import ReportFormat
 from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path
 from trajlake.cli.output import write_report
 from trajlake.errors import TrajlakeError
@@ -22,13 +22,8 @@ from trajlake.errors import TrajlakeError
 __all__ = ["ContaminationFormat", "contamination_command", "register", "render_html", "render_markdown"]
 
 
-class ContaminationFormat(enum.StrEnum):
-    """Output formats of ``trajlake contamination``."""
-
-    table = "table"
-    json = "json"
-    markdown = "markdown"
-    html = "html"
+#: Output formats of ``trajlake contamination``: the report formats of ``trajlake eval``.
+ContaminationFormat = ReportFormat
 
 
 def _rows(report: dict[str, Any]) -> list[list[str]]:
