@@ -449,6 +449,7 @@ def _register_command_groups() -> None:
     from trajlake.cli.eval_cmd import register as register_eval
     from trajlake.cli.export_cmd import register as register_export
     from trajlake.cli.reward_check_cmd import register as register_reward_check
+    from trajlake.cli.train_cmd import register as register_train
 
     register_eval(app)
     register_export(app)
@@ -456,6 +457,7 @@ def _register_command_groups() -> None:
     register_contamination(app)
     register_reward_check(app)
     register_best_of(app)
+    register_train(app)
 
 
 _register_command_groups()

@@ -315,6 +315,11 @@ class RolloutConfig:
     data_cutoff: str | None = None
     """The policy's training-data cutoff (ISO-8601), for the contamination scan's time split: tasks created
     before it may have been seen in training (``trajlake contamination``)."""
+    label: str | None = None
+    """``runs.label`` (default: the run id); the trainer labels a stage's runs with the stage name (B1, R1)."""
+    policy_name: str | None = None
+    """``runs.policy_name`` and the name its versions are published under (``PolicyVersions``; default: the
+    policy spec). The trainer gives all its checkpoints one name so that lag counts across them."""
 
 
 @dataclass
@@ -340,7 +345,7 @@ class _Worker:
 
         self.cfg = cfg
         self.env = make_env(cfg.env, split=cfg.split, **cfg.env_kwargs)
-        self.versions = PolicyVersions(Path(cfg.lake), cfg.policy)
+        self.versions = PolicyVersions(Path(cfg.lake), cfg.policy_name or cfg.policy)
         self.policy = make_rollout_policy(cfg.env, cfg.policy, self._current_version(), cfg.policy_args)
         self.task_view = task_view_fn(self.env, oracle=self.policy.needs_oracle)
         # The worker hands its finished episodes to the writer in one batch per commit (validation has a fixed
@@ -456,8 +461,9 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     with LakeWriter(lake, handle_signals=False) as w:
         w.write_tasks(task_rows(cfg.env, list_tasks(cfg.env, None, **cfg.env_kwargs), **cfg.env_kwargs))
         if not old:
-            w.write_runs([{"run_id": cfg.run_id, "created_at": utcnow(), "label": cfg.run_id,
-                           "config": json.dumps(settings, sort_keys=True), "policy_name": cfg.policy,
+            w.write_runs([{"run_id": cfg.run_id, "created_at": utcnow(), "label": cfg.label or cfg.run_id,
+                           "config": json.dumps(settings, sort_keys=True),
+                           "policy_name": cfg.policy_name or cfg.policy,
                            "policy_version": cfg.policy_version,
                            "policy_checkpoint_hash": getattr(probe, "checkpoint_hash", None) if probe is not None
                            else checkpoint_hash(cfg.policy),
@@ -554,7 +560,8 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             **({"attempts": cfg.attempts} if cfg.attempts != 1 else {}),
             **({"policy_args": cfg.policy_args} if cfg.policy_args else {}),
             **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {}),
-            **({"data_cutoff": cfg.data_cutoff} if cfg.data_cutoff else {})}
+            **({"data_cutoff": cfg.data_cutoff} if cfg.data_cutoff else {}),
+            **({"policy_name": cfg.policy_name} if cfg.policy_name else {})}
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,84 @@
+"""The trainer's config file: every shipped config parses; bad keys and values are one clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trajlake.train.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+MINIMAL = {"name": "x", "model": {"build_tiny": True}, "stages": [{"name": "B1", "kind": "sft"}]}
+
+
+TRAINING_CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.toml") if b"[[stages]]" in p.read_bytes())
+
+
+def test_training_configs_are_found() -> None:
+    assert ROOT / "configs" / "smoke.toml" in TRAINING_CONFIGS
+
+
+@pytest.mark.parametrize("path", TRAINING_CONFIGS, ids=lambda p: p.name)
+def test_shipped_training_configs_parse(path: Path) -> None:
+    cfg = load_config(path)
+    assert cfg.stages and cfg.source == str(path)
+
+
+def test_smoke_config_runs_b1_then_r1() -> None:
+    cfg = load_config(ROOT / "configs" / "smoke.toml")
+    assert [(s.name, s.kind) for s in cfg.stages] == [("B1", "sft"), ("R1", "rl")]
+    r1 = cfg.stages[1]
+    assert r1.algo == "rloo" and r1.rollout.attempts >= 2 and r1.max_policy_lag == 1
+    assert cfg.model.build_tiny and cfg.model.path is None
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
+    f = tmp_path / "sub" / "c.toml"
+    f.parent.mkdir()
+    f.write_text('name = "x"\nout_dir = "out"\n[model]\nbuild_tiny = true\n[[stages]]\nname = "B1"\nkind = "sft"\n')
+    cfg = load_config(f)
+    assert cfg.resolve(cfg.out_dir) == f.parent / "out"
+
+
+def test_yaml_config(tmp_path: Path) -> None:
+    pytest.importorskip("yaml")
+    f = tmp_path / "c.yaml"
+    f.write_text("name: x\nmodel: {build_tiny: true}\nstages:\n  - {name: R1, kind: rl, algo: grpo, "
+                 "rollout: {attempts: 3, seeds: '0-1'}}\n")
+    cfg = load_config(f)
+    assert cfg.stages[0].algo == "grpo" and cfg.stages[0].rollout.attempts == 3
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"lr": 0.1}, "unknown key(s) lr"),
+    ({"stages": [{"name": "B1", "kind": "dpo"}]}, "stages[0].kind: 'dpo' is not one of"),
+    ({"stages": [{"name": "B1"}]}, "stages[0]: missing key(s) kind"),
+    ({"name": 3}, "name: expected str"),
+    ({"stages": [{"name": "B1", "kind": "sft", "steps": "ten"}]}, "stages[0].steps: expected int"),
+    ({"stages": [{"name": "R1", "kind": "rl", "rollout": {"attempts": 1}}]}, "rloo needs groups"),
+    ({"stages": [{"name": "R1", "kind": "rl", "algo": "ppo", "rollout": {"attempts": 1},
+                  "process_reward": "passed_text_reward"}]}, "process_reward must be one of"),
+    ({"stages": [{"name": "B1", "kind": "sft"}, {"name": "B1", "kind": "sft"}]}, "stage names repeat"),
+    ({"stages": []}, "no [[stages]]"),
+    ({"model": {"build_tiny": True, "path": "m"}}, "exactly one of path"),
+    ({"loss_aggregation": "mean"}, "loss_aggregation must be one of"),
+    ({"stages": [{"name": "R3", "kind": "rl", "fault_rate_schedule": [0.1, 2]}]}, "fault_rate_schedule"),
+])
+def test_bad_config_is_one_clear_error(change: dict, message: str) -> None:
+    data = {**MINIMAL, **change}
+    if "lr" in change:
+        data = {**MINIMAL, "model": {"build_tiny": True, "lr": 0.1}}
+        message = "c.toml: model: unknown key(s) lr"
+    with pytest.raises(ConfigError) as e:
+        parse_config(data, "c.toml")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the config"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
+        load_config(bad)

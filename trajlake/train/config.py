@@ -1,0 +1,288 @@
+"""The trainer's configuration: one documented dataclass per table of the config file (TOML, or YAML when PyYAML
+is installed). ``trajlake train --config FILE`` reads it with :func:`load_config`; an unknown key or a bad value
+is one clear error naming the file and the key. See docs/training.md for a full example.
+
+A config has a few top-level keys, a ``[model]`` table and an array of ``[[stages]]``; each stage plays its
+rollouts through the rollout runner (``[stages.rollout]``, ``[stages.data]``, ``[stages.eval]``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trajlake.errors import TrajlakeError
+
+StageKind = Literal["sft", "rl"]
+Algorithm = Literal["rloo", "grpo", "ppo"]
+STAGE_KINDS = typing.get_args(StageKind)
+ALGORITHMS = typing.get_args(Algorithm)
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+TASK_REWARDS = ("success", "reward_total")
+
+
+class ConfigError(TrajlakeError):
+    """The training config is malformed (names the file and the key)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``[model]``: the policy the first stage starts from."""
+
+    path: str | None = None
+    """A local Hugging Face model folder (weights, tokenizer with a chat template). Relative to the config file."""
+    build_tiny: bool = False
+    """Build a tiny randomly initialised Llama and tokenizer (``trajlake.policies.tiny``) into
+    ``<out_dir>/base`` instead (tests, smoke runs). Exactly one of ``path`` and ``build_tiny``."""
+    hidden_size: int = 64
+    layers: int = 2
+    max_positions: int = 16384
+    """The tiny model's window: Mini SWE's oracle episodes are ~7k tokens in its byte-level vocabulary."""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """Where and how a stage plays episodes into the lake (the rollout runner's settings)."""
+
+    split: str = "train"
+    seeds: str = "0"
+    """Environment seeds, as ``trajlake rollout --seeds`` reads them (``0-3,7``)."""
+    attempts: int = 1
+    """Attempts per (task, seed): one GRPO/RLOO group each."""
+    tasks: tuple[str, ...] = ()
+    """Only these task ids of the split (empty: every task of the split)."""
+    workers: int = 1
+    policy_args: dict[str, str] = field(default_factory=dict)
+    """Settings of the ``hf:`` policy playing the checkpoint (``temperature``, ``max_new_tokens``, ...)."""
+    fault_rate: float = 0.0
+    """Injected fault rate (the runner's ``--fault-rate``)."""
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """``[[stages]]``: one stage of the experiment (B1, R1, R2, R3). Every run it writes carries ``name`` as
+    ``runs.label``; its checkpoint is policy version ``<experiment>-<name>``."""
+
+    name: str
+    kind: StageKind
+    """``sft``: supervised on successful trajectories from the lake (B1). ``rl``: iterations of rollout with the
+    current policy, then policy-gradient updates on the episodes within ``max_policy_lag`` (R1-R3)."""
+    # -- sft ---------------------------------------------------------------------------------------------------
+    data_policy: str | None = "oracle"
+    """sft: a scripted policy of the environment played into the lake for the stage's data (run
+    ``<prefix><name>-data``); None: train on ``data_runs`` only."""
+    data_runs: tuple[str, ...] = ()
+    """sft: further runs already in the lake to train on."""
+    success_only: bool = True
+    """sft: train only on successful episodes."""
+    data: RolloutSpec = field(default_factory=RolloutSpec)
+    """sft: where the data policy plays."""
+    # -- rl ----------------------------------------------------------------------------------------------------
+    algo: Algorithm = "rloo"
+    """rl: advantage estimator: ``rloo`` (19.7), ``grpo`` (group-normalised) or ``ppo`` (a value head and GAE
+    over environment turns, 19.4)."""
+    iterations: int = 1
+    """rl: rollout-then-update iterations; each publishes a new policy version."""
+    rollout: RolloutSpec = field(default_factory=lambda: RolloutSpec(attempts=4))
+    max_policy_lag: int = 0
+    """rl: train on episodes played by the learner's version or up to this many versions before it; older ones
+    are left out. Episodes from older versions are corrected with the truncated trajectory ratio."""
+    process_reward: str | None = None
+    """rl (R2): a process reward from ``trajlake.evaluators.process_rewards`` (``grounded_progress``) added to
+    the return (19.3) with weight ``process_weight``."""
+    process_weight: float = 1.0
+    fault_rate_schedule: tuple[float, ...] = ()
+    """rl (R3): the fault curriculum: iteration i plays with fault rate ``fault_rate_schedule[min(i, n-1)]``
+    (rising rates); empty: ``rollout.fault_rate`` throughout."""
+    # -- both --------------------------------------------------------------------------------------------------
+    steps: int = 10
+    """Optimizer steps (sft: in total; rl: per iteration)."""
+    batch_size: int = 4
+    """Sequences per optimizer step (across data-parallel ranks: each rank takes its share)."""
+    lr: float = 1e-3
+    eval: RolloutSpec | None = None
+    """Play the stage's final checkpoint here as run ``<prefix><name>`` (e.g. the hidden split), for
+    ``trajlake eval --baseline B1 --candidate R1``. None: no evaluation run."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The whole experiment: top-level keys of the config file."""
+
+    name: str
+    """Experiment name: the policy name its versions are published under, and the prefix of its versions."""
+    env: str = "mini-swe"
+    out_dir: str = "train-out"
+    """Checkpoints (``<out_dir>/<stage>``, Hugging Face format) and the training log. Relative to the config
+    file's folder unless absolute."""
+    run_prefix: str = ""
+    """Prefix of every run id the trainer writes (runs are ``<prefix><stage>``, ``<prefix><stage>-data``,
+    ``<prefix><stage>-it<k>``, ``<prefix><stage>.train``)."""
+    seed: int = 0
+    device: str = "auto"
+    """``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``. CUDA trains under bf16 autocast."""
+    max_length: int = 16384
+    """Samples longer than this are skipped (and counted in the log), never cut."""
+    loss_aggregation: str = "token-mean"
+    """Masked-loss normalisation (19.6): ``token-mean`` over the global batch's policy tokens,
+    ``seq-mean-token-mean`` or ``seq-mean-token-sum``."""
+    temperature: float = 1.0
+    """The temperature the rollouts sample with; the trainer's log-probs divide logits by it (so the ratio
+    compares like with like)."""
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    task_reward: str = "success"
+    """R_task of 19.3: ``success`` (1/0; ungraded counts 0) or ``reward_total``."""
+    lambda_cost: float = 0.0
+    """lambda_c of 19.3: weight of the episode's ``cost_usd``."""
+    lambda_safety: float = 0.0
+    """lambda_s of 19.3: weight of the episode's gateway denials (safety violations)."""
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    ratio_level: Literal["token", "sequence"] = "token"
+    is_max_weight: float = 2.0
+    """Truncation c of the trajectory-level importance weight min(rho, c) for off-policy episodes (lag > 0)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to the behaviour policy in the loss (0: logged only)."""
+    value_coef: float = 0.5
+    grad_clip: float = 1.0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    stages: tuple[StageConfig, ...] = ()
+    source: str | None = None
+    """The config file this was read from (set by ``load_config``)."""
+
+    def resolve(self, path: str) -> Path:
+        """A path of the config, relative to the config file's folder."""
+        p = Path(path)
+        if p.is_absolute() or self.source is None:
+            return p
+        return Path(self.source).parent / p
+
+
+def _key(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
+    """``cls`` from a mapping: unknown keys and wrong types are a ConfigError naming the key path ``where``."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where or 'the config'}: expected a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where or 'top level'}: unknown key(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(sorted(fields))}")
+    kw: dict[str, Any] = {}
+    for key, value in data.items():
+        kw[key] = _coerce(hints[key], value, _key(where, key))
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in kw
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where or 'top level'}: missing key(s) {', '.join(missing)}")
+    return cls(**kw)
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, where)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list")
+        return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a table")
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and not (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
+        raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def parse_config(data: Mapping[str, Any], source: str | None = None) -> TrainConfig:
+    """A TrainConfig from parsed TOML/YAML; checks the values that types cannot."""
+    where = source or "config"
+    try:
+        cfg: TrainConfig = _build(TrainConfig, data, "")
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e
+    cfg = dataclasses.replace(cfg, source=source)
+    if cfg.model.build_tiny == (cfg.model.path is not None):
+        raise ConfigError(f"{where}: [model] needs exactly one of path = FOLDER and build_tiny = true")
+    if cfg.loss_aggregation not in LOSS_AGGREGATIONS:
+        raise ConfigError(f"{where}: loss_aggregation must be one of {', '.join(LOSS_AGGREGATIONS)}")
+    if cfg.task_reward not in TASK_REWARDS:
+        raise ConfigError(f"{where}: task_reward must be one of {', '.join(TASK_REWARDS)}")
+    if not cfg.stages:
+        raise ConfigError(f"{where}: no [[stages]]")
+    names = [s.name for s in cfg.stages]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: stage names repeat: {', '.join(names)}")
+    for i, s in enumerate(cfg.stages):
+        at = f"{where}: stages[{i}] ({s.name})"
+        if s.steps < 0 or s.batch_size < 1 or s.iterations < 1 or s.lr <= 0:
+            raise ConfigError(f"{at}: steps >= 0, batch_size >= 1, iterations >= 1 and lr > 0")
+        if s.kind == "sft" and s.data_policy is None and not s.data_runs:
+            raise ConfigError(f"{at}: an sft stage needs data_policy or data_runs")
+        if s.kind == "rl" and s.algo in ("rloo", "grpo") and s.rollout.attempts < 2:
+            raise ConfigError(f"{at}: {s.algo} needs groups: rollout.attempts >= 2")
+        if s.process_reward is not None and s.process_reward not in PROCESS_REWARDS:
+            raise ConfigError(f"{at}: process_reward must be one of {', '.join(PROCESS_REWARDS)}")
+        if any(not 0 <= r <= 1 for r in s.fault_rate_schedule):
+            raise ConfigError(f"{at}: fault_rate_schedule values must lie in [0, 1]")
+    return cfg
+
+
+#: Process rewards a stage may name (functions of ``trajlake.evaluators.process_rewards``; only sound ones).
+PROCESS_REWARDS = ("grounded_progress",)
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read a ``.toml``, ``.yaml`` or ``.yml`` training config."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the config: {e.strerror or e}") from e
+    if p.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as e:
+            raise ConfigError(f"{p}: YAML configs need PyYAML (pip install pyyaml), or use TOML") from e
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from e
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML: {e}") from e
+    return parse_config(data or {}, str(p))
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The config as plain data (recorded in each stage's ``runs.config``)."""
+    return dataclasses.asdict(cfg)
+
+
+__all__ = ["ALGORITHMS", "PROCESS_REWARDS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
+           "StageConfig", "TrainConfig", "config_dict", "load_config", "parse_config"]

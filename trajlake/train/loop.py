@@ -1,0 +1,667 @@
+"""The training loop, top to bottom: stages B1 (supervised), R1/R2/R3 (policy gradient), each ending in a
+checkpoint that is registered in ``runs`` and played back into the lake through the rollout runner.
+
+Read :func:`train` first. The math lives in ``trajlake.train.math`` (pure, unit-tested), reading the lake in
+``trajlake.train.data``; this module only wires them: which episodes, which advantages, which loss, when to save.
+
+Versions and lag. Every checkpoint is a policy version ``<experiment>-<stage>`` (an RL stage's intermediate
+iterations are ``<experiment>-<stage>.<k>``), published in order with ``PolicyVersions`` under the experiment's
+name. Rollouts pin the version they play (episode-sticky); the runner records each episode's ``policy_lag``
+against the published list. An RL iteration trains on the episodes of this stage's rollouts whose version is at
+most ``max_policy_lag`` versions behind the learner; the log records each step's lag, and episodes with lag > 0
+are weighted by the truncated trajectory ratio min(rho, c) (19.5).
+
+Data parallel. Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank reads its own shard of the episodes, the
+token-mean denominator is the global policy-token count (all-reduced), and gradients are summed across ranks
+with ``torch.distributed.all_reduce`` before each step, so the update equals one big batch's. Rank 0 alone plays
+rollouts, writes the lake and saves checkpoints; the others wait at a barrier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trajlake.errors import TrajlakeError
+from trajlake.train.config import RolloutSpec, StageConfig, TrainConfig, config_dict
+
+Log = Callable[[str], None]
+
+
+class TrainError(TrajlakeError):
+    """The training run cannot go on (names the stage and what to do)."""
+
+
+# -- the process group ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dist:
+    """Rank and world size of this process (1 process: rank 0 of 1)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> Dist:
+    """Join the ``torchrun`` process group when ``WORLD_SIZE`` > 1 (gloo on CPU, NCCL on CUDA)."""
+    import torch.distributed as tdist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    if not tdist.is_initialized():
+        tdist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    return Dist(tdist.get_rank(), tdist.get_world_size())
+
+
+def _barrier(dist: Dist) -> None:
+    if dist.world > 1:
+        import torch.distributed as tdist
+
+        tdist.barrier()
+
+
+def _all_sum(dist: Dist, value: float) -> float:
+    if dist.world == 1:
+        return value
+    import torch
+    import torch.distributed as tdist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    tdist.all_reduce(t)
+    return float(t.item())
+
+
+# -- the learner ---------------------------------------------------------------------------------------------
+class Learner:
+    """The model being trained, its optimizer and (for PPO) a value head on the last hidden state."""
+
+    def __init__(self, model_path: Path, device: str, dist: Dist, *, value_head: bool = False):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.device = device
+        self.dist = dist
+        loaded: Any = AutoModelForCausalLM.from_pretrained(str(model_path), local_files_only=True,
+                                                           dtype=torch.float32)
+        self.model: Any = loaded.to(device)
+        self.model_path = model_path
+        hidden = int(self.model.config.hidden_size)
+        self.value_head: Any = torch.nn.Linear(hidden, 1).to(device) if value_head else None
+        if self.value_head is not None and (model_path / "value_head.pt").is_file():
+            self.value_head.load_state_dict(torch.load(model_path / "value_head.pt", map_location=device))
+        self.optimizer: Any = None
+        self.lr = 0.0
+
+    def parameters(self) -> list[Any]:
+        params = list(self.model.parameters())
+        return params + (list(self.value_head.parameters()) if self.value_head is not None else [])
+
+    def new_optimizer(self, lr: float) -> None:
+        self.optimizer = self.torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.0)
+        self.lr = lr
+
+    def forward(self, batch: dict[str, Any], temperature: float) -> dict[str, Any]:
+        """Token log-probs and entropies (aligned: position t scores token t), and the last hidden states when
+        a value head exists."""
+        from trajlake.train import math as tm
+
+        torch = self.torch
+        ids = batch["input_ids"].to(self.device)
+        attn = batch["attention_mask"].to(self.device)
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.startswith("cuda") \
+            else _nullcontext()
+        with autocast:
+            out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=self.value_head is not None)
+        logits = out.logits.float()
+        result = {"logp": tm.token_logprobs(logits, ids, temperature),
+                  "entropy": tm.entropy_from_logits(logits, temperature)}
+        if self.value_head is not None:
+            result["values"] = self.value_head(out.hidden_states[-1].float()).squeeze(-1)
+        return result
+
+    def step(self, loss: Any, grad_clip: float) -> float:
+        """Backward, sum gradients across ranks, clip, step. Returns the gradient norm."""
+        torch = self.torch
+        self.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.dist.world > 1:
+            import torch.distributed as tdist
+
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                tdist.all_reduce(p.grad)
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip > 0 else \
+            torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        self.optimizer.step()
+        return float(norm)
+
+    def save(self, folder: Path) -> str:
+        """Save in Hugging Face format (weights, config, tokenizer; the value head beside them) and return the
+        checkpoint hash recorded in ``runs.policy_checkpoint_hash``."""
+        from trajlake.policies import checkpoint_hash
+
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        self.model.save_pretrained(str(folder))
+        for f in self.model_path.iterdir():  # tokenizer and chat template travel with the weights
+            if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+                shutil.copy2(f, folder / f.name)
+        if self.value_head is not None:
+            self.torch.save(self.value_head.state_dict(), folder / "value_head.pt")
+        self.model_path = folder
+        return checkpoint_hash(f"hf:{folder}") or ""
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+# -- the training log ----------------------------------------------------------------------------------------
+@dataclass
+class TrainLog:
+    """One row per optimizer step, written to ``<out_dir>/train_log.parquet`` (and TensorBoard when installed)."""
+
+    path: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    tensorboard: Any = None
+
+    @classmethod
+    def open(cls, out_dir: Path, main: bool) -> TrainLog:
+        log = cls(out_dir / "train_log.parquet")
+        if main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                log.tensorboard = SummaryWriter(str(out_dir / "tensorboard"))
+            except ImportError:  # the tensorboard extra is not installed: the Parquet table is the log
+                log.tensorboard = None
+        return log
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if self.tensorboard is not None:
+            step = len(self.rows)
+            for k, v in row.items():
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                    self.tensorboard.add_scalar(f"{row['stage']}/{k}", v, step)
+
+    def write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.rows:
+            return
+        keys = list(dict.fromkeys(k for r in self.rows for k in r))
+        table = pa.table({k: [r.get(k) for r in self.rows] for k in keys})
+        tmp = self.path.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, self.path)
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
+
+
+# -- the result ----------------------------------------------------------------------------------------------
+@dataclass
+class StageResult:
+    name: str
+    policy_version: str
+    checkpoint: str
+    checkpoint_hash: str
+    runs: list[str]
+    steps: int
+    first_loss: float | None
+    last_loss: float | None
+    tokens: int
+
+
+@dataclass
+class TrainResult:
+    stages: list[StageResult]
+    log_path: str
+
+
+# -- the loop ------------------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResult:
+    """Run every stage of ``cfg`` against ``lake`` (created when missing)."""
+    import torch
+
+    from trajlake.lake.store import Lake
+    from trajlake.rollout.versions import PolicyVersions
+
+    device = _device(cfg.device)
+    dist = init_distributed(device)
+    torch.manual_seed(cfg.seed + dist.rank)
+    out_dir = cfg.resolve(cfg.out_dir)
+    lake = str(lake)
+    if dist.main:
+        Lake.init(lake)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _refuse_trained_stages(cfg, lake)
+    _barrier(dist)
+    model_path = _base_model(cfg, out_dir, dist)
+    versions = PolicyVersions(Path(lake), cfg.name)
+    current_version = f"{cfg.name}-base"
+    if dist.main:
+        versions.publish(current_version)
+    train_log = TrainLog.open(out_dir, dist.main)
+    results: list[StageResult] = []
+    for stage in cfg.stages:
+        learner = Learner(model_path, device, dist, value_head=stage.kind == "rl" and stage.algo == "ppo")
+        learner.new_optimizer(stage.lr)
+        log(f"stage {stage.name} ({stage.kind}{'/' + stage.algo if stage.kind == 'rl' else ''}): starting from "
+            f"{current_version}")
+        if stage.kind == "sft":
+            result = _run_sft(cfg, stage, lake, learner, dist, train_log, log)
+        else:
+            result = _run_rl(cfg, stage, lake, learner, dist, train_log, versions, current_version, log)
+        current_version = f"{cfg.name}-{stage.name}"
+        folder = out_dir / stage.name
+        digest = _save_and_publish(learner, folder, current_version, versions, dist)
+        if dist.main:
+            train_log.write()
+            _register(cfg, stage, lake, current_version, folder, digest, result, train_log.path)
+            if stage.eval is not None:
+                run = f"{cfg.run_prefix}{stage.name}"
+                _rollout(cfg, stage.eval, lake, run, stage.name, folder, current_version, log)
+                result["runs"].append(run)
+        _barrier(dist)
+        model_path = folder
+        results.append(StageResult(stage.name, current_version, str(folder), digest, result["runs"],
+                                   result["steps"], result["first_loss"], result["last_loss"], result["tokens"]))
+        log(f"stage {stage.name}: version {current_version} saved to {folder} ({result['steps']} steps, loss "
+            f"{_fmt(result['first_loss'])} -> {_fmt(result['last_loss'])})")
+    if train_log.tensorboard is not None:
+        train_log.tensorboard.close()
+    return TrainResult(results, str(train_log.path))
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainError(f"device {name!r}: CUDA is not available on this machine (use device = \"auto\")")
+    return name
+
+
+def _refuse_trained_stages(cfg: TrainConfig, lake: str) -> None:
+    from trajlake.query import connect
+
+    ids = [f"{cfg.run_prefix}{s.name}.train" for s in cfg.stages]
+    con = connect(lake)
+    found = [r[0] for r in con.execute(f"select run_id from runs where run_id in ({', '.join('?' * len(ids))})",
+                                       ids).fetchall()]
+    if found:
+        raise TrainError(f"the lake already holds trained stage(s) {', '.join(sorted(found))}: train into a fresh "
+                         f"lake or set another run_prefix in the config")
+
+
+def _base_model(cfg: TrainConfig, out_dir: Path, dist: Dist) -> Path:
+    if cfg.model.path is not None:
+        path = cfg.resolve(cfg.model.path)
+        if not (path / "config.json").is_file():
+            raise TrainError(f"[model] path {path}: not a local Hugging Face model folder (no config.json)")
+        return path
+    path = out_dir / "base"
+    if dist.main:
+        from trajlake.policies.tiny import build_tiny_model
+
+        m = cfg.model
+        build_tiny_model(path, hidden_size=m.hidden_size, layers=m.layers, max_positions=m.max_positions,
+                         seed=m.seed)
+    _barrier(dist)
+    return path
+
+
+def _save_and_publish(learner: Learner, folder: Path, version: str, versions: Any, dist: Dist) -> str:
+    digest = ""
+    if dist.main:
+        digest = learner.save(folder)
+        versions.publish(version)
+    _barrier(dist)
+    return digest
+
+
+def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label: str, policy_folder: Path | None,
+             version: str | None, log: Log, *, scripted: str | None = None, fault_rate: float | None = None) -> None:
+    """Play ``spec`` into the lake through the rollout runner: the checkpoint in ``policy_folder`` as an ``hf:``
+    policy pinned to ``version``, or a scripted policy of the environment."""
+    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
+
+    if scripted is not None:
+        policy, args, name = scripted, {}, None
+    else:
+        policy = f"hf:{policy_folder}"
+        args = {"temperature": str(cfg.temperature), **spec.policy_args}
+        name = cfg.name
+    rc = RolloutConfig(lake=lake, run_id=run_id, env=cfg.env, policy=policy, split=spec.split,
+                       seeds=parse_seeds(spec.seeds), workers=spec.workers,
+                       fault_rate=spec.fault_rate if fault_rate is None else fault_rate,
+                       fault_seed=cfg.seed, policy_version=version, attempts=spec.attempts, policy_args=args,
+                       task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=0.0)
+    t0 = time.monotonic()
+    summary = run_rollout(rc)
+    if summary.failed_items:
+        raise TrainError(f"rollout {run_id}: {len(summary.failed_items)} episode(s) failed, first: "
+                         f"{summary.failed_items[0]}")
+    log(f"  rollout {run_id}: {summary.written} episode(s) written ({summary.successes} successful) in "
+        f"{time.monotonic() - t0:.0f} s")
+
+
+def _register(cfg: TrainConfig, stage: StageConfig, lake: str, version: str, folder: Path, digest: str,
+              result: dict[str, Any], log_path: Path) -> None:
+    """The stage's row in ``runs`` (run ``<prefix><stage>.train``, no episodes): its policy version, checkpoint
+    hash, the whole config and where the checkpoint and the log are."""
+    from trajlake.lake.store import Lake
+    from trajlake.provenance import code_version
+    from trajlake.record.writer import LakeWriter, utcnow
+
+    summary = {"stage": dataclasses.asdict(stage), "experiment": config_dict(cfg), "checkpoint": str(folder),
+               "train_log": str(log_path), "steps": result["steps"], "first_loss": result["first_loss"],
+               "last_loss": result["last_loss"], "tokens": result["tokens"], "data_runs": result["runs"]}
+    with LakeWriter(Lake.open(lake), handle_signals=False) as w:
+        w.write_runs([{"run_id": f"{cfg.run_prefix}{stage.name}.train", "created_at": utcnow(),
+                       "label": stage.name, "config": json.dumps(summary, sort_keys=True, default=str),
+                       "policy_name": cfg.name, "policy_version": version, "policy_checkpoint_hash": digest,
+                       "code_version": code_version()}])
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+# -- B1: supervised ------------------------------------------------------------------------------------------
+def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, dist: Dist, train_log: TrainLog,
+             log: Log) -> dict[str, Any]:
+    from trajlake.train import math as tm
+    from trajlake.train.data import LakeTrajectories, Selection
+
+    runs = list(stage.data_runs)
+    if stage.data_policy is not None:
+        run = f"{cfg.run_prefix}{stage.name}-data"
+        if dist.main:
+            _rollout(cfg, stage.data, lake, run, stage.name, None, None, log, scripted=stage.data_policy)
+        _barrier(dist)
+        runs.append(run)
+    selection = Selection(runs=runs, success=True if stage.success_only else None)
+    dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, max_length=cfg.max_length,
+                               rank=dist.rank, world_size=dist.world)
+    batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
+    losses: list[float] = []
+    tokens = 0
+    for step in range(stage.steps):
+        batch = next(batches)
+        n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
+        if n_tokens == 0:
+            raise TrainError(f"stage {stage.name}: no policy tokens to learn from in runs {', '.join(runs)} "
+                             f"(success_only={stage.success_only}; {dataset.stats})")
+        if batch:
+            out = learner.forward(batch, cfg.temperature)
+            mask = batch["loss_mask"].to(learner.device)
+            loss = tm.sft_loss(out["logp"], mask, cfg.loss_aggregation, denominator=_denominator(cfg, n_tokens))
+            entropy = float(tm.masked_mean(out["entropy"].detach(), mask))
+        else:  # this rank's shard is empty: it still takes part in the gradient sum
+            loss = sum(p.sum() * 0.0 for p in learner.parameters())
+            entropy = float("nan")
+        grad_norm = learner.step(loss, cfg.grad_clip)
+        value = _all_sum(dist, float(loss.detach())) / (1 if cfg.loss_aggregation == "token-mean" else dist.world)
+        losses.append(value)
+        tokens += int(n_tokens)
+        train_log.add({"stage": stage.name, "iteration": 0, "step": step, "loss": value, "kl": None,
+                       "entropy": entropy, "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
+                       "ratio_mean": None, "ratio_max": None, "log_ratio_var": None, "lag_mean": None,
+                       "lag_max": None, "reward_mean": None, "time": time.time()})
+        if dist.main and (step % 10 == 0 or step == stage.steps - 1):
+            log(f"  {stage.name} step {step}: loss {value:.4f} over {int(n_tokens)} policy tokens")
+    return {"runs": runs, "steps": stage.steps, "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None, "tokens": tokens}
+
+
+def _per_rank(batch_size: int, dist: Dist) -> int:
+    return max(1, math.ceil(batch_size / dist.world))
+
+
+def _denominator(cfg: TrainConfig, global_tokens: float) -> float | None:
+    """The global token count for ``token-mean`` (so ranks and micro-batches add up to one batch's loss)."""
+    return global_tokens if cfg.loss_aggregation == "token-mean" else None
+
+
+def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, Any]]:
+    """Padded batches of ``size`` samples, cycling over the dataset (epochs); an empty dict when this rank's
+    shard is empty."""
+    from trajlake.train.data import pad_collate
+
+    pad_id = int(getattr(learner.model.config, "pad_token_id", None) or 0)
+    while True:
+        buf: list[dict[str, Any]] = []
+        seen = False
+        for sample in dataset:
+            seen = True
+            buf.append(sample)
+            if len(buf) == size:
+                yield pad_collate(buf, pad_id)
+                buf = []
+        if buf:
+            yield pad_collate(buf, pad_id)
+        if not seen:
+            yield {}
+
+
+# -- R1/R2/R3: policy gradient -------------------------------------------------------------------------------
+def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, dist: Dist, train_log: TrainLog,
+            versions: Any, start_version: str, log: Log) -> dict[str, Any]:
+    from trajlake.train.data import LakeTrajectories, Selection, select_episodes
+
+    runs: list[str] = []
+    behaviour_version = start_version
+    behaviour_folder = learner.model_path
+    losses: list[float] = []
+    tokens = 0
+    for it in range(1, stage.iterations + 1):
+        run = f"{cfg.run_prefix}{stage.name}-it{it}"
+        fault_rate = _fault_rate(stage, it - 1)
+        if dist.main:
+            _rollout(cfg, stage.rollout, lake, run, stage.name, behaviour_folder, behaviour_version, log,
+                     fault_rate=fault_rate)
+        _barrier(dist)
+        runs.append(run)
+        published = versions.all()
+        learner_index = published.index(behaviour_version)
+        allowed = published[max(0, learner_index - stage.max_policy_lag):learner_index + 1]
+        selection = Selection(runs=runs, policy_versions=allowed)
+        episodes = select_episodes(lake, selection)
+        returns = _episode_returns(cfg, stage, lake, episodes)
+        advantages = _advantages(stage, episodes, returns)
+        lag = {e: learner_index - published.index(v) for e, v in
+               zip(episodes.column("episode_id").to_pylist(), episodes.column("policy_version_start").to_pylist(),
+                   strict=True)}
+        dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, advantages=advantages,
+                                   max_length=cfg.max_length, rank=dist.rank, world_size=dist.world,
+                                   episodes=episodes)
+        batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
+        reward_mean = sum(returns.values()) / max(1, len(returns))
+        for step in range(stage.steps):
+            row = _rl_step(cfg, stage, learner, dist, next(batches), lag, returns)
+            row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time())
+            train_log.add(row)
+            losses.append(row["loss"])
+            tokens += row["policy_tokens"]
+            if dist.main:
+                log(f"  {stage.name} it {it} step {step}: loss {row['loss']:.4f}, kl {_fmt(row['kl'])}, ratio "
+                    f"mean {_fmt(row['ratio_mean'])}, lag max {row['lag_max']}, reward mean {reward_mean:.3f}")
+        if it < stage.iterations:  # the next iteration plays the updated policy as a new version
+            behaviour_version = f"{cfg.name}-{stage.name}.{it}"
+            behaviour_folder = Path(cfg.resolve(cfg.out_dir)) / f"{stage.name}.{it}"
+            _save_and_publish(learner, behaviour_folder, behaviour_version, versions, dist)
+            if dist.main:
+                train_log.write()
+    return {"runs": runs, "steps": stage.steps * stage.iterations, "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None, "tokens": tokens}
+
+
+def _fault_rate(stage: StageConfig, iteration: int) -> float:
+    sched = stage.fault_rate_schedule
+    return sched[min(iteration, len(sched) - 1)] if sched else stage.rollout.fault_rate
+
+
+def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: Any) -> dict[str, float]:
+    """G_0 of 19.3 per episode: R_task - lambda_c * cost_usd - lambda_s * (gateway denials) + the process
+    reward's weighted sum over the trajectory (the process reward is one value per trajectory here, so it enters
+    at t = 0; discounting inside it is the reward function's business)."""
+    from trajlake.query import connect
+    from trajlake.schemas.vocab import Decision
+
+    ids = episodes.column("episode_id").to_pylist()
+    if not ids:
+        return {}
+    task = episodes.column("success" if cfg.task_reward == "success" else "reward_total").to_pylist()
+    cost = episodes.column("cost_usd").to_pylist()
+    con = connect(lake)
+    con.execute("create temp table sel(episode_id varchar)")
+    con.executemany("insert into sel values (?)", [[i] for i in ids])
+    denials = dict(con.execute("select g.episode_id, count(*) from gateway_events g join sel using (episode_id) "
+                               "where g.decision = ? group by 1", [str(Decision.DENY)]).fetchall())
+    process: dict[str, float] = {}
+    if stage.process_reward is not None:
+        from trajlake.evaluators import process_rewards
+
+        fn = getattr(process_rewards, stage.process_reward)
+        cols = "episode_id, turn_idx, role, actor, raw_content, action_schema, tool_args, status, env_state_hash"
+        turns: dict[str, list[dict[str, Any]]] = {}
+        cur = con.execute(f"select {cols} from turns t join sel using (episode_id) order by episode_id, turn_idx")
+        names = [d[0] for d in cur.description]
+        for row in cur.fetchall():
+            rec = dict(zip(names, row, strict=True))
+            turns.setdefault(rec["episode_id"], []).append(rec)
+        process = {e: float(fn(t)) for e, t in turns.items()}
+    out = {}
+    for e, r, c in zip(ids, task, cost, strict=True):
+        r_task = float(bool(r)) if cfg.task_reward == "success" else float(r or 0.0)
+        out[e] = (r_task - cfg.lambda_cost * float(c or 0.0) - cfg.lambda_safety * float(denials.get(e, 0))
+                  + stage.process_weight * process.get(e, 0.0))
+    return out
+
+
+def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float]) -> dict[str, float] | None:
+    """Per-episode advantages for RLOO/GRPO (groups: same task, seed and environment version); None for PPO,
+    whose advantages come from GAE inside each step."""
+    import torch
+
+    from trajlake.train import math as tm
+
+    if stage.algo == "ppo":
+        return None
+    ids = episodes.column("episode_id").to_pylist()
+    groups = episodes.column("group_id").to_pylist()
+    rewards = torch.tensor([returns[e] for e in ids], dtype=torch.float64)
+    adv = tm.rloo_advantages(rewards, groups) if stage.algo == "rloo" else tm.grpo_advantages(rewards, groups)
+    return {e: float(a) for e, a in zip(ids, adv.tolist(), strict=True)}
+
+
+def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist, batch: dict[str, Any],
+             lag: dict[str, int], returns: dict[str, float]) -> dict[str, Any]:
+    import torch
+
+    from trajlake.train import math as tm
+
+    n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
+    if n_tokens == 0:
+        raise TrainError(f"stage {stage.name}: no policy tokens with behaviour log-probs to learn from")
+    if not batch:
+        loss = sum(p.sum() * 0.0 for p in learner.parameters())
+        grad_norm = learner.step(loss, cfg.grad_clip)
+        return {"loss": _all_sum(dist, 0.0), "kl": None, "entropy": None, "lr": learner.lr, "grad_norm": grad_norm,
+                "policy_tokens": int(n_tokens), "ratio_mean": None, "ratio_max": None, "log_ratio_var": None,
+                "lag_mean": None, "lag_max": None}
+    dev = learner.device
+    out = learner.forward(batch, cfg.temperature)
+    mask = batch["loss_mask"].to(dev)
+    if not bool(batch["has_behavior_logprobs"].all()):
+        raise TrainError(f"stage {stage.name}: an episode without behaviour log-probs reached the RL loss "
+                         f"({[e for e, h in zip(batch['episode_id'], batch['has_behavior_logprobs'], strict=True) if not h][:1]})")
+    old = batch["behavior_logprobs"].to(dev)
+    lags = torch.tensor([lag[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
+    seq_log_ratio = tm.sequence_log_ratio(out["logp"].detach(), old, mask)
+    lengths = mask.sum(-1)
+    weights = torch.where(lags > 0, tm.truncated_importance_weights(seq_log_ratio, cfg.is_max_weight),
+                          torch.ones_like(seq_log_ratio))
+    denominator = _denominator(cfg, n_tokens)
+    value_loss = None
+    if stage.algo == "ppo":
+        advantages, value_loss = _gae_advantages(cfg, out, batch, returns, mask)
+    else:
+        advantages = batch["advantage"].to(dev).float()
+    loss, stats = tm.ppo_clip_loss(out["logp"], old, advantages, mask, clip_low=cfg.clip_low,
+                                   clip_high=cfg.clip_high, level=cfg.ratio_level, mode=cfg.loss_aggregation,
+                                   denominator=denominator, is_weights=weights)
+    kl = tm.kl_to_behavior(out["logp"], old, mask)
+    if cfg.kl_coef:
+        loss = loss + cfg.kl_coef * kl
+    if value_loss is not None:
+        loss = loss + cfg.value_coef * value_loss
+    grad_norm = learner.step(loss, cfg.grad_clip)
+    diag = tm.ratio_diagnostics(seq_log_ratio, lengths)
+    return {"loss": _all_sum(dist, float(loss.detach())) / (1 if denominator else dist.world),
+            "kl": float(kl.detach()), "entropy": float(tm.masked_mean(out["entropy"].detach(), mask)),
+            "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
+            "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
+            "log_ratio_var": diag.get("log_ratio_var"), "lag_mean": float(lags.mean()),
+            "lag_max": int(lags.max()), "clip_frac": stats.get("clip_frac"),
+            "value_loss": None if value_loss is None else float(value_loss.detach())}
+
+
+def _gae_advantages(cfg: TrainConfig, out: dict[str, Any], batch: dict[str, Any], returns: dict[str, float],
+                    mask: Any) -> tuple[Any, Any]:
+    """PPO's per-token advantages: the value head read at the last context token before each policy turn (the
+    history h_t), GAE over environment turns (19.4) with the episode's return as the last turn's reward,
+    bootstrapped from the value after the last observation when the episode was truncated."""
+    import torch
+
+    from trajlake.train import math as tm
+
+    values = out["values"]
+    token_turn = batch["token_turn"].to(values.device)
+    lengths = batch["attention_mask"].sum(-1)
+    adv_rows, value_terms = [], []
+    for b in range(values.shape[0]):
+        k_turns = int(batch["n_policy_turns"][b])
+        starts = [int((token_turn[b] == k).nonzero()[0]) for k in range(k_turns)]
+        v = torch.stack([values[b, s - 1] for s in starts]) if starts else values.new_zeros(0)
+        rewards = torch.zeros(k_turns, device=values.device)
+        if k_turns:
+            rewards[-1] = returns[batch["episode_id"][b]]
+        terminated = bool(batch["terminated"][b])
+        boot = 0.0 if terminated else float(values[b, int(lengths[b]) - 1].detach())
+        adv, ret = tm.gae(rewards, v.detach(), cfg.gamma, cfg.gae_lambda, terminated=terminated,
+                          bootstrap_value=boot)
+        adv_rows.append(adv)
+        value_terms.append(((v - ret) ** 2).mean() if k_turns else values.new_zeros(()))
+    k_max = max((int(a.shape[0]) for a in adv_rows), default=0)
+    turn_adv = torch.zeros(values.shape[0], max(1, k_max), device=values.device)
+    for b, a in enumerate(adv_rows):
+        turn_adv[b, :a.shape[0]] = a
+    return tm.turns_to_tokens(turn_adv, token_turn, mask), torch.stack(value_terms).mean()
+
+
+__all__ = ["Dist", "Learner", "StageResult", "TrainError", "TrainLog", "TrainResult", "init_distributed", "train"]
