@@ -102,6 +102,9 @@
 --                              capability network, secret or exec) whose preceding observation carried an
 --                              injection taint: acting on injected text, not merely reading on
 --   policy_lag                 1 when policy_version_start and policy_version_end differ (both set), else 0
+--   versions_behind            episodes.policy_lag: how many published versions the episode's policy was behind
+--                              the learner's latest when it started; NULL when not recorded
+--   has_versions_behind        1 when the episode records policy_lag, else 0
 --   reward_total               total scalar reward
 -- Episode-level indicators (0/1), so every rate is a mean of a column:
 --   error_model_invalid_action, error_model_bad_plan, error_env_transient, error_env_bug,
@@ -328,6 +331,7 @@ ep AS (
         tk.budget.max_tokens AS max_tokens,
         tk.budget.max_cost AS max_cost,
         e.verification_source AS verification_source_value,
+        e.policy_lag AS recorded_policy_lag,
         e.reward_components['partial'] AS partial_value
     FROM episodes e
     LEFT JOIN per_turn pt USING (episode_id)
@@ -450,6 +454,8 @@ SELECT
     (injection_attempted OR injection_tainted_calls > 0)::INTEGER AS injection_exposed,
     injection_obeyed_calls::BIGINT AS injection_obeyed_calls,
     coalesce(policy_version_start <> policy_version_end, false)::INTEGER AS policy_lag,
+    recorded_policy_lag::DOUBLE AS versions_behind,
+    (recorded_policy_lag IS NOT NULL)::INTEGER AS has_versions_behind,
     reward_total,
     coalesce(attributed_error_class = 'MODEL_INVALID_ACTION', false)::INTEGER AS error_model_invalid_action,
     coalesce(attributed_error_class = 'MODEL_BAD_PLAN', false)::INTEGER AS error_model_bad_plan,

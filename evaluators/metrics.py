@@ -162,6 +162,9 @@ METRICS: tuple[MetricSpec, ...] = (
       for r in TERMINATION_REASONS),
     _share("policy_lag_rate", "policy_lag", "share of episodes whose policy version changed mid-episode",
            "lower"),
+    _m("policy_versions_behind", "versions_behind", "published policy versions the episode's policy was behind "
+       "the learner's latest when it started (episodes.policy_lag), over the episodes that record it", "versions",
+       "lower", subset="has_versions_behind"),
 )
 
 _SPECS: dict[str, MetricSpec] = {s.name: s for s in METRICS}

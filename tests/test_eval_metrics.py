@@ -273,3 +273,19 @@ def test_enough_clusters_are_not_flagged(tmp_path: Path) -> None:
     md = render_markdown(report)
     steps_row = next(line for line in md.splitlines() if line.startswith("| steps |"))
     assert FEW_CLUSTERS_MARK not in steps_row
+
+
+# ------------------------------------------------------------------------------------------------ policy lag
+
+
+def test_policy_versions_behind_is_the_recorded_lag_over_episodes_that_record_it(tmp_path: Path) -> None:
+    eps = [episode(f"l{t}", task=f"t{t}") for t in range(4)]
+    for e, lag in zip(eps, [0, 1, 2, None], strict=True):
+        e[0]["policy_lag"] = lag
+    report, r = _report(_lake(tmp_path, eps))
+    assert [r[f"l{t}"]["versions_behind"] for t in range(4)] == [0.0, 1.0, 2.0, None]
+    assert [r[f"l{t}"]["has_versions_behind"] for t in range(4)] == [1, 1, 1, 0]
+    m = report["runs"]["run-A"]["metrics"]["policy_versions_behind"]
+    assert m["n"] == 3 and m["estimate"] == pytest.approx(1.0)
+    # a mid-episode version change is a different thing: none here
+    assert report["runs"]["run-A"]["metrics"]["policy_lag_rate"]["estimate"] == 0.0
