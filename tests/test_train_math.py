@@ -112,7 +112,7 @@ def test_token_logprobs_alignment_against_brute_force_prefix_loop(temperature: f
     model = _CausalToy(vocab)
     lp = M.token_logprobs(model(ids), ids, temperature)
     for b in range(ids.shape[0]):
-        assert float(lp[b, 0]) == 0.0
+        assert float(lp[b, 0].detach()) == 0.0
         for t in range(1, ids.shape[1]):
             last = model(ids[b:b + 1, :t])[0, -1] / temperature
             expected = torch.log_softmax(last, dim=-1)[ids[b, t]]
@@ -437,6 +437,12 @@ def test_ppo_token_level_hand_computed() -> None:
     k3 = [(r - 1) - math.log(r) for r in (1.5, 0.5, 1.1, 0.5)]
     assert stats["approx_kl"] == pytest.approx(sum(k3) / 4)
     assert stats["ratio_mean"] == pytest.approx((1.5 + 0.5 + 1.1 + 0.5) / 4)
+    # r > 1 + clip with A < 0 and r < 1 - clip with A > 0 are not clipped: min(-1.5, -1.2) = -1.5, min(0.5, 0.8)
+    two_old = t64([[0.0, 0.0]])
+    loss2, stats2 = M.ppo_clip_loss(two_old + t64([[math.log(1.5), math.log(0.5)]]), two_old, t64([[-1.0, 1.0]]),
+                                    t64([[1, 1]]))
+    close(loss2, -(-1.5 + 0.5) / 2)
+    assert stats2["clip_frac"] == 0.0
     # asymmetric clip (DAPO clip-higher): 1.5 is now inside 1 + 0.6, objective 1.5 instead of 1.2
     close(M.ppo_clip_loss(new, old, adv, mask, clip_high=0.6)[0], -(1.5 + 0.5 - 1.1 - 0.8) / 4)
 
@@ -544,22 +550,25 @@ def test_losses_ignore_masked_positions_and_longer_tool_outputs(seed: int, extra
     logp = -torch.rand(b, t, generator=gen, dtype=F64) * 3
     old = logp + torch.randn(b, t, generator=gen, dtype=F64) * 0.2
     values = torch.randn(b, t, generator=gen, dtype=F64)
-    adv = torch.randn(b, generator=gen, dtype=F64)
+    adv_seq = torch.randn(b, generator=gen, dtype=F64)
+    adv_tok = torch.randn(b, t, generator=gen, dtype=F64)
 
-    def run(lp: torch.Tensor, o: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> list[tuple[float, torch.Tensor]]:
+    def run(lp: torch.Tensor, o: torch.Tensor, v: torch.Tensor, m: torch.Tensor,
+            a_tok: torch.Tensor) -> list[tuple[float, torch.Tensor]]:
         lp, v = lp.clone().requires_grad_(), v.clone().requires_grad_()
         res = []
-        for loss in _all_losses(lp, o, v, adv, m):
+        for loss in _all_losses(lp, o, v, adv_seq, m) + _all_losses(lp, o, v, a_tok, m):
             g = torch.autograd.grad(loss, [lp, v], allow_unused=True)
             grads = torch.cat([(x if x is not None else torch.zeros_like(lp)) for x in g], dim=1)
             res.append((float(loss.detach()), grads))
         return res
 
-    base = run(logp, old, values, mask)
+    base = run(logp, old, values, mask, adv_tok)
     # (a) junk where mask == 0 (padding, observations): identical loss and gradient, gradient 0 there
     off = mask == 0
     fill = torch.full_like(logp, junk)
-    junked = run(torch.where(off, fill, logp), torch.where(off, fill, old), torch.where(off, fill, values), mask)
+    junked = run(torch.where(off, fill, logp), torch.where(off, fill, old), torch.where(off, fill, values), mask,
+                 torch.where(off, fill, adv_tok))
     for (l0, g0), (l1, g1) in zip(base, junked, strict=True):
         assert l0 == pytest.approx(l1, abs=1e-12)
         close(torch.where(off.repeat(1, 2), torch.zeros_like(g1), g1), g0, 1e-12)
@@ -568,7 +577,7 @@ def test_losses_ignore_masked_positions_and_longer_tool_outputs(seed: int, extra
     def widen(x: torch.Tensor, value: float) -> torch.Tensor:
         return torch.cat([x[:, :3], torch.full((b, extra), value, dtype=x.dtype), x[:, 3:]], dim=1)
 
-    longer = run(widen(logp, -7.0), widen(old, -2.0), widen(values, 3.0), widen(mask, 0.0))
+    longer = run(widen(logp, -7.0), widen(old, -2.0), widen(values, 3.0), widen(mask, 0.0), widen(adv_tok, 5.0))
     for (l0, g0), (l1, g1) in zip(base, longer, strict=True):
         assert l0 == pytest.approx(l1, abs=1e-12)
         keep = [i for i in range(t + extra) if not 3 <= i < 3 + extra]
