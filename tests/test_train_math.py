@@ -114,7 +114,7 @@ def test_token_logprobs_alignment_against_brute_force_prefix_loop(temperature: f
     for b in range(ids.shape[0]):
         assert float(lp[b, 0].detach()) == 0.0
         for t in range(1, ids.shape[1]):
-            last = model(ids[b:b + 1, :t])[0, -1] / temperature
+            last = model(ids[b:b + 1, :t])[0, -1].detach() / temperature
             expected = torch.log_softmax(last, dim=-1)[ids[b, t]]
             assert abs(float(lp[b, t]) - float(expected)) < 1e-5, (b, t)
 
@@ -486,6 +486,16 @@ def test_ppo_sequence_level_gradient_equals_gspo(seed: int, mode: str) -> None:
     close(loss, ref, 1e-9)
     g, g_ref = torch.autograd.grad(loss, new)[0], torch.autograd.grad(ref, new)[0]
     close(g, g_ref, 1e-9)
+
+
+def test_ppo_ratio_is_clamped_in_log_space() -> None:
+    # a float32 log-ratio of 100 would be exp(100) = inf; with A < 0 min(r A, clip A) = r A would be -inf
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[100.0, 0.0]], requires_grad=True)
+    loss, stats = M.ppo_clip_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 2))
+    assert float(loss.detach()) == pytest.approx((math.exp(20.0) + 1.0) / 2, rel=1e-6)
+    assert all(math.isfinite(v) for v in stats.values())
+    assert torch.isfinite(torch.autograd.grad(loss, new)[0]).all()
 
 
 def test_ppo_rejects_unknown_level() -> None:

@@ -138,9 +138,9 @@ def reinforce_loss(logp: Tensor, advantages: Tensor, mask: Tensor, mode: LossAgg
     ``advantages`` already hold R - b(h) with a baseline that does not depend on the action (RLOO, GRPO, a
     critic): ``[B]`` per sequence (broadcast to its tokens) or ``[B, T]`` per token. They are detached.
     """
-    # both factors masked before the product: junk in either at padding would leak NaN into the other's gradient
-    adv = _masked(_per_token(advantages, logp), mask)
-    return masked_mean(-adv * _masked(logp, mask), mask, mode, denominator)
+    # logp masked before the product: junk advantages at padding would give it a 0 * NaN gradient there
+    lp = _masked(logp, mask)
+    return masked_mean(-_per_token(advantages, lp) * lp, mask, mode, denominator)
 
 
 def sft_loss(logp: Tensor, mask: Tensor, mode: LossAggregation = "token-mean",
@@ -424,11 +424,11 @@ def ppo_clip_loss(logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: 
         lp_new = _masked(logp_new, mask)
         log_r = _per_token(seq_mean, delta) + lp_new - lp_new.detach()
     ratio = torch.exp(log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    adv = _masked(_per_token(advantages, ratio), mask)
+    adv = _per_token(advantages, ratio)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     objective = torch.minimum(ratio * adv, clipped * adv)
     if is_weights is not None:
-        objective = objective * _masked(_per_token(is_weights, objective), mask)
+        objective = objective * _per_token(is_weights, objective)
     loss = masked_mean(-objective, mask, mode, denominator)
 
     with torch.no_grad():
