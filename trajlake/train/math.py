@@ -5,8 +5,8 @@ Pure functions of tensors: torch only, no lake, no I/O, no global state. Equatio
 
 Conventions used by every function:
 
-- Token tensors are batch-first ``[B, T]`` (B sequences, T token positions). ``mask`` has the same shape and is
-  1 on policy action tokens, 0 on tool observations, system and user text and padding (19.6). Values at
+- Token tensors are batch-first ``[B, T]`` (B sequences, T token positions). ``mask`` has the same shape, is 0/1
+  (bool or numeric) and is 1 on policy action tokens, 0 on tool observations, system and user text and padding (19.6). Values at
   mask-0 positions never reach a result or a gradient (they may be anything, even NaN or inf).
 - ``logp`` at position t is the log-probability of token t given the tokens before it (``token_logprobs``);
   position 0 has no predictor and holds 0.0.
@@ -95,7 +95,8 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
     The logits shift by one: ``logits[:, t-1]`` scores ``input_ids[:, t]`` (pitfall 11), and position 0 gets 0.0
     because nothing predicts it. Logits are divided by ``temperature`` when it is > 0, the sampler's convention
     (trajlake/policies/hf.py ``process_logits`` with top_p=1), so trainer and behaviour log-probs are comparable
-    (pitfall 9). Computed in float32 as gather minus logsumexp, which never materialises a second [B, T, V].
+    (pitfall 9). Computed in float32 as the gathered logit minus logsumexp (no full log-softmax tensor); the
+    float32 copy of the logits is [B, T-1, V], so long sequences with a large vocabulary may need chunking.
     """
     x = _shifted_logits(logits, input_ids, temperature)
     chosen = x.gather(-1, input_ids[:, 1:].long().unsqueeze(-1)).squeeze(-1)
