@@ -1,13 +1,14 @@
 """The trainer's math: masked losses, advantages, GAE, shaping and importance ratios (issue 12, "The math").
 
-Pure functions of tensors: torch only, no lake, no I/O, no global state. Equation numbers refer to
-``/work/shared/spec-agentic-rl.md`` sections 3-5 (19.2-19.7); docs/training.md "The math" states the choices.
+Pure functions of tensors: torch only, no lake, no I/O, no global state. Equation numbers (19.2-19.7) are those
+of the method's definitions (credit assignment, the masked loss, PPO/GRPO/RLOO); docs/training.md "The math"
+states the conventions chosen here.
 
 Conventions used by every function:
 
 - Token tensors are batch-first ``[B, T]`` (B sequences, T token positions). ``mask`` has the same shape, is 0/1
-  (bool or numeric) and is 1 on policy action tokens, 0 on tool observations, system and user text and padding (19.6). Values at
-  mask-0 positions never reach a result or a gradient (they may be anything, even NaN or inf).
+  (bool or numeric) and is 1 on policy action tokens, 0 on tool observations, system and user text and padding
+  (19.6). Values at mask-0 positions never reach a result or a gradient (they may be anything, even NaN or inf).
 - ``logp`` at position t is the log-probability of token t given the tokens before it (``token_logprobs``);
   position 0 has no predictor and holds 0.0.
 - Advantages, returns, importance weights and baselines are constants of the loss: they are detached.
