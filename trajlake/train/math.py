@@ -1,0 +1,488 @@
+"""The trainer's math: masked losses, advantages, GAE, shaping and importance ratios (issue 12, "The math").
+
+Pure functions of tensors: torch only, no lake, no I/O, no global state. Equation numbers (19.2-19.7) are those
+of the method's definitions (credit assignment, the masked loss, PPO/GRPO/RLOO); docs/training.md "The math"
+states the conventions chosen here.
+
+Conventions used by every function:
+
+- Token tensors are batch-first ``[B, T]`` (B sequences, T token positions). ``mask`` has the same shape, is 0/1
+  (bool or numeric) and is 1 on policy action tokens, 0 on tool observations, system and user text and padding
+  (19.6). Values at mask-0 positions never reach a result or a gradient (they may be anything, even NaN or inf).
+- ``logp`` at position t is the log-probability of token t given the tokens before it (``token_logprobs``);
+  position 0 has no predictor and holds 0.0.
+- Advantages, returns, importance weights and baselines are constants of the loss: they are detached.
+- Turn-level quantities (rewards, values, GAE) live on environment turns ``[T_turns]`` or ``[B, K]`` and reach
+  tokens through ``turns_to_tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+#: log-ratios are clamped here before exp so a long off-policy trajectory cannot overflow (pitfall 3)
+LOG_RATIO_CLAMP = 20.0
+
+
+# ------------------------------------------------------------------------------------------ aggregation
+
+
+def _masked(values: Tensor, mask: Tensor) -> Tensor:
+    """``values`` where mask is 1, exactly 0.0 elsewhere; a select (not a product) so NaN/inf there vanish."""
+    if values.shape != mask.shape:
+        raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} must have the same shape")
+    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def masked_mean(values: Tensor, mask: Tensor, mode: LossAggregation = "token-mean",
+                denominator: float | None = None) -> Tensor:
+    """Aggregate per-token ``values`` over the policy tokens of ``mask`` (19.6).
+
+    - ``token-mean``: sum(m*v) / sum(m) over the whole batch, every policy token weighs the same (19.6).
+    - ``seq-mean-token-mean``: mean over sequences with at least one policy token of each sequence's masked
+      mean (the original GRPO normalisation; it has a length bias).
+    - ``seq-mean-token-sum``: mean over those sequences of each sequence's masked sum.
+
+    ``denominator`` replaces the local count (policy tokens for ``token-mean``, non-empty sequences for the
+    ``seq-mean-*`` modes) so that gradient accumulation over micro-batches equals one big batch: pass the
+    global count and sum the micro-batch losses (pitfall 2). An empty mask gives 0, a zero tensor that still
+    carries a grad_fn when ``values`` does. Shapes: ``[B, ...]``; the ``seq-mean-*`` modes treat dim 0 as the
+    sequence.
+    """
+    v = _masked(values, mask)
+    m = mask.to(v.dtype)
+    if denominator is not None and not denominator > 0:
+        raise ValueError(f"denominator must be > 0 (the global count), got {denominator}")
+    if mode == "token-mean":
+        total = v.sum()
+        count = float(m.sum()) if denominator is None else denominator
+        return total / count if count > 0 else total * 0.0
+    if mode not in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of token-mean, seq-mean-token-mean, "
+                         f"seq-mean-token-sum")
+    if v.dim() < 2:
+        raise ValueError(f"{mode} needs [B, T] values, got shape {tuple(v.shape)}")
+    seq_sum = v.flatten(1).sum(1)
+    seq_count = m.flatten(1).sum(1)
+    present = seq_count > 0
+    per_seq = seq_sum / seq_count.clamp(min=1.0) if mode == "seq-mean-token-mean" else seq_sum
+    n_seq = float(present.sum()) if denominator is None else denominator
+    total = per_seq.sum()  # an empty sequence adds 0: its masked sum is 0
+    return total / n_seq if n_seq > 0 else total * 0.0
+
+
+# ------------------------------------------------------------------------------------------ log-probs
+
+
+def _shifted_logits(logits: Tensor, input_ids: Tensor, temperature: float) -> Tensor:
+    """Logits that predict tokens 1..T-1 (the logits at t-1 score token t), in float32, divided by T>0."""
+    if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
+        raise ValueError(f"logits must be [B, T, V] and input_ids [B, T]; got {tuple(logits.shape)} and "
+                         f"{tuple(input_ids.shape)}")
+    x = logits[:, :-1].float()
+    return x / temperature if temperature > 0 else x
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """``[B, T]`` log pi(token_t | tokens_<t) from a causal LM's ``[B, T, V]`` logits on ``input_ids``.
+
+    The logits shift by one: ``logits[:, t-1]`` scores ``input_ids[:, t]`` (pitfall 11), and position 0 gets 0.0
+    because nothing predicts it. Logits are divided by ``temperature`` when it is > 0, the sampler's convention
+    (trajlake/policies/hf.py ``process_logits`` with top_p=1), so trainer and behaviour log-probs are comparable
+    (pitfall 9). Computed in float32 as the gathered logit minus logsumexp (no full log-softmax tensor); the
+    float32 copy of the logits is [B, T-1, V], so long sequences with a large vocabulary may need chunking.
+    """
+    x = _shifted_logits(logits, input_ids, temperature)
+    chosen = x.gather(-1, input_ids[:, 1:].long().unsqueeze(-1)).squeeze(-1)
+    lp = chosen - torch.logsumexp(x, dim=-1)
+    return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """``[B, T]`` entropy of the distribution that predicts token t, aligned like ``token_logprobs``.
+
+    H_t = -sum_v p_v log p_v of softmax(logits[:, t-1] / temperature); position 0 gets 0.0.
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be [B, T, V], got {tuple(logits.shape)}")
+    x = logits[:, :-1].float()
+    if temperature > 0:
+        x = x / temperature
+    logp = torch.log_softmax(x, dim=-1)
+    h = -(logp.exp() * logp).sum(-1)
+    return torch.cat([h.new_zeros(h.shape[0], 1), h], dim=1)
+
+
+# ------------------------------------------------------------------------------------------ policy losses
+
+
+def _per_token(advantages: Tensor, like: Tensor) -> Tensor:
+    """A per-sequence ``[B]`` quantity broadcast over ``[B, T]``, or a ``[B, T]`` one as is; detached."""
+    a = advantages.detach().to(like.dtype)
+    if a.shape == like.shape:
+        return a
+    if a.dim() == 1 and like.dim() >= 1 and a.shape[0] == like.shape[0]:
+        return a.view(-1, *([1] * (like.dim() - 1))).expand_as(like)
+    raise ValueError(f"advantages {tuple(a.shape)} must be [B] or match {tuple(like.shape)}")
+
+
+def reinforce_loss(logp: Tensor, advantages: Tensor, mask: Tensor, mode: LossAggregation = "token-mean",
+                   denominator: float | None = None) -> Tensor:
+    """REINFORCE with a baseline (19.2): L = agg(-A * log pi(a_t | h_t)) over policy tokens.
+
+    ``advantages`` already hold R - b(h) with a baseline that does not depend on the action (RLOO, GRPO, a
+    critic): ``[B]`` per sequence (broadcast to its tokens) or ``[B, T]`` per token. They are detached.
+    """
+    # logp masked before the product: junk advantages at padding would give it a 0 * NaN gradient there
+    lp = _masked(logp, mask)
+    return masked_mean(-_per_token(advantages, lp) * lp, mask, mode, denominator)
+
+
+def sft_loss(logp: Tensor, mask: Tensor, mode: LossAggregation = "token-mean",
+             denominator: float | None = None) -> Tensor:
+    """Masked negative log-likelihood of the policy tokens (19.6 with l_t = -log pi(a_t | h_t))."""
+    return masked_mean(-logp, mask, mode, denominator)
+
+
+# ------------------------------------------------------------------------------------------ group advantages
+
+
+def _group_index(group_ids: Sequence[Hashable], n: int, device: torch.device) -> tuple[Tensor, int]:
+    """Dense group index per item (order of first appearance) and the number of groups."""
+    if len(group_ids) != n:
+        raise ValueError(f"{len(group_ids)} group ids for {n} rewards; there must be one per reward")
+    dense: dict[Hashable, int] = {}
+    idx = [dense.setdefault(g, len(dense)) for g in group_ids]
+    return torch.tensor(idx, dtype=torch.long, device=device), len(dense)
+
+
+def _check_rewards(rewards: Tensor) -> Tensor:
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be one value per episode [N], got shape {tuple(rewards.shape)}")
+    bad = (~torch.isfinite(rewards)).nonzero()
+    if len(bad):
+        i = int(bad[0, 0])
+        raise ValueError(f"rewards[{i}] is {float(rewards[i])}; group advantages need finite rewards")
+    return rewards.detach().double()
+
+
+def _group_stats(r: Tensor, gidx: Tensor, n_groups: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per item: group size, group sum and group sum of squared deviations from the group mean (float64)."""
+    size = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, gidx, torch.ones_like(r))
+    total = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, gidx, r)
+    dev = r - (total / size)[gidx]
+    sq = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, gidx, dev * dev)
+    return size[gidx], total[gidx], sq[gidx]
+
+
+def _group_all_equal(r: Tensor, gidx: Tensor, n_groups: int) -> Tensor:
+    """Per group: True when every reward of the group is the same value (exactly, not within eps)."""
+    hi = torch.full((n_groups,), -math.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, gidx, r, "amax")
+    lo = torch.full((n_groups,), math.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, gidx, r, "amin")
+    return hi == lo
+
+
+def rloo_advantages(rewards: Tensor, group_ids: Sequence[Hashable]) -> Tensor:
+    """RLOO (19.7): A_i = R_i - (1 / (G - 1)) sum_{j != i} R_j, the mean of the others in i's group.
+
+    Groups are episodes of the same task, seed and environment version (the caller builds ``group_ids``).
+    A group of size 1 has no other member to form a baseline, so its advantage is 0 (it contributes no
+    gradient; prime-rl's choice, pitfall 6). ``[N]`` in, ``[N]`` out in the rewards' dtype; detached.
+    """
+    r = _check_rewards(rewards)
+    gidx, n_groups = _group_index(group_ids, len(r), r.device)
+    size, total, _ = _group_stats(r, gidx, n_groups)
+    others_mean = (total - r) / (size - 1).clamp(min=1.0)
+    adv = torch.where(size > 1, r - others_mean, torch.zeros_like(r))
+    return adv.to(rewards.dtype)
+
+
+def grpo_advantages(rewards: Tensor, group_ids: Sequence[Hashable], scale: Literal["group", "none"] = "group",
+                    eps: float = 1e-6) -> Tensor:
+    """GRPO group-normalised advantages: (R_i - mean_g) / (std_g + eps), or R_i - mean_g with ``scale="none"``.
+
+    ``std_g`` is the **unbiased** (Bessel, G-1) standard deviation of the group, the same as verl and TRL, so
+    numbers compare with theirs. ``scale="none"`` is Dr. GRPO (no std division). A group of size 1 gets 0 (no
+    group baseline exists), and a group whose rewards are all equal gets exactly 0 (not a rounding residue
+    amplified by 1/eps; pitfall 7). ``[N]`` in, ``[N]`` out in the rewards' dtype; detached.
+    """
+    if scale not in ("group", "none"):
+        raise ValueError(f"unknown GRPO scale {scale!r}; expected 'group' or 'none'")
+    r = _check_rewards(rewards)
+    gidx, n_groups = _group_index(group_ids, len(r), r.device)
+    size, total, sq = _group_stats(r, gidx, n_groups)
+    adv = r - total / size
+    if scale == "group":
+        adv = adv / (torch.sqrt(sq / (size - 1).clamp(min=1.0)) + eps)
+    adv = torch.where((size > 1) & ~_group_all_equal(r, gidx, n_groups)[gidx], adv, torch.zeros_like(r))
+    return adv.to(rewards.dtype)
+
+
+def frac_zero_std_groups(rewards: Tensor, group_ids: Sequence[Hashable]) -> float:
+    """Fraction of groups whose rewards are all equal, so they carry no learning signal (pitfall 7).
+
+    Size-1 groups count as zero-std (their advantage is 0 under both estimators). 0.0 when there are no groups.
+    """
+    r = _check_rewards(rewards)
+    if len(r) == 0:
+        return 0.0
+    gidx, n_groups = _group_index(group_ids, len(r), r.device)
+    return float(_group_all_equal(r, gidx, n_groups).double().mean())
+
+
+# ------------------------------------------------------------------------------------------ returns and GAE
+
+
+def decomposed_return(r_task: float, cost: float, violations: float, process_rewards: Sequence[float] | Tensor,
+                      gamma: float, lambda_c: float, lambda_s: float) -> Tensor:
+    """Return decomposition (19.3) per environment turn t = 0..K-1 (K = number of process rewards):
+
+        G_t = R_task - lambda_c * C - lambda_s * V + sum_{u >= t} gamma^(u-t) r^process_u
+
+    R_task, the cost C and the safety violations V are episode totals and enter every turn undiscounted; the
+    process rewards are discounted from turn t on. Pass one process reward per turn (zeros where there is
+    none); K = 0 gives an empty tensor. float32 ``[K]``.
+    """
+    proc = torch.as_tensor(process_rewards, dtype=torch.float64).reshape(-1)
+    suffix = torch.zeros_like(proc)
+    acc = 0.0
+    for t in range(len(proc) - 1, -1, -1):
+        acc = float(proc[t]) + gamma * acc
+        suffix[t] = acc
+    return (r_task - lambda_c * cost - lambda_s * violations + suffix).to(torch.float32)
+
+
+def shaped_rewards(rewards: Tensor, potentials: Tensor, gamma: float, terminated: bool) -> Tensor:
+    """Potential-based shaping: r'_t = r_t + gamma * Phi(s_{t+1}) - Phi(s_t), t = 0..T-1 (section 3).
+
+    ``potentials`` holds Phi(s_0)..Phi(s_T) (``[T+1]``). When the episode **terminated**, Phi(s_T) is replaced
+    by 0 (the terminal correction: no future after a true end), so sum_t gamma^t r'_t = sum_t gamma^t r_t -
+    Phi(s_0) and the optimal policy is unchanged. When **truncated**, Phi(s_T) is kept (the episode continues in
+    value), so the shaped return differs by gamma^T Phi(s_T) - Phi(s_0).
+    """
+    if rewards.dim() != 1 or potentials.shape != (rewards.shape[0] + 1,):
+        raise ValueError(f"rewards must be [T] and potentials [T+1]; got {tuple(rewards.shape)} and "
+                         f"{tuple(potentials.shape)}")
+    phi = potentials.detach().to(rewards.dtype).clone()
+    if terminated:
+        phi[-1] = 0.0
+    return rewards.detach() + gamma * phi[1:] - phi[:-1]
+
+
+def gae(rewards: Tensor, values: Tensor, gamma: float, lam: float, *, terminated: bool,
+        bootstrap_value: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (19.4) with time steps = environment turns.
+
+        delta_t = r_t + gamma * V(h_{t+1}) - V(h_t);   A_t = sum_{l >= 0} (gamma * lam)^l delta_{t+l}
+
+    After the last turn V(h_T) = 0 if the episode **terminated** and ``bootstrap_value`` (the critic's value of
+    the last history) if it was **truncated** by a budget or the infrastructure (pitfall 4). Returns
+    ``(advantages[T], returns[T])`` with returns = advantages + values, the critic's targets; both detached.
+    The loss reaches action tokens through ``turns_to_tokens``.
+    """
+    if rewards.dim() != 1 or values.shape != rewards.shape:
+        raise ValueError(f"rewards and values must both be [T]; got {tuple(rewards.shape)} and "
+                         f"{tuple(values.shape)}")
+    r, v = rewards.detach().double().cpu().tolist(), values.detach().double().cpu().tolist()
+    adv = [0.0] * len(r)
+    next_value = 0.0 if terminated else float(bootstrap_value)
+    running = 0.0
+    for t in range(len(r) - 1, -1, -1):  # a few turns per episode: a Python scan in float64 is exact enough
+        delta = r[t] + gamma * next_value - v[t]
+        running = delta + gamma * lam * running
+        adv[t] = running
+        next_value = v[t]
+    advantages = torch.tensor(adv, dtype=rewards.dtype, device=rewards.device)
+    return advantages, advantages + values.detach().to(rewards.dtype)
+
+
+def turns_to_tokens(turn_values: Tensor, token_turn: Tensor, mask: Tensor) -> Tensor:
+    """Broadcast a per-turn quantity ``[B, K]`` to the policy tokens of each turn, giving ``[B, T]``.
+
+    ``token_turn[b, t]`` is the index k of the policy turn that token t belongs to, -1 for non-policy tokens.
+    The result is 0 where mask is 0. A policy token (mask 1) without a turn, or a turn index >= K, is an
+    alignment error and raises, naming the sequence and position.
+    """
+    if turn_values.dim() != 2 or token_turn.shape != mask.shape or token_turn.shape[0] != turn_values.shape[0]:
+        raise ValueError(f"turn_values must be [B, K] and token_turn, mask [B, T]; got "
+                         f"{tuple(turn_values.shape)}, {tuple(token_turn.shape)}, {tuple(mask.shape)}")
+    on = mask.bool()
+    k = turn_values.shape[1]
+    bad = (on & ((token_turn < 0) | (token_turn >= k))).nonzero()
+    if len(bad):
+        b, t = (int(x) for x in bad[0])
+        raise ValueError(f"sequence {b}, token {t}: policy token (mask 1) has turn index "
+                         f"{int(token_turn[b, t])}, outside 0..{k - 1}")
+    if k == 0:  # no policy turns, hence (checked above) no policy tokens
+        return turn_values.new_zeros(mask.shape)
+    picked = turn_values.gather(1, token_turn.long().clamp(0, k - 1))
+    return torch.where(on, picked, torch.zeros((), dtype=picked.dtype, device=picked.device))
+
+
+# ------------------------------------------------------------------------------------------ ratios
+
+
+def sequence_log_ratio(logp_new: Tensor, logp_old: Tensor, mask: Tensor) -> Tensor:
+    """Trajectory log-ratio (19.5): log rho(tau) = sum over policy tokens of (log pi_new - log mu), ``[B]``.
+
+    Observations are not actions: only mask-1 tokens count. Kept in log space; exponentiate through
+    ``truncated_importance_weights`` (clamped) to avoid overflow on long trajectories (pitfall 3).
+    """
+    return _masked(logp_new - logp_old.to(logp_new.dtype), mask).flatten(1).sum(1)
+
+
+def truncated_importance_weights(log_ratio: Tensor, max_weight: float) -> Tensor:
+    """Truncated importance weights min(exp(clamp(log_ratio, -20, 20)), c), detached (TIS).
+
+    Works on the trajectory log-ratio ``[B]`` or per-token log-ratios ``[B, T]``. Truncation at c trades the
+    ratio's heavy tail for a bias that grows with length (section 3).
+    """
+    if not max_weight > 0:
+        raise ValueError(f"max_weight must be > 0, got {max_weight}")
+    w = torch.exp(log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return w.clamp(max=max_weight)
+
+
+def ratio_diagnostics(seq_log_ratio: Tensor, lengths: Tensor, max_weight: float | None = None) -> dict[str, float]:
+    """Diagnostics of trajectory importance ratios rho_i = exp(log_ratio_i) against their lengths (section 3).
+
+    Keys (all finite, also for B = 1):
+
+    - ``ratio_mean``, ``ratio_max``: of rho (exp of the log-ratio clamped to [-20, 20]).
+    - ``log_ratio_mean``, ``log_ratio_var``: mean and population variance of log rho over the batch.
+    - ``log_ratio_var_slope``: per-token variance s of the log-ratio under Var(log rho | L) = s * L (independent
+      token log-ratios): s = sum_i (log rho_i - mu * L_i)^2 / sum_i L_i with mu = sum_i log rho_i / sum_i L_i the
+      per-token mean. How fast the log-variance grows with length, i.e. how fast weights become heavy-tailed.
+    - ``ess``, ``ess_frac``: effective sample size (sum w)^2 / sum w^2 of the weights (truncated at
+      ``max_weight`` when given) and ess / B.
+    - ``frac_truncated``: fraction with rho > ``max_weight`` (0.0 without ``max_weight``).
+    - ``mean_length``: mean of ``lengths`` (policy tokens per trajectory).
+
+    An empty batch gives 0.0 for every key.
+    """
+    lr = seq_log_ratio.detach().double().reshape(-1)
+    length = lengths.detach().double().reshape(-1)
+    if lr.shape != length.shape:
+        raise ValueError(f"seq_log_ratio {tuple(lr.shape)} and lengths {tuple(length.shape)} must match")
+    keys = ("ratio_mean", "ratio_max", "log_ratio_mean", "log_ratio_var", "log_ratio_var_slope", "ess",
+            "ess_frac", "frac_truncated", "mean_length")
+    if len(lr) == 0:
+        return dict.fromkeys(keys, 0.0)
+    rho = torch.exp(lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    w = rho if max_weight is None else truncated_importance_weights(lr, max_weight)
+    total_len = float(length.sum())
+    per_token_mean = float(lr.sum()) / total_len if total_len > 0 else 0.0
+    slope = float(((lr - per_token_mean * length) ** 2).sum()) / total_len if total_len > 0 else 0.0
+    ess = float(w.sum() ** 2 / (w * w).sum())
+    return {
+        "ratio_mean": float(rho.mean()),
+        "ratio_max": float(rho.max()),
+        "log_ratio_mean": float(lr.mean()),
+        "log_ratio_var": float(lr.var(unbiased=False)),
+        "log_ratio_var_slope": slope,
+        "ess": ess,
+        "ess_frac": ess / len(lr),
+        "frac_truncated": 0.0 if max_weight is None else float((rho > max_weight).double().mean()),
+        "mean_length": float(length.mean()),
+    }
+
+
+def ppo_clip_loss(logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, *,
+                  clip_low: float = 0.2, clip_high: float = 0.2,
+                  level: Literal["token", "sequence"] = "token", mode: LossAggregation = "token-mean",
+                  denominator: float | None = None,
+                  is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate on action tokens: per token -min(r*A, clip(r, 1-clip_low, 1+clip_high)*A).
+
+    - ``level="token"``: r_t = pi_new(a_t) / pi_old(a_t) for each policy token.
+    - ``level="sequence"`` (GSPO): one ratio per sequence, the geometric mean of its token ratios
+      s_i = exp(mean over its policy tokens of (log pi_new - log pi_old)), so the clip range does not depend on
+      length. It is applied to every policy token of the sequence in GSPO-token form, r_t = sg[s_i] *
+      pi_new(a_t) / sg[pi_new(a_t)]: the value is s_i, and with per-sequence advantages the gradient equals
+      GSPO's. The clip decision is per sequence. (GSPO's paper uses clip ranges around 3e-4/4e-4.)
+
+    Log-ratios are clamped to [-20, 20] before exp. ``is_weights`` ([B] or [B, T], e.g. truncated trajectory
+    weights) multiply the per-token objective; ``advantages`` ([B] or [B, T]) and ``is_weights`` are detached.
+    Aggregated by ``masked_mean(mode, denominator)``. Stats over the policy tokens of this batch:
+    ``clip_frac`` (tokens whose gradient the clip removed: r < 1-clip_low with A < 0 or r > 1+clip_high with
+    A > 0), ``clip_frac_low``, ``clip_frac_high``, ``approx_kl`` (k3 estimate of KL(pi_old || pi_new), see
+    ``kl_to_behavior``) and ``ratio_mean``.
+    """
+    if level not in ("token", "sequence"):
+        raise ValueError(f"unknown PPO ratio level {level!r}; expected 'token' or 'sequence'")
+    delta = _masked(logp_new - logp_old.to(logp_new.dtype), mask)
+    if level == "token":
+        log_r = delta
+    else:
+        count = mask.to(delta.dtype).flatten(1).sum(1).clamp(min=1.0)
+        seq_mean = (delta.flatten(1).sum(1) / count).detach()
+        lp_new = _masked(logp_new, mask)
+        log_r = _per_token(seq_mean, delta) + lp_new - lp_new.detach()
+    ratio = torch.exp(log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    adv = _per_token(advantages, ratio)
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    objective = torch.minimum(ratio * adv, clipped * adv)
+    if is_weights is not None:
+        objective = objective * _per_token(is_weights, objective)
+    loss = masked_mean(-objective, mask, mode, denominator)
+
+    with torch.no_grad():
+        on = mask.bool()
+        n = max(int(on.sum()), 1)
+        low = on & (ratio < 1.0 - clip_low) & (adv < 0)
+        high = on & (ratio > 1.0 + clip_high) & (adv > 0)
+        stats = {
+            "clip_frac": float((low | high).sum()) / n,
+            "clip_frac_low": float(low.sum()) / n,
+            "clip_frac_high": float(high.sum()) / n,
+            "approx_kl": float(kl_to_behavior(logp_new.detach(), logp_old, mask, "k3")),
+            "ratio_mean": float(_masked(ratio, mask).sum()) / n,
+        }
+    return loss, stats
+
+
+def kl_to_behavior(logp_new: Tensor, logp_old: Tensor, mask: Tensor, kind: Literal["k1", "k3"] = "k3") -> Tensor:
+    """Masked token mean of a KL(mu || pi_new) estimator on tokens sampled from the behaviour policy mu.
+
+    With log r = log pi_new - log mu: ``k1`` = -log r (unbiased, can be negative per token) and ``k3`` =
+    (r - 1) - log r (unbiased, never negative, lower variance; as a loss its gradient is biased, pitfall 15).
+    Keeps the gradient through ``logp_new`` so it can be a loss term (GRPO style) or a logged statistic.
+    """
+    log_r = _masked(logp_new - logp_old.to(logp_new.dtype), mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if kind == "k1":
+        per_token = -log_r
+    elif kind == "k3":
+        per_token = torch.expm1(log_r) - log_r
+    else:
+        raise ValueError(f"unknown KL estimator {kind!r}; expected 'k1' or 'k3'")
+    return masked_mean(per_token, mask, "token-mean")
+
+
+def value_loss(values: Tensor, returns: Tensor, mask_or_turn_mask: Tensor, clip: float | None = None,
+               old_values: Tensor | None = None) -> Tensor:
+    """Critic regression 0.5 * (V - G)^2, masked token (or turn) mean.
+
+    ``mask_or_turn_mask`` selects the positions that carry a value target: policy tokens ``[B, T]`` or
+    environment turns ``[B, K]``. With ``clip`` and ``old_values`` (PPO value clipping):
+    0.5 * max((V - G)^2, (V_old + clamp(V - V_old, -clip, clip) - G)^2). ``returns`` are detached targets.
+    """
+    if values.shape != returns.shape:
+        raise ValueError(f"values {tuple(values.shape)} and returns {tuple(returns.shape)} must match")
+    # masked first: garbage at padding must not reach the squared error's gradient
+    v = _masked(values, mask_or_turn_mask)
+    target = _masked(returns.detach().to(values.dtype), mask_or_turn_mask)
+    err = (v - target) ** 2
+    if clip is not None:
+        if old_values is None:
+            raise ValueError("value clipping needs old_values (the critic's values at rollout time)")
+        old = _masked(old_values.detach().to(values.dtype), mask_or_turn_mask)
+        clipped = old + (v - old).clamp(-clip, clip)
+        err = torch.maximum(err, (clipped - target) ** 2)
+    return masked_mean(0.5 * err, mask_or_turn_mask, "token-mean")
