@@ -403,3 +403,45 @@ def test_cli_layouts_and_their_errors(lake: Lake, tmp_path: Path, capsys: pytest
         code, out, err = run_cli(capsys, "--lake", root, "export", "hf", "--out", str(dest), *args)
         assert code == 1 and msg in err and len(err.strip().splitlines()) == 1, (args, err)
         assert not dest.exists()  # no partial export left behind
+
+
+def test_episodes_of_an_environment_not_installed_have_no_tools(tmp_path: Path) -> None:
+    """An episode of an unknown environment keeps its conversation; no tool list and no system message is made
+    up, and the summary says why."""
+    from conftest import make_episode
+
+    lk = open_lake(tmp_path / "lake", create=True)
+    ep, turns = make_episode("ep-x", n_steps=2, env_id="elsewhere-env")
+    turns[1].update(action_schema="look", tool_call_id="c1", tool_args='{"at": "door"}')
+    turns[2].update(action_schema="look", tool_call_id="c1")
+    with LakeWriter(lk, handle_signals=False) as w:
+        w.write_batch([ep], turns).raise_if_rejected()
+    s = export_hf(lk, tmp_path / "out", layout="sft", contamination=False)
+    assert s.rows("sft", "dev") == 1 and any("'elsewhere-env' is not available here" in n for n in s.notes)
+    (row,) = _load(s.out, tmp_path / "cache", "dev")
+    assert row["tools"] is None
+    assert [m["role"] for m in row["messages"]] == ["system", "assistant", "tool", "assistant", "user"]
+    assert row["messages"][0]["content"] == "system text 0"  # the episode's own system turn
+    assert row["messages"][1]["tool_calls"][0]["function"] == {"name": "look", "arguments": '{"at": "door"}'}
+    assert row["messages"][1]["content"] == "assistant text 1"  # text beside the call is kept
+    assert row["messages"][2]["tool_call_id"] == "c1" and row["messages"][2]["content"] == "tool text 2"
+    assert "is not available here" in (s.out / "README.md").read_text()
+
+
+def test_push_of_a_layout_uploads_card_and_data(lake: Lake, tmp_path: Path) -> None:
+    class Api:
+        def __init__(self) -> None:
+            self.kw: dict[str, Any] = {}
+
+        def create_repo(self, repo_id: str, **kw: Any) -> str:
+            return repo_id
+
+        def upload_folder(self, **kw: Any) -> Any:
+            self.kw = kw
+            return None
+
+    api = Api()
+    s = export_hf(lake, tmp_path / "out", layout="rl", push="me/tasks", api=api, contamination=False)
+    assert s.pushed_to == "https://huggingface.co/datasets/me/tasks"
+    assert api.kw["allow_patterns"] == ["README.md", "data/**"]
+    assert api.kw["commit_message"].startswith("trajlake export hf --layout rl --as-of ")
