@@ -63,6 +63,7 @@ from trajlake.io.hf import (
 )
 from trajlake.lake.store import Lake
 from trajlake.schema import SCHEMA_VERSION
+from trajlake.schemas.vocab import Role, Split
 
 __all__ = [
     "AGENT_INSTRUCTION",
@@ -81,9 +82,9 @@ __all__ = [
 AGENT_INSTRUCTION = "You are an agent that solves the task by calling tools, one call per turn."
 """First line of the system prompt the training layouts add (followed by the tool list)."""
 
-RL_SPLITS: dict[str, str] = {"train": "train", "dev": "test", "test": "test"}
-"""Lake task split -> verl file (``data/<file>.parquet``). ``hidden`` goes to ``test`` only with
-``include_hidden``; ``unknown`` (and any other split) is left out: nothing says it is safe to train on."""
+RL_SPLITS: dict[str, str] = {Split.TRAIN: Split.TRAIN, Split.DEV: Split.TEST, Split.TEST: Split.TEST}
+"""Lake task split -> verl file (``data/train.parquet``, ``data/test.parquet``). ``hidden`` goes to ``test`` only
+with ``include_hidden``; ``unknown`` (and any other split) is left out: nothing says it is safe to train on."""
 
 _FUNCTION = pa.struct([pa.field("name", pa.string()), pa.field("arguments", pa.string())])
 _TOOL_CALL = pa.struct([pa.field("id", pa.string()), pa.field("type", pa.string()),
@@ -287,7 +288,7 @@ def episode_messages(turns: Sequence[Mapping[str, Any]], system: str | None = No
             msgs.append(_message("tool", text, tool_call_id=answered, name=t.get("action_schema")))
         elif role == "system":
             msgs.append(_message("system", text))
-        elif role in ("user", "env"):
+        elif role in (Role.USER, Role.ENV):
             msgs.append(_message("user", text))
         else:
             raise TrajlakeError(f"episode {t.get('episode_id')}, turn {idx}: role {role!r} has no chat role")
@@ -407,8 +408,8 @@ def _export_rl(con: duckdb.DuckDBPyConnection, staging: Path, *, include_hidden:
     folder.mkdir(parents=True, exist_ok=True)
     schema = RL_SCHEMA.with_metadata({"trajlake.layout": "rl", "trajlake.schema_version": SCHEMA_VERSION,
                                       **metadata})
-    files = {**RL_SPLITS, **({HIDDEN_SPLIT: "test"} if include_hidden else {})}
-    rows: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
+    files = {**RL_SPLITS, **({HIDDEN_SPLIT: Split.TEST} if include_hidden else {})}
+    rows: dict[str, list[dict[str, Any]]] = {str(f): [] for f in dict.fromkeys(RL_SPLITS.values())}
     left: dict[str, int] = {}
     sql = ("SELECT split, task_id, task_version, env_id, family, difficulty, statement FROM tasks "
            "ORDER BY task_id, task_version")
@@ -417,7 +418,7 @@ def _export_rl(con: duckdb.DuckDBPyConnection, staging: Path, *, include_hidden:
     except duckdb.Error as e:
         raise TrajlakeError(f"export of tasks as rl: {str(e).splitlines()[0]}") from e
     for split, task_id, task_version, env_id, family, difficulty, statement in tasks:
-        target = files.get(split)
+        target = str(files[split]) if split in files else None
         if target is None:
             left[split] = left.get(split, 0) + 1
             continue
@@ -464,7 +465,7 @@ def render_layout_card(summary: ExportSummary, lake_name: str, *, success_only: 
     y.append("---")
     b = ["", f"# trajlake {summary.layout}: {lake_name}", ""]
     names = [s.split for s in te.splits]
-    first_split = "train" if "train" in names else names[0]
+    first_split = Split.TRAIN.value if Split.TRAIN in names else names[0]
     if summary.layout == "sft":
         b += ["Episodes of a trajlake lake as a conversational dataset for supervised fine-tuning (TRL's "
               "`SFTTrainer`), written by `trajlake export hf --layout sft` "
