@@ -32,7 +32,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -50,14 +50,22 @@ __all__ = [
     "DEFAULT_MAX_SHARD_BYTES",
     "DEFAULT_SHARD_ROWS",
     "HIDDEN_SPLIT",
+    "LAYOUTS",
     "NO_SPLIT_NAME",
     "ExportSummary",
+    "ExportTarget",
     "SplitExport",
     "TableExport",
+    "contamination_card",
     "export_arrow_schema",
     "export_hf",
     "export_type_str",
+    "not_checked_card",
+    "prepare_export",
+    "push_export",
     "push_to_hub",
+    "set_temp_directory",
+    "write_staged",
 ]
 
 DEFAULT_SHARD_ROWS = 100_000
@@ -100,6 +108,8 @@ class TableExport:
     splits: tuple[SplitExport, ...]
     excluded_hidden: int
     """Rows left out because they belong to the hidden split (0 with ``include_hidden``)."""
+    left_out: tuple[tuple[str, int], ...] = ()
+    """Other rows left out, as (reason, count) pairs (the training layouts' filters, e.g. not successful)."""
 
     @property
     def rows(self) -> int:
@@ -127,6 +137,10 @@ class ExportSummary:
     contamination: tuple[dict[str, Any], ...] = ()
     """Per exported evaluation split: the contamination scan's summary (``contamination_summary``)."""
     commit_url: str | None = None
+    layout: str = "trajectories"
+    """``trajectories`` (one config per lake table), ``sft`` or ``rl`` (see :mod:`trajlake.io.hf_layouts`)."""
+    notes: tuple[str, ...] = ()
+    """Things the export could not do for some rows (e.g. no tool list for an environment), one line each."""
 
     @property
     def as_of(self) -> str:
@@ -462,23 +476,9 @@ def render_card(summary: ExportSummary, lake_name: str) -> str:
           "`test` rows may be used to evaluate a model trained on `train`; do not train on them if you report "
           "results on those splits. `runs` are all in `train` and describe configurations only (no task content).",
           ""]
-    b += _contamination_card(summary, lake_name)
+    b += contamination_card(summary, lake_name)
 
-    b += ["## Not checked", "", "The exporter did **not** run or check the following; do it before publishing:", ""]
-    not_checked = [
-        "No PII or secret scan of `raw_content`, `tool_args`, task statements or run configs.",
-        "No license or terms-of-use check of the source trajectories, the tasks, or the models that produced "
-        "the policy turns" + (" (the license field is `other`: choose one)." if summary.license == "other" else "."),
-        "No content-hash verification at export time (run `trajlake verify --as-of ...` on the lake).",
-        "No decontamination against public benchmarks or other datasets: the contamination scan above compares "
-        "this lake's evaluation splits with its own `train` split only.",
-        "No toxicity or safety filtering; observations may contain prompt-injection payloads "
-        "(`episodes.injection_attempted`).",
-        "Uncommitted (orphan) turns are never exported; no other completeness check was made.",
-        "The Hub's dataset viewer was not tried on these files.",
-    ]
-    b += [f"- {x}" for x in not_checked]
-    b.append("")
+    b += not_checked_card(summary)
 
     b += ["## Schema", ""]
     for t in tables:
@@ -495,7 +495,25 @@ def render_card(summary: ExportSummary, lake_name: str) -> str:
     return "\n".join(y + b)
 
 
-def _contamination_card(summary: ExportSummary, lake_name: str) -> list[str]:
+def not_checked_card(summary: ExportSummary) -> list[str]:
+    """The card's "Not checked" section: what the exporter did not check (every layout)."""
+    not_checked = [
+        "No PII or secret scan of `raw_content`, `tool_args`, task statements or run configs.",
+        "No license or terms-of-use check of the source trajectories, the tasks, or the models that produced "
+        "the policy turns" + (" (the license field is `other`: choose one)." if summary.license == "other" else "."),
+        "No content-hash verification at export time (run `trajlake verify --as-of ...` on the lake).",
+        "No decontamination against public benchmarks or other datasets: the contamination scan above compares "
+        "this lake's evaluation splits with its own `train` split only.",
+        "No toxicity or safety filtering; observations may contain prompt-injection payloads "
+        "(`episodes.injection_attempted`).",
+        "Uncommitted (orphan) turns are never exported; no other completeness check was made.",
+        "The Hub's dataset viewer was not tried on these files.",
+    ]
+    return ["## Not checked", "", "The exporter did **not** run or check the following; do it before publishing:",
+            "", *(f"- {x}" for x in not_checked), ""]
+
+
+def contamination_card(summary: ExportSummary, lake_name: str) -> list[str]:
     b = ["### Contamination scan", ""]
     if not summary.contamination:
         return [*b, "No evaluation split (tasks on a split other than `train`) was exported, so no scan was run.", ""]
@@ -626,25 +644,24 @@ def _check_out(out: Path, overwrite: bool, lake: Lake) -> None:
                             f"{CARD} and {DATA_DIR}/ (other files are kept)")
 
 
-def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], *,
-              tables: str | Sequence[str] | None = None, as_of: str | dict[str, int] | None = None,
-              license: str = "other", include_hidden: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS,
-              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, push: str | None = None, overwrite: bool = False,
-              private: bool = True, memory_limit: str | None = None, threads: int | None = None,
-              api: Any = None, contamination: bool = True) -> ExportSummary:
-    """Export lake tables as a Hugging Face dataset folder in ``out`` (and upload it when ``push``).
+LAYOUTS = ("trajectories", "sft", "rl")
+"""Layouts of ``export_hf``: the lake's tables as they are, or a training dataset (:mod:`trajlake.io.hf_layouts`)."""
 
-    ``tables``: names or a comma-separated string (default: all five). ``as_of``: pin versions as
-    ``connect`` takes them; every table is pinned (current versions when None) and the card records the pins.
-    ``include_hidden``: also export rows of the ``hidden`` split (by default they are left out). Shards hold at
-    most ``shard_rows`` rows and close once about ``max_shard_bytes`` are written. ``out`` must be empty or
-    missing unless ``overwrite`` (which replaces only ``README.md`` and ``data/``). ``push``: a Hub dataset
-    repo id; needs ``$HF_TOKEN`` (checked before anything is written) unless ``api`` (an ``HfApi``-like
-    object) is given. ``contamination``: run the contamination scan for the card's contamination section.
-    Bad input raises :class:`TrajlakeError` with a one-line message."""
-    from trajlake.query import connect
 
-    names = _parse_tables(tables)
+@dataclass(frozen=True)
+class ExportTarget:
+    """What every layout checks before it writes: the lake, the output folder, the pinned versions, the Hub."""
+
+    lake: Lake
+    out: Path
+    versions: dict[str, int]
+    api: Any
+
+
+def prepare_export(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], *, as_of: str | dict[str, int]
+                   | None, license: str, push: str | None, overwrite: bool, api: Any,
+                   shard_rows: int = 1, max_shard_bytes: int = 1) -> ExportTarget:
+    """Check the options shared by every layout (one-line errors before anything is written) and pin versions."""
     if shard_rows < 1:
         raise TrajlakeError(f"--shard-rows must be at least 1, not {shard_rows}")
     if max_shard_bytes < 1:
@@ -658,19 +675,100 @@ def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], 
     lk = lake if isinstance(lake, Lake) else Lake.open(lake)
     out_p = Path(out)
     _check_out(out_p, overwrite, lk)
-    versions = lk.resolve_as_of(as_of) or lk.versions()
+    return ExportTarget(lk, out_p, dict(lk.resolve_as_of(as_of) or lk.versions()), api)
 
-    created = not out_p.exists()
+
+def write_staged(out: Path, build: Callable[[Path], ExportSummary]) -> ExportSummary:
+    """Run ``build(staging)`` (which writes ``README.md`` and ``data/`` into a hidden staging folder inside
+    ``out``), then swap those two into place. On any error ``out`` is left as it was (and removed when this
+    created it): a failed export never leaves partial data."""
+    created = not out.exists()
     try:
-        out_p.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise TrajlakeError(f"--out {out_p}: cannot create the folder: {e.strerror or e}") from e
-    staging = Path(tempfile.mkdtemp(prefix=".trajlake-export-", dir=out_p))
+        raise TrajlakeError(f"--out {out}: cannot create the folder: {e.strerror or e}") from e
+    staging = Path(tempfile.mkdtemp(prefix=".trajlake-export-", dir=out))
     try:
+        summary = build(staging)
+        # Swap the finished export into place: only README.md and data/ are ever replaced.
+        if (out / DATA_DIR).exists():
+            shutil.rmtree(out / DATA_DIR)
+        (out / CARD).unlink(missing_ok=True)
+        os.replace(staging / DATA_DIR, out / DATA_DIR)
+        os.replace(staging / CARD, out / CARD)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+def set_temp_directory(con: duckdb.DuckDBPyConnection, staging: Path) -> None:
+    """Let DuckDB spill sorts into the staging folder (removed with it)."""
+    tmp = staging / ".duckdb-tmp"
+    con.execute(f"SET temp_directory = '{str(tmp).replace(chr(39), chr(39) * 2)}'")
+
+
+def push_export(summary: ExportSummary, push: str | None, *, private: bool, api: Any) -> ExportSummary:
+    """Upload a finished export when ``push`` names a repo; the summary with the URLs."""
+    if push is None:
+        return summary
+    layout = "" if summary.layout == "trajectories" else f" --layout {summary.layout}"
+    url, commit = push_to_hub(summary.out, push, private=private, api=api,
+                              commit_message=f"trajlake export hf{layout} --as-of {summary.as_of}")
+    return replace(summary, pushed_to=url, commit_url=commit)
+
+
+def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], *,
+              tables: str | Sequence[str] | None = None, as_of: str | dict[str, int] | None = None,
+              license: str = "other", include_hidden: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS,
+              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, push: str | None = None, overwrite: bool = False,
+              private: bool = True, memory_limit: str | None = None, threads: int | None = None,
+              api: Any = None, contamination: bool = True, layout: str = "trajectories",
+              success_only: bool | None = None, runs: str | Sequence[str] | None = None,
+              system_prompt: bool | None = None) -> ExportSummary:
+    """Export lake tables as a Hugging Face dataset folder in ``out`` (and upload it when ``push``).
+
+    ``tables``: names or a comma-separated string (default: all five). ``as_of``: pin versions as
+    ``connect`` takes them; every table is pinned (current versions when None) and the card records the pins.
+    ``include_hidden``: also export rows of the ``hidden`` split (by default they are left out). Shards hold at
+    most ``shard_rows`` rows and close once about ``max_shard_bytes`` are written. ``out`` must be empty or
+    missing unless ``overwrite`` (which replaces only ``README.md`` and ``data/``). ``push``: a Hub dataset
+    repo id; needs ``$HF_TOKEN`` (checked before anything is written) unless ``api`` (an ``HfApi``-like
+    object) is given. ``contamination``: run the contamination scan for the card's contamination section.
+    ``layout``: ``trajectories`` (the tables as they are, the default) or a training layout, ``sft`` or ``rl``
+    (:func:`trajlake.io.hf_layouts.export_layout`, which takes ``success_only``, ``runs`` and
+    ``system_prompt``; ``tables`` applies to ``trajectories`` only). Bad input raises :class:`TrajlakeError`
+    with a one-line message."""
+    from trajlake.query import connect
+
+    if layout not in LAYOUTS:
+        raise TrajlakeError(f"--layout {layout!r}: layouts are {', '.join(LAYOUTS)}")
+    if layout != "trajectories":
+        if tables is not None:
+            raise TrajlakeError(f"--tables applies to --layout trajectories only, not --layout {layout}")
+        from trajlake.io.hf_layouts import export_layout
+
+        return export_layout(lake, out, layout=layout, as_of=as_of, license=license, include_hidden=include_hidden,
+                             shard_rows=shard_rows, max_shard_bytes=max_shard_bytes, push=push,
+                             overwrite=overwrite, private=private, memory_limit=memory_limit, threads=threads,
+                             api=api, contamination=contamination, success_only=success_only, runs=runs,
+                             system_prompt=system_prompt)
+    for name, value in (("--success-only/--all-episodes", success_only), ("--runs", runs),
+                        ("--system-prompt/--no-system-prompt", system_prompt)):
+        if value is not None:
+            raise TrajlakeError(f"{name} applies to --layout sft or rl, not --layout trajectories")
+    names = _parse_tables(tables)
+    target = prepare_export(lake, out, as_of=as_of, license=license, push=push, overwrite=overwrite, api=api,
+                            shard_rows=shard_rows, max_shard_bytes=max_shard_bytes)
+    lk, versions = target.lake, target.versions
+
+    def build(staging: Path) -> ExportSummary:
         con = connect(lk, versions, memory_limit=memory_limit, threads=threads)
         try:
-            tmp = staging / ".duckdb-tmp"
-            con.execute(f"SET temp_directory = '{str(tmp).replace(chr(39), chr(39) * 2)}'")
+            set_temp_directory(con, staging)
             pins = ",".join(f"{t}={v}" for t, v in versions.items())
             meta = {"trajlake.as_of": pins, "trajlake.include_hidden": str(include_hidden).lower()}
             exported = {t: _export_table(con, t, staging, include_hidden=include_hidden, shard_rows=shard_rows,
@@ -680,26 +778,13 @@ def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], 
         if not any(te.splits for te in exported.values()):
             raise TrajlakeError(f"nothing to export: {', '.join(names)} have no rows at --as-of {pins}"
                                 + ("" if include_hidden else " (hidden split excluded)"))
-        summary = ExportSummary(out=out_p, tables=exported, versions=dict(versions), include_hidden=include_hidden,
-                                license=license, exported_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        summary = ExportSummary(out=target.out, tables=exported, versions=dict(versions),
+                                include_hidden=include_hidden, license=license,
+                                exported_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                                 contamination=contamination_summary(lk, dict(versions), include_hidden)
                                 if contamination else ())
         (staging / CARD).write_text(render_card(summary, lk.root.name), encoding="utf-8")
-        # Swap the finished export into place: only README.md and data/ are ever replaced.
-        if (out_p / DATA_DIR).exists():
-            shutil.rmtree(out_p / DATA_DIR)
-        (out_p / CARD).unlink(missing_ok=True)
-        os.replace(staging / DATA_DIR, out_p / DATA_DIR)
-        os.replace(staging / CARD, out_p / CARD)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created:
-            shutil.rmtree(out_p, ignore_errors=True)
-        raise
-    shutil.rmtree(staging, ignore_errors=True)
+        return summary
 
-    if push is not None:
-        url, commit = push_to_hub(out_p, push, private=private, api=api,
-                                  commit_message=f"trajlake export hf --as-of {summary.as_of}")
-        summary = replace(summary, pushed_to=url, commit_url=commit)
-    return summary
+    summary = write_staged(target.out, build)
+    return push_export(summary, push, private=private, api=target.api)
