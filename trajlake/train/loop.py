@@ -621,13 +621,14 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     if value_loss is not None:
         loss = loss + cfg.value_coef * value_loss
     grad_norm = learner.step(loss, cfg.grad_clip)
-    diag = tm.ratio_diagnostics(seq_log_ratio, lengths)
+    diag = tm.ratio_diagnostics(seq_log_ratio, lengths, max_weight=cfg.is_max_weight)
     return {"loss": _all_sum(dist, float(loss.detach())) / (1 if denominator else dist.world),
             "kl": float(kl.detach()), "entropy": float(tm.masked_mean(out["entropy"].detach(), mask)),
             "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
             "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
-            "log_ratio_var": diag.get("log_ratio_var"), "lag_mean": float(lags.mean()),
-            "lag_max": int(lags.max()), "clip_frac": stats.get("clip_frac"),
+            "log_ratio_var": diag.get("log_ratio_var"), "log_ratio_var_slope": diag.get("log_ratio_var_slope"),
+            "ess_frac": diag.get("ess_frac"), "frac_truncated": diag.get("frac_truncated"),
+            "lag_mean": float(lags.mean()), "lag_max": int(lags.max()), "clip_frac": stats.get("clip_frac"),
             "value_loss": None if value_loss is None else float(value_loss.detach())}
 
 
