@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -163,6 +164,7 @@ def select_episodes(lake: str | Path | Lake, selection: Selection = Selection())
 
 # -- the trainer's tokenizer -----------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=256)
 def _fingerprint_key(tokenizer_id: str) -> tuple[str, str] | None:
     """(tok, tmpl) hashes of a policy-recorded fingerprint; None for other ids (byte tokens, imports, demo)."""
     if "|tok:" not in tokenizer_id:
@@ -737,6 +739,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
             f"the text up to this turn is tokenized whole")
 
 
+@functools.lru_cache(maxsize=256)
 def _tok_key(tokenizer_id: str | None) -> Any:
     """What makes two tokenizer ids the same vocabulary: the tok/tmpl hashes of a fingerprint (the name is the
     model folder's and changes between checkpoints), else the id itself."""
