@@ -341,6 +341,52 @@ def test_broken_prefix_names_episode_and_turn(lake: Lake, tok_dir: Path) -> None
     assert list(ds) == [] and ds.stats["n_skipped_mismatch"] == 1
 
 
+def test_episode_spanning_row_groups_gets_its_text_when_re_rendered(lake: Lake, tok_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row groups of 2 rows: the first ones hold turns in the trainer's tokenizer (read without raw_content), the
+    last a text-only turn; the episode is re-rendered, and the earlier turns' text is read back for it. Row groups
+    of other episodes are skipped by their episode_id statistics."""
+    from transformers import AutoTokenizer
+
+    import trajlake.lake.store as store
+    from trajlake.policies.chat import tokenizer_fingerprint
+
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    r = ChatRenderer(tok, "t")
+    fp = tokenizer_fingerprint(tok, "trainer")
+    texts = ["Fix it.", format_call("list_files", {}), "src/a.py", format_call("submit", {}), "done"]
+    monkeypatch.setattr(store, "ROW_GROUP_ROWS", 2)
+    _hand_episodes(lake, [{"run_id": "r1"}, {"run_id": "r1"}])  # ep-000, ep-001 (skipped by the selection)
+    ep, tu = make_episode("ep-span", run_id="r1", env_id="mini-swe")
+    tu[0].update(role="user", actor="user")
+    for i, t in enumerate(tu):
+        t["raw_content"] = texts[i]
+        if i < 4:
+            ids = r.initial(system_prompt(TOOL_DOCS), texts[0]) if i == 0 else (
+                [*r.encode(texts[i]), r.eos_id] if i % 2 else r.observation(texts[i], True))
+            t.update(token_ids=ids, loss_mask=[i % 2] * len(ids), behavior_logprobs=None, tokenizer_id=fp)
+        else:
+            t.update(token_ids=None, loss_mask=None, behavior_logprobs=None, tokenizer_id=None)
+    _append_raw(lake, ep, tu)
+    ds = LakeTrajectories(lake, Selection(policy_versions=["p1"]), tokenizer=tok_dir,
+                          episodes=select_episodes(lake).filter(pa.compute.equal(
+                              select_episodes(lake)["episode_id"], "ep-span")))
+    lacking: list[int] = []
+    fill = LakeTrajectories._fill_raw
+
+    def spy(eid: str, turns: Any) -> None:
+        lacking.append(sum(not t.raw_read for t in turns))
+        fill(eid, turns)
+
+    monkeypatch.setattr(LakeTrajectories, "_fill_raw", staticmethod(spy))
+    (s,) = list(ds)
+    assert s["retokenized"] and lacking == [4]  # turns 0-3 came from row groups read without their text
+    head = [i for t in tu[:4] for i in t["token_ids"]]
+    assert s["input_ids"].tolist() == head + r.observation("done", True)
+    assert s["loss_mask"].tolist() == [m for t in tu[:4] for m in t["loss_mask"]] + [0] * (len(s["input_ids"]) -
+                                                                                           len(head))
+
+
 # -- bad input ---------------------------------------------------------------------------------------------------
 
 def _append_raw(lake: Lake, ep: dict[str, Any], turns: list[dict[str, Any]]) -> None:
