@@ -26,6 +26,7 @@ from trajlake.envs.mini_swe.env import TOOL_DOCS, MiniSWEEnv
 from trajlake import Lake, LakeWriter, open_lake
 from trajlake.errors import TrajlakeError
 from trajlake.policies.chat import ChatRenderer, system_prompt
+from trajlake.policies.exactness import model_contexts
 from trajlake.policies.lm import Generation, LMPolicy
 from trajlake.policies.settings import LMSettings
 from trajlake.policies.toolcall import format_call, parse_tool_call
@@ -74,11 +75,11 @@ def build_tokenizer(out: Path, *, template_comment: str = "") -> Path:
 class Canned(LMPolicy):
     """An LM policy whose 'model' replies from a script: hf-style turns (fingerprint, token ids, log-probs)."""
 
-    def __init__(self, tokenizer: Path, replies: list[str]):
+    def __init__(self, tokenizer: Path, replies: list[str], settings: LMSettings | None = None):
         from transformers import AutoTokenizer
 
-        super().__init__("lm-v1", LMSettings(), ChatRenderer(AutoTokenizer.from_pretrained(str(tokenizer)),
-                                                             tokenizer.name), None)
+        super().__init__("lm-v1", settings or LMSettings(),
+                         ChatRenderer(AutoTokenizer.from_pretrained(str(tokenizer)), tokenizer.name), None)
         self.replies = list(replies)
 
     def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
@@ -120,10 +121,16 @@ def swe_lake(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> Lake:
         canned = Canned(tok_dir, [format_call("list_files", {}), "I am not sure",
                                   format_call("read_file", {"path": "src/durations.py"}), format_call("submit", {})])
         lm = play_episode(env, canned, run_id="lm", task_id=TASK, task_version=None, seed=0, split="dev")
+        # a window holding the task prompt and about one action/observation pair: later turns drop the oldest
+        lengths = [len(c.context_ids) for c in model_contexts(lm.turns)]
+        window = lengths[0] + (lengths[2] - lengths[0]) // 2 + 8
+        short = Canned(tok_dir, [format_call("list_files", {})] * 4 + [format_call("submit", {})],
+                       LMSettings(max_new_tokens=8, max_context=window))
+        trim = play_episode(env, short, run_id="trim", task_id=TASK, task_version=None, seed=0, split="dev")
     finally:
         env.close()
     assert oracle.episode["success"] is True
-    _write(lake, oracle, lm)
+    _write(lake, oracle, lm, trim)
     return lake
 
 
@@ -322,6 +329,30 @@ def test_oracle_episode_is_rerendered_with_the_trainers_tokenizer(swe_lake: Lake
     first = r.initial(system_prompt(TOOL_DOCS), stored[0]["raw_content"])
     assert s["input_ids"][:len(first)].tolist() == first
     assert r.encode(r.decode(s["input_ids"].tolist())) == s["input_ids"].tolist()
+
+
+def test_trimmed_context_gives_one_sample_per_policy_turn(swe_lake: Lake, tok_dir: Path) -> None:
+    eid = select_episodes(swe_lake, Selection(runs=["trim"]))["episode_id"][0].as_py()
+    stored = _stored_turns(swe_lake, eid)
+    ctxs = model_contexts(stored)
+    assert any(c.dropped for c in ctxs), "the window is small enough that later turns are trimmed"
+    ds = LakeTrajectories(swe_lake, Selection(runs=["trim"]), tokenizer=tok_dir)
+    samples = list(ds)
+    assert len(samples) == len(ctxs) == 5 and ds.stats["n_samples"] == 5 and ds.stats["n_episodes"] == 1
+    for k, (smp, c) in enumerate(zip(samples, ctxs, strict=True)):
+        n = len(c.context_ids)
+        assert smp["input_ids"].tolist() == c.context_ids + c.generated_ids
+        assert smp["loss_mask"].tolist() == [0] * n + [1] * len(c.generated_ids)
+        np.testing.assert_allclose(smp["behavior_logprobs"][n:], c.behavior_logprobs or [], rtol=1e-6)
+        assert np.isnan(smp["behavior_logprobs"][:n]).all()
+        assert smp["policy_turn"] == k and set(smp["token_turn"][n:].tolist()) == {k}
+        assert (smp["token_turn"][:n] == -1).all() and smp["n_policy_turns"] == 5
+    # a trimmed context recorded with another tokenizer is not re-rendered: a mismatch, skippable
+    other_tok = build_tokenizer(tok_dir.parent / "other", template_comment="{# other #}")
+    with pytest.raises(RetokenizationError, match=f"episode {eid} turn 0: .*trimmed context"):
+        list(LakeTrajectories(swe_lake, Selection(runs=["trim"]), tokenizer=other_tok))
+    skip = LakeTrajectories(swe_lake, Selection(runs=["trim"]), tokenizer=other_tok, on_mismatch="skip")
+    assert list(skip) == [] and skip.stats["n_skipped_mismatch"] == 1
 
 
 def test_broken_prefix_names_episode_and_turn(lake: Lake, tok_dir: Path) -> None:
