@@ -241,6 +241,19 @@ _Piece = tuple[Any, Any, Any, Any, "int | None"]
 """(input_ids, loss_mask, behavior_logprobs, token_turn, policy_turn) of one sample."""
 
 
+def _only(ids: pa.Array | pa.ChunkedArray, wanted: Mapping[str, Any]) -> pa.Array | pa.ChunkedArray | bool | None:
+    """A filter keeping the rows whose episode id is in ``wanted``: None when none is, True when all are. The
+    membership test runs over the batch's distinct ids (a few hundred), so its cost does not grow with the
+    shard (an Arrow ``is_in`` would hash the shard's whole id set for every batch)."""
+    distinct = pc.unique(ids).to_pylist()
+    keep = [i for i in distinct if i in wanted]
+    if not keep:
+        return None
+    if len(keep) == len(distinct):
+        return True
+    return pc.is_in(ids, value_set=pa.array(keep, pa.string()))
+
+
 def _where(episode_id: str, turn: int | None, column: str | None = None) -> str:
     out = f"episode {episode_id}"
     if turn is not None:
@@ -354,15 +367,15 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
                 stats["n_episodes"] += 1  # nothing to learn from an episode without turns
             else:
                 open_[eid] = _Open(int(r["n_turns"]))
-        id_set = pa.array(ids_sorted, pa.string())
         runs = {r["run_id"] for r in meta.values()} if "run_id" in mine.column_names else None
         self._seen_tokenizer = None
         turns_version = self.versions["turns"]
         for f in self.turn_files:
             if not open_:
                 break
-            if runs is not None and f.partition_values.get("run_id", next(iter(runs))) not in runs:
-                continue
+            run = f.partition_values.get("run_id")
+            if runs is not None and run is not None and run not in runs:
+                continue  # another shard's partition
             path = self.lake.abs_path("turns", f.path)
             pf = pq.ParquetFile(path, page_checksum_verification=True)
             md = pf.schema_arrow.metadata or {}
@@ -372,13 +385,14 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
             for rg in range(pf.num_row_groups):
                 if not self._row_group_may_hold(pf, rg, eid_col, ids_sorted):
                     continue
-                need_raw = "raw_content" in names and self._needs_raw(pf, rg, id_set, open_)
+                need_raw = "raw_content" in names and self._needs_raw(pf, rg, open_)
                 cols = [c for c in (*_LIGHT_COLUMNS, *(("raw_content",) if need_raw else ())) if c in names]
                 for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[rg], columns=cols):
-                    keep = pc.is_in(batch.column("episode_id"), value_set=id_set)
-                    if not pc.any(keep).as_py():
+                    keep = _only(batch.column("episode_id"), open_)
+                    if keep is None:
                         continue
-                    batch = batch.filter(keep)
+                    if keep is not True:
+                        batch = batch.filter(keep)
                     done = self._add_rows(batch, open_, need_raw, (path, rg))
                     for eid in done:
                         yield from self._episode_samples(meta[eid], open_.pop(eid), stats)
@@ -406,15 +420,17 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
         i = bisect.bisect_left(ids_sorted, lo)
         return i < len(ids_sorted) and ids_sorted[i] <= hi
 
-    def _needs_raw(self, pf: pq.ParquetFile, rg: int, id_set: pa.Array, open_: Mapping[str, _Open]) -> bool:
+    def _needs_raw(self, pf: pq.ParquetFile, rg: int, open_: Mapping[str, _Open]) -> bool:
         """Whether a row group holds a turn of the shard that is re-rendered or trimmed (needs ``raw_content``):
         a turn without token ids, with a tokenizer other than the trainer's, or with a dropped context."""
         names = pf.schema_arrow.names
         cols = [c for c in ("episode_id", "tokenizer_id", "context_dropped_hash") if c in names]
         t = pf.read_row_group(rg, columns=cols)
-        t = t.filter(pc.is_in(t["episode_id"], value_set=id_set))
-        if t.num_rows == 0:
+        keep = _only(t["episode_id"], open_)
+        if keep is None:
             return False
+        if keep is not True:
+            t = t.filter(keep)
         if "context_dropped_hash" in t.column_names and t["context_dropped_hash"].null_count < t.num_rows:
             return True
         if self.tokenizer_key is None:
