@@ -374,9 +374,9 @@ def test_broken_prefix_names_episode_and_turn(lake: Lake, tok_dir: Path) -> None
 
 def test_episode_spanning_row_groups_gets_its_text_when_re_rendered(lake: Lake, tok_dir: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Row groups of 2 rows: the first ones hold turns in the trainer's tokenizer (read without raw_content), the
-    last a text-only turn; the episode is re-rendered, and the earlier turns' text is read back for it. Row groups
-    of other episodes are skipped by their episode_id statistics."""
+    """Row groups of 2 rows: the first ones of ep-span hold turns in the trainer's tokenizer (read without
+    raw_content), the last a text-only turn; the episode is re-rendered, and the earlier turns' text is read back
+    for it. The row groups of the episodes before it in the file are skipped by their episode_id statistics."""
     from transformers import AutoTokenizer
 
     import trajlake.lake.store as store
@@ -387,7 +387,7 @@ def test_episode_spanning_row_groups_gets_its_text_when_re_rendered(lake: Lake, 
     fp = tokenizer_fingerprint(tok, "trainer")
     texts = ["Fix it.", format_call("list_files", {}), "src/a.py", format_call("submit", {}), "done"]
     monkeypatch.setattr(store, "ROW_GROUP_ROWS", 2)
-    _hand_episodes(lake, [{"run_id": "r1"}, {"run_id": "r1"}])  # ep-000, ep-001 (skipped by the selection)
+    others = [make_episode(f"ep-{i:03d}", run_id="r1") for i in range(2)]  # in the same file, before ep-span
     ep, tu = make_episode("ep-span", run_id="r1", env_id="mini-swe")
     tu[0].update(role="user", actor="user")
     for i, t in enumerate(tu):
@@ -398,10 +398,9 @@ def test_episode_spanning_row_groups_gets_its_text_when_re_rendered(lake: Lake, 
             t.update(token_ids=ids, loss_mask=[i % 2] * len(ids), behavior_logprobs=None, tokenizer_id=fp)
         else:
             t.update(token_ids=None, loss_mask=None, behavior_logprobs=None, tokenizer_id=None)
-    _append_raw(lake, ep, tu)
-    ds = LakeTrajectories(lake, Selection(policy_versions=["p1"]), tokenizer=tok_dir,
-                          episodes=select_episodes(lake).filter(pa.compute.equal(
-                              select_episodes(lake)["episode_id"], "ep-span")))
+    _append_raw(lake, [e for e, _ in others] + [ep], [t for _, ts in others for t in ts] + tu)
+    ds = LakeTrajectories(lake, tokenizer=tok_dir, episodes=select_episodes(lake).filter(pa.compute.equal(
+        select_episodes(lake)["episode_id"], "ep-span")))
     lacking: list[int] = []
     fill = LakeTrajectories._fill_raw
 
@@ -410,8 +409,17 @@ def test_episode_spanning_row_groups_gets_its_text_when_re_rendered(lake: Lake, 
         fill(eid, turns)
 
     monkeypatch.setattr(LakeTrajectories, "_fill_raw", staticmethod(spy))
+    pruned: list[bool] = []
+    may_hold = LakeTrajectories._row_group_may_hold
+
+    def spy_rg(*args: Any) -> bool:
+        pruned.append(not may_hold(*args))
+        return not pruned[-1]
+
+    monkeypatch.setattr(LakeTrajectories, "_row_group_may_hold", staticmethod(spy_rg))
     (s,) = list(ds)
     assert s["retokenized"] and lacking == [4]  # turns 0-3 came from row groups read without their text
+    assert pruned == [True] * 5 + [False] * 3  # the other episodes' 10 rows: 5 row groups skipped unread
     head = [i for t in tu[:4] for i in t["token_ids"]]
     assert s["input_ids"].tolist() == head + r.observation("done", True)
     assert s["loss_mask"].tolist() == [m for t in tu[:4] for m in t["loss_mask"]] + [0] * (len(s["input_ids"]) -
@@ -420,12 +428,14 @@ def test_episode_spanning_row_groups_gets_its_text_when_re_rendered(lake: Lake, 
 
 # -- bad input ---------------------------------------------------------------------------------------------------
 
-def _append_raw(lake: Lake, ep: dict[str, Any], turns: list[dict[str, Any]]) -> None:
+def _append_raw(lake: Lake, ep: dict[str, Any] | list[dict[str, Any]], turns: list[dict[str, Any]]) -> None:
     """Commit rows without the writer's validation (what a foreign or damaged writer could leave)."""
     from trajlake.schema import arrow_schema
 
-    turns = [{**t, "run_id": ep["run_id"]} for t in turns]
-    for name, rows in (("turns", turns), ("episodes", [ep])):
+    eps = ep if isinstance(ep, list) else [ep]
+    run_of = {e["episode_id"]: e["run_id"] for e in eps}
+    turns = [{**t, "run_id": run_of[t["episode_id"]]} for t in turns]
+    for name, rows in (("turns", turns), ("episodes", eps)):
         t = to_table(rows, name)
         full = arrow_schema(name)
         cols = {f.name: (t[f.name] if f.name in t.column_names else pa.nulls(t.num_rows, f.type)) for f in full}

@@ -210,9 +210,13 @@ class _Turn:
     """Whether ``raw_content`` was read with the row (see ``_needs_raw``; ``_fill_raw`` reads it later)."""
     source: tuple[str, int]
     """(file, row group) the row came from."""
+    owned: bool = False
 
     def own(self) -> None:
         """Copy the array slices, so an episode still open at the end of a batch does not keep the batch."""
+        if self.owned:
+            return
+        self.owned = True
         if self.ids is not None:
             self.ids = self.ids.copy()
         if self.mask is not None:
@@ -377,29 +381,29 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
             if runs is not None and run is not None and run not in runs:
                 continue  # another shard's partition
             path = self.lake.abs_path("turns", f.path)
-            pf = pq.ParquetFile(path, page_checksum_verification=True)
-            md = pf.schema_arrow.metadata or {}
-            check_schema_version(md.get(PARQUET_SCHEMA_KEY), path)
-            names = set(pf.schema_arrow.names)
-            eid_col = pf.schema_arrow.get_field_index("episode_id")
-            for rg in range(pf.num_row_groups):
-                if not self._row_group_may_hold(pf, rg, eid_col, ids_sorted):
-                    continue
-                need_raw = "raw_content" in names and self._needs_raw(pf, rg, open_)
-                cols = [c for c in (*_LIGHT_COLUMNS, *(("raw_content",) if need_raw else ())) if c in names]
-                for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[rg], columns=cols):
-                    keep = _only(batch.column("episode_id"), open_)
-                    if keep is None:
+            with pq.ParquetFile(path, page_checksum_verification=True) as pf:
+                md = pf.schema_arrow.metadata or {}
+                check_schema_version(md.get(PARQUET_SCHEMA_KEY), path)
+                names = set(pf.schema_arrow.names)
+                leaves = pf.metadata.schema
+                eid_col = next((i for i in range(len(leaves)) if leaves.column(i).path == "episode_id"), -1)
+                for rg in range(pf.num_row_groups):
+                    if not self._row_group_may_hold(pf, rg, eid_col, ids_sorted):
                         continue
-                    if keep is not True:
-                        batch = batch.filter(keep)
-                    done = self._add_rows(batch, open_, need_raw, (path, rg))
-                    for eid in done:
-                        yield from self._episode_samples(meta[eid], open_.pop(eid), stats)
-                    for ep in open_.values():  # still open: let go of this batch's buffers
-                        for t in ep.turns.values():
-                            t.own()
-            pf.close()
+                    need_raw = "raw_content" in names and self._needs_raw(pf, rg, open_)
+                    cols = [c for c in (*_LIGHT_COLUMNS, *(("raw_content",) if need_raw else ())) if c in names]
+                    for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[rg], columns=cols):
+                        keep = _only(batch.column("episode_id"), open_)
+                        if keep is None:
+                            continue
+                        if keep is not True:
+                            batch = batch.filter(keep)
+                        done = self._add_rows(batch, open_, need_raw, (path, rg))
+                        for eid in done:
+                            yield from self._episode_samples(meta[eid], open_.pop(eid), stats)
+                        for ep in open_.values():  # still open: let go of this batch's buffers
+                            for t in ep.turns.values():
+                                t.own()
         for eid, ep in sorted(open_.items()):
             have = set(ep.turns)
             gone = next(i for i in range(ep.n_turns) if i not in have)
