@@ -355,6 +355,25 @@ def test_trimmed_context_gives_one_sample_per_policy_turn(swe_lake: Lake, tok_di
     assert list(skip) == [] and skip.stats["n_skipped_mismatch"] == 1
 
 
+def test_mini_web_oracle_is_rendered_with_its_own_tools(lake: Lake, tok_dir: Path) -> None:
+    from trajlake.envs import list_tasks, make
+    from trajlake.envs.mini_web import TOOL_DOCS as WEB_TOOLS
+    from transformers import AutoTokenizer
+
+    env = make("mini-web", split="dev")
+    try:
+        rec = play_episode(env, make_policy("mini-web", "oracle", "o"), run_id="web", seed=0, split="dev",
+                           task_id=list_tasks("mini-web", "dev")[0]["task_id"], task_version=None)
+    finally:
+        env.close()
+    _write(lake, rec)
+    (s,) = list(LakeTrajectories(lake, tokenizer=tok_dir))
+    r = ChatRenderer(AutoTokenizer.from_pretrained(str(tok_dir)), "t")
+    first = r.initial(system_prompt(WEB_TOOLS), rec.turns[0]["raw_content"])  # the class's tool_docs
+    assert s["retokenized"] and s["input_ids"][:len(first)].tolist() == first
+    assert s["n_policy_turns"] == sum(1 for t in rec.turns if t["actor"] == "policy")
+
+
 def test_broken_prefix_names_episode_and_turn(lake: Lake, tok_dir: Path) -> None:
     """Turn 1's text starts with newlines that merge with the end of turn 0's piece when the whole text is
     tokenized: the per-turn pieces do not continue the previous turns exactly."""
