@@ -261,14 +261,18 @@ def test_shards_over_two_ranks_and_two_dataloader_workers(lake: Lake) -> None:
     assert sum(b["input_ids"].shape[0] for b in loader) == 23
 
 
-def test_golden_schema_1_0_lake_is_readable() -> None:
+def test_golden_schema_1_0_lake_is_readable(tmp_path: Path) -> None:
+    import shutil
+
     from trajlake import connect
 
-    eps = select_episodes(GOLDEN)
+    golden = tmp_path / "golden"
+    shutil.copytree(GOLDEN, golden)  # reading with DuckDB creates caches inside a lake: never in the repository
+    eps = select_episodes(golden)
     assert eps.num_rows == 12 and eps["policy_lag"].null_count == 12  # policy_lag came in 1.1: null
-    assert select_episodes(GOLDEN, Selection(max_policy_lag=0)).num_rows == 12
-    samples = {s["episode_id"]: s for s in LakeTrajectories(GOLDEN)}
-    con = connect(Lake.open(GOLDEN))
+    assert select_episodes(golden, Selection(max_policy_lag=0)).num_rows == 12
+    samples = {s["episode_id"]: s for s in LakeTrajectories(golden)}
+    con = connect(Lake.open(golden))
     want = dict(con.execute("select episode_id, sum(len(token_ids)) from turns group by 1").fetchall())
     assert {k: len(s["input_ids"]) for k, s in samples.items()} == {k: int(v) for k, v in want.items()}
     npt = dict(zip(eps["episode_id"].to_pylist(), eps["n_policy_tokens"].to_pylist(), strict=True))
