@@ -171,6 +171,10 @@ class Env(abc.ABC):
     rewards lack it was never graded (``success`` null)."""
     verification_source: ClassVar[str | None] = None
     """How the environment verifies success (``episodes.verification_source``), e.g. ``hidden_tests``."""
+    tool_docs: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    """The tools a policy may call, ``{name: {"description": ..., "args": {...}}}`` (what ``task_view`` gives
+    as ``TaskView.tools``), on the class so that readers such as the trainer can render an episode's system
+    prompt without building the environment (``registry.spec(env_id).load().tool_docs``). Empty: not declared."""
     injection_attempted: bool = False
     """Whether the current episode showed the agent an injected instruction (``episodes.injection_attempted``);
     an environment with an injection suite sets it per episode."""

@@ -97,6 +97,7 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
 
     env_id = ENV_ID
     env_version = ENV_VERSION
+    tool_docs = TOOL_DOCS
     verification_source = "hidden_tests"
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,

@@ -164,6 +164,7 @@ class MiniWebEnv(SplitTasks, TrackedBudget, Env):
 
     env_id = ENV_ID
     env_version = ENV_VERSION
+    tool_docs = TOOL_DOCS
     verification_source = "backend_state"
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,

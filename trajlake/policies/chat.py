@@ -49,6 +49,14 @@ def system_prompt(tools: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def dropped_hash(turns: Sequence[tuple[int, str]]) -> str:
+    """``context_dropped_hash``: sha256 over the dropped turns' ``[turn_idx, raw_content]`` list (canonical JSON).
+    ``trajlake.policies.exactness.model_contexts`` finds the dropped range of a stored episode from it. (Here,
+    beside the rendering, so that readers below the rollout layer, such as the trainer's, need no policy.)"""
+    blob = json.dumps([[i, r] for i, r in turns], ensure_ascii=False, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
 def tokenizer_fingerprint(tokenizer: Any, name: str) -> str:
     """``NAME|tok:HASH|tmpl:HASH``: the tokenizer id recorded on every turn. The two hashes (of the tokenizer's
     full definition and of its chat template) let a drift check say which of the two changed."""
@@ -143,4 +151,4 @@ class ChatRenderer:
         return self.encode(self.observation_text(observation, previous_ended_with_eos))
 
 
-__all__ = ["ChatRenderer", "TemplateError", "split_fingerprint", "system_prompt", "tokenizer_fingerprint"]
+__all__ = ["ChatRenderer", "TemplateError", "dropped_hash", "split_fingerprint", "system_prompt", "tokenizer_fingerprint"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 from trajlake.errors import TrajlakeError
-from trajlake.policies.chat import ChatRenderer, system_prompt
+from trajlake.policies.chat import ChatRenderer, dropped_hash, system_prompt
 from trajlake.policies.settings import LMSettings
 from trajlake.policies.toolcall import parse_tool_call
 from trajlake.schemas.vocab import Status
@@ -67,13 +66,6 @@ class _Context:
 
     def length(self) -> int:
         return sum(len(p.ids) for p in self.pieces[:1] + self.pieces[self.dropped_upto:])
-
-
-def dropped_hash(turns: Sequence[tuple[int, str]]) -> str:
-    """``context_dropped_hash``: sha256 over the dropped turns' ``[turn_idx, raw_content]`` list (canonical JSON).
-    ``trajlake.policies.exactness.model_contexts`` finds the dropped range of a stored episode from it."""
-    blob = json.dumps([[i, r] for i, r in turns], ensure_ascii=False, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def sampling_seed(base: int, task_id: str, env_seed: int, attempt: int) -> int:
