@@ -62,7 +62,7 @@ def test_yaml_config(tmp_path: Path) -> None:
     ({"stages": [{"name": "B1", "kind": "sft"}, {"name": "B1", "kind": "sft"}]}, "stage names repeat"),
     ({"stages": []}, "no [[stages]]"),
     ({"model": {"build_tiny": True, "path": "m"}}, "exactly one of path"),
-    ({"loss_aggregation": "mean"}, "loss_aggregation must be one of"),
+    ({"loss_aggregation": "mean"}, "loss_aggregation: 'mean' is not one of"),
     ({"stages": [{"name": "R3", "kind": "rl", "fault_rate_schedule": [0.1, 2]}]}, "fault_rate_schedule"),
 ])
 def test_bad_config_is_one_clear_error(change: dict, message: str) -> None:

@@ -102,8 +102,11 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  workdir: str | os.PathLike[str] | None = None, sandbox: str = "auto",
-                 budget: Budget | None = None, test_timeout_s: float = 60.0, allow_unisolated: bool | None = None):
+                 budget: Budget | Mapping[str, Any] | None = None, test_timeout_s: float = 60.0,
+                 allow_unisolated: bool | None = None):
         self.index_tasks(tasks if tasks is not None else load_tasks(), split, "Mini SWE")
+        if isinstance(budget, Mapping):  # from --env-arg budget='{"max_steps": 10}' or a training config
+            budget = Budget(**budget)
         self.sandbox = sandbox
         self.sandbox_kind: str | None = None
         self.allow_unisolated = (os.environ.get(UNISOLATED_ENV, "") in ("1", "true", "yes")

@@ -21,7 +21,8 @@ StageKind = Literal["sft", "rl"]
 Algorithm = Literal["rloo", "grpo", "ppo"]
 STAGE_KINDS = typing.get_args(StageKind)
 ALGORITHMS = typing.get_args(Algorithm)
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+LOSS_AGGREGATIONS = typing.get_args(LossAggregation)
 TASK_REWARDS = ("success", "reward_total")
 
 
@@ -61,6 +62,9 @@ class RolloutSpec:
     """Settings of the ``hf:`` policy playing the checkpoint (``temperature``, ``max_new_tokens``, ...)."""
     fault_rate: float = 0.0
     """Injected fault rate (the runner's ``--fault-rate``)."""
+    env_args: dict[str, Any] = field(default_factory=dict)
+    """Environment settings (the runner's ``--env-arg KEY=VALUE``), e.g. ``budget = { max_steps = 10 }``;
+    recorded in the run's config."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ class TrainConfig:
     """``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``. CUDA trains under bf16 autocast."""
     max_length: int = 16384
     """Samples longer than this are skipped (and counted in the log), never cut."""
-    loss_aggregation: str = "token-mean"
+    loss_aggregation: LossAggregation = "token-mean"
     """Masked-loss normalisation (19.6): ``token-mean`` over the global batch's policy tokens,
     ``seq-mean-token-mean`` or ``seq-mean-token-sum``."""
     temperature: float = 1.0
@@ -207,7 +211,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a table")
-        return {str(k): str(v) for k, v in value.items()}
+        keep = args and args[1] is Any  # env_args keep their values; policy_args are KEY=VALUE strings
+        return {str(k): v if keep else str(v) for k, v in value.items()}
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, where)
     if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
@@ -227,8 +232,6 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> TrainCon
     cfg = dataclasses.replace(cfg, source=source)
     if cfg.model.build_tiny == (cfg.model.path is not None):
         raise ConfigError(f"{where}: [model] needs exactly one of path = FOLDER and build_tiny = true")
-    if cfg.loss_aggregation not in LOSS_AGGREGATIONS:
-        raise ConfigError(f"{where}: loss_aggregation must be one of {', '.join(LOSS_AGGREGATIONS)}")
     if cfg.task_reward not in TASK_REWARDS:
         raise ConfigError(f"{where}: task_reward must be one of {', '.join(TASK_REWARDS)}")
     if not cfg.stages:

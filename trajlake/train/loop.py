@@ -248,6 +248,9 @@ def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResul
     from trajlake.lake.store import Lake
     from trajlake.rollout.versions import PolicyVersions
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the trainer's log says what is loaded and saved
     device = _device(cfg.device)
     dist = init_distributed(device)
     torch.manual_seed(cfg.seed + dist.rank)
@@ -359,7 +362,8 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
                        seeds=parse_seeds(spec.seeds), workers=spec.workers,
                        fault_rate=spec.fault_rate if fault_rate is None else fault_rate,
                        fault_seed=cfg.seed, policy_version=version, attempts=spec.attempts, policy_args=args,
-                       task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=0.0)
+                       task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=0.0,
+                       env_kwargs=dict(spec.env_args))
     t0 = time.monotonic()
     summary = run_rollout(rc)
     if summary.failed_items:
@@ -388,7 +392,7 @@ def _register(cfg: TrainConfig, stage: StageConfig, lake: str, version: str, fol
 
 
 def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4f}"
+    return "n/a" if x is None else f"{x:.4g}"
 
 
 # -- B1: supervised ------------------------------------------------------------------------------------------
@@ -508,8 +512,8 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
             losses.append(row["loss"])
             tokens += row["policy_tokens"]
             if dist.main:
-                log(f"  {stage.name} it {it} step {step}: loss {row['loss']:.4f}, kl {_fmt(row['kl'])}, ratio "
-                    f"mean {_fmt(row['ratio_mean'])}, lag max {row['lag_max']}, reward mean {reward_mean:.3f}")
+                log(f"  {stage.name} it {it} step {step}: loss {row['loss']:.4g}, kl {_fmt(row['kl'])}, ratio "
+                    f"mean {_fmt(row['ratio_mean'])}, lag max {row['lag_max']}, return mean {reward_mean:.4g}")
         if it < stage.iterations:  # the next iteration plays the updated policy as a new version
             behaviour_version = f"{cfg.name}-{stage.name}.{it}"
             behaviour_folder = Path(cfg.resolve(cfg.out_dir)) / f"{stage.name}.{it}"
