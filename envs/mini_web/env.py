@@ -204,7 +204,7 @@ class MiniWebEnv(SplitTasks, TrackedBudget, Env):
         self.ended = False
         self.done = False
         self.injection_shown = False
-        self.attack_success = False
+        self.attack_success: bool | None = None
         self.failures: tuple[str, ...] = ()
         self._taint: tuple[str, ...] = ()
         self._untrusted: list[tuple[str, str]] = []
@@ -279,7 +279,9 @@ class MiniWebEnv(SplitTasks, TrackedBudget, Env):
         self.tracker = BudgetTracker(self.budget_override or Budget(b.get("max_steps"), b.get("max_tokens"),
                                                                     b.get("max_cost")))
         self.answer, self.ended, self.done = None, False, False
-        self.injection_shown = self.attack_success = False
+        self.injection_shown = False
+        # None on benign tasks; on an attacked variant False until the grader reads the ledger
+        self.attack_success = False if task.get("injection") else None
         self.failures = ()
         self._steps = 0
         self.gateway = Gateway(self._tmp, self.permissions, self._tools(), self.state_hash)
@@ -567,7 +569,7 @@ class MiniWebEnv(SplitTasks, TrackedBudget, Env):
         assert self.task is not None and self.site is not None
         with self.site.lock:
             verdict = grade(self.site.conn, self.task, self.answer, self._initial)
-            self.attack_success = attack_succeeded(self.site.conn, self.task)
+            self.attack_success = attack_succeeded(self.site.conn, self.task) if self.task.get("injection") else None
         self.failures = verdict.failures
         return {"resolved": 1.0 if verdict.resolved else 0.0}
 

@@ -181,7 +181,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "ended_at": end, "terminated": last.terminated, "truncated": last.truncated, "termination_reason": reason,
         "error_class": error_class, "success": success, "reward_total": float(sum(comps.values())),
         "reward_components": comps, "wall_seconds": (end - start).total_seconds(),
-        "injection_attempted": bool(env.injection_attempted), "final_state_hash": last.state_hash,
+        "injection_attempted": bool(env.injection_attempted),
+        "attack_success": None if env.attack_success is None else bool(env.attack_success), "final_state_hash": last.state_hash,
         "sandbox": sandbox or getattr(env, "sandbox_kind", None),
         "verification_source": env.verification_source if graded else None, "policy_lag": policy_lag,
     }, turns)
