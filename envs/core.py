@@ -174,6 +174,9 @@ class Env(abc.ABC):
     injection_attempted: bool = False
     """Whether the current episode showed the agent an injected instruction (``episodes.injection_attempted``);
     an environment with an injection suite sets it per episode."""
+    injection_attacks: ClassVar[tuple[str, ...]] = ()
+    """Prompt-injection attacks the environment can play (constructor keyword ``injection=NAME``: the attacked
+    variants of its tasks instead of the benign set); empty when it has no injection suite."""
     attack_success: bool | None = None
     """For an episode of an attacked task variant: whether the attacker's goal was achieved by executed effects
     (backend state, side-effect ledger; a blocked call is no success), set when the episode is graded. None when

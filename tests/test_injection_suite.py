@@ -13,6 +13,7 @@ policy obeys every injected instruction:
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,51 @@ def test_eval_reports_agentdojo_metrics_counted_by_hand(lake: Path) -> None:
     assert cmp["attack_success_rate"]["diff"] == pytest.approx(-1.0) and cmp["attack_success_rate"]["n"] == 8
     assert cmp["utility_under_attack"]["diff"] == pytest.approx(0.5) and cmp["utility_under_attack"]["n"] == 8
     assert cmp["attack_success_rate"]["test"].startswith("mcnemar")
+
+
+def test_rollout_injection_option_plays_attacked_variants_and_records_the_attack(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import run_cli
+
+    lake = tmp_path / "lake"
+    task = f"{QUESTION}/inj/giftcard"
+    code, out, err = run_cli(capsys, "rollout", "--lake", str(lake), "--env", "mini-web", "--policy", "gullible",
+                             "--split", "train", "--tasks", task, "--injection", "tool_knowledge",
+                             "--commit-every", "0", "--no-preflight", "--run-id", "tk")
+    assert code == 0, err
+    con = connect(lake)
+    assert con.execute("select task_id, attack_success, injection_attempted from episodes").fetchall() == [
+        (task, True, True)]
+    config = con.execute("select config from runs where run_id = 'tk'").fetchone()
+    assert config is not None
+    recorded = json.loads(config[0])
+    assert recorded["injection"] == "tool_knowledge" and recorded["env_kwargs"]["injection"] == "tool_knowledge"
+    # --env-arg injection= keeps working and is the same run
+    code, out, err = run_cli(capsys, "rollout", "--lake", str(lake), "--env", "mini-web", "--policy", "gullible",
+                             "--split", "train", "--tasks", task, "--env-arg", "injection=tool_knowledge",
+                             "--commit-every", "0", "--no-preflight", "--run-id", "tk")
+    assert code == 0 and "1 already in the lake" in out, (out, err)
+
+
+@pytest.mark.parametrize(("env", "attack", "message"), [
+    ("mini-web", "shouting", "unknown injection attack 'shouting' for environment 'mini-web'; attacks: "
+                             "important_instructions, tool_knowledge"),
+    ("counter", "important_instructions", "environment 'counter' has no prompt-injection suite"),
+])
+def test_rollout_injection_errors_are_one_line_and_write_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str, attack: str, message: str) -> None:
+    from trajlake.envs import register
+    from trajlake.envs.registry import unregister
+
+    from tests.conftest import run_cli
+    from tests.counter_env import CounterEnv
+
+    register("counter", CounterEnv)
+    try:
+        lake = tmp_path / "lake"
+        code, _out, err = run_cli(capsys, "rollout", "--lake", str(lake), "--env", env, "--policy", "oracle",
+                                 "--injection", attack, "--no-preflight")
+    finally:
+        unregister("counter")
+    assert code != 0 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not lake.exists()

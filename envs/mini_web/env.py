@@ -58,7 +58,7 @@ from trajlake.schemas.vocab import Capability, Status
 from .app import HOST, IRREVERSIBLE, Site, endpoint_shape
 from .data import build_database, canonical_dump
 from .dom import Node, Page, form_data, parse_page, render
-from .grading import INJECTION_MARK, TASKS_PATH, attack_succeeded, grade, load_tasks
+from .grading import ATTACKS, INJECTION_MARK, TASKS_PATH, attack_succeeded, grade, load_tasks
 from .injection import injected_tasks
 
 ENV_ID = "mini-web"
@@ -165,6 +165,7 @@ class MiniWebEnv(SplitTasks, TrackedBudget, Env):
     env_id = ENV_ID
     env_version = ENV_VERSION
     verification_source = "backend_state"
+    injection_attacks = ATTACKS
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  tasks_path: str | os.PathLike[str] | None = None, budget: Budget | None = None,

@@ -287,6 +287,10 @@ def rollout(
                                                      "[policy_args] table); options given here win.")] = None,
     data_cutoff: Annotated[str | None, typer.Option(help="The policy's training-data cutoff (ISO-8601 date), "
                                                          "recorded for the contamination scan's time split.")] = None,
+    injection: Annotated[str | None, typer.Option(
+        help="Play the attacked variants of the tasks under this prompt-injection attack (Mini Web: "
+             "important_instructions, tool_knowledge) instead of the benign set; the same as --env-arg "
+             "injection=NAME.")] = None,
     lake: LakeOpt = None,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
@@ -322,12 +326,21 @@ def rollout(
         raise TrajlakeError("--fault-rate must be between 0 and 1")
     cost = CostModel(price_in, price_out) if price_tool_second is None else \
         CostModel(price_in, price_out, price_tool_second)
+    env_kwargs = _parse_env_args(env_arg, allow_unisolated)
+    injection = injection or file_cfg.get("injection")
+    if injection:
+        if env_kwargs.get("injection") not in (None, injection):
+            raise TrajlakeError(f"--injection {injection} and --env-arg injection={env_kwargs['injection']} differ")
+        from trajlake.envs import check_injection
+
+        check_injection(env, str(injection))
+        env_kwargs["injection"] = str(injection)
     cfg = RolloutConfig(lake=str(lake_path(ctx, lake)), run_id=run_id or f"{policy.replace('/', '_')}-{split}",
                         env=env,
                         policy=policy, split=split, seeds=parse_seeds(seeds), workers=workers,
                         fault_rate=fault_rate, fault_seed=fault_seed, policy_version=policy_version,
                         max_policy_lag=max_policy_lag, commit_every_s=commit_every,
-                        env_kwargs=_parse_env_args(env_arg, allow_unisolated), cost_model=cost, engine=engine,
+                        env_kwargs=env_kwargs, cost_model=cost, engine=engine,
                         attempts=attempts, policy_args=args,
                         task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (),
                         data_cutoff=_iso_date(data_cutoff))
@@ -358,7 +371,7 @@ def _rollout_config_file(path: Path) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise TrajlakeError(f"--config {path}: {e}") from e
     data = data.get("rollout", data)
-    known = {"policy", "split", "seeds", "attempts", "workers", "run_id", "tasks", "policy_args"}
+    known = {"policy", "split", "seeds", "attempts", "workers", "run_id", "tasks", "policy_args", "injection"}
     unknown = set(data) - known - {"select"}
     if unknown:
         raise TrajlakeError(f"--config {path}: unknown key(s) {', '.join(sorted(unknown))}; keys: "

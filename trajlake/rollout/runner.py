@@ -439,7 +439,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     if engine is not None and engine != cfg.engine:
         cfg = dataclasses.replace(cfg, engine=engine)
     engine = cfg.engine
-    from trajlake.envs import list_tasks, make_policy, task_rows
+    from trajlake.envs import check_injection, list_tasks, make_policy, task_rows
     from trajlake.errors import ConflictError
     from trajlake.lake.store import Lake
     from trajlake.policies import check_policy_spec, checkpoint_hash, is_lm_policy
@@ -447,6 +447,8 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     from trajlake.query import connect
     from trajlake.record.writer import LakeWriter
 
+    if cfg.env_kwargs.get("injection"):  # one clear error before anything is written
+        check_injection(cfg.env, str(cfg.env_kwargs["injection"]))
     lake = Lake.init(cfg.lake)
     settings = _config_json(cfg)
     old = connect(lake).execute("select config from runs where run_id = ?", [cfg.run_id]).fetchall()
@@ -562,7 +564,9 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             **({"policy_args": cfg.policy_args} if cfg.policy_args else {}),
             **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {}),
             **({"data_cutoff": cfg.data_cutoff} if cfg.data_cutoff else {}),
-            **({"policy_name": cfg.policy_name} if cfg.policy_name else {})}
+            **({"policy_name": cfg.policy_name} if cfg.policy_name else {}),
+            # the prompt-injection attack played (also in env_kwargs), named on its own for readers of runs
+            **({"injection": cfg.env_kwargs["injection"]} if cfg.env_kwargs.get("injection") else {})}
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
