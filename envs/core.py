@@ -239,6 +239,17 @@ class Env(abc.ABC):
         final result when that spends a budget. Environments without budgets count nothing (None)."""
         return None
 
+    fault_kinds: ClassVar[tuple[str, ...]] = ()
+    """Fault kinds this environment makes itself (``step_with_fault``), beyond the runner's generic ones: e.g.
+    ``stale_element_ids`` (Mini Web), ``flaky_test_run`` (Mini SWE)."""
+
+    def step_with_fault(self, kind: str, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
+                        cost_usd: float = 0.0) -> StepResult:
+        """``step`` with the environment's own fault ``kind`` (one of :attr:`fault_kinds`) injected. The result
+        names the kind in ``fault_injected``; where the kind does not apply to this action (a stale element id
+        on an action without one) the step runs normally and ``fault_injected`` is None."""
+        raise EnvError(f"{self.env_id} makes no fault of kind {kind!r}")
+
     def replay(self, log: ReplayLog) -> ReplayReport:
         """Re-run a recorded episode and compare every state hash; reports the first divergence."""
         if log.env_id != self.env_id or log.env_version != self.env_version:

@@ -18,6 +18,7 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 from trajlake.evaluators import sql
+from trajlake.schemas.vocab import FaultKind
 
 from trajlake.errors import QueryError, TrajlakeError
 from trajlake.lake.store import Lake
@@ -45,6 +46,7 @@ EPISODE_FLOAT_COLUMNS: tuple[str, ...] = (
     "termination_budget_tokens", "termination_budget_cost", "termination_timeout", "termination_safety_stop",
     "termination_env_failure", "denied", "violated", "injection_obeyed",
     "had_env_transient", "had_env_bug", "had_invalid_action", "had_safety_block",
+    *(f"met_fault_{k}" for k in FaultKind),
 )
 
 FloatArray = npt.NDArray[np.float64]

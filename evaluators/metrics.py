@@ -49,7 +49,7 @@ from trajlake.evaluators.stats import (
     task_mean,
     tasks_needed,
 )
-from trajlake.schemas.vocab import ErrorClass, TerminationReason
+from trajlake.schemas.vocab import ErrorClass, FaultKind, TerminationReason
 
 __all__ = [
     "ERROR_CLASSES",
@@ -134,6 +134,8 @@ METRICS: tuple[MetricSpec, ...] = (
        "calls", "lower"),
     _share("recovery_rate", "recovered", "share of graded episodes that met an injected/transient fault and "
            "still succeeded within the budget", "higher", subset="recovery_eligible"),
+    *(_share(f"recovery_rate_{k}", "recovered", f"recovery_rate over the graded episodes into which a fault of "
+             f"kind {k} was injected", "higher", subset=f"met_fault_{k}") for k in FaultKind),
     MetricSpec("duplicate_rate", "ratio", "duplicate_actions", "looping duplicate actions / actions", "share",
                "lower", denominator="actions", high=1.0),
     MetricSpec("retry_rate", "ratio", "retries", "retries right after ENV_TRANSIENT / actions", "share", "",

@@ -21,6 +21,7 @@ bubblewrap the environment refuses to start unless the caller opts in with ``all
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -53,7 +54,7 @@ from trajlake.envs.mini_swe.grading import TASKS_PATH, GradeResult, grade, load_
 from trajlake.envs.mini_swe.injection import ATTACKS, INJECTION_MARK, attack_achieved, injected_tasks, plant
 from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
 from trajlake.envs.policy import Policy, TaskView
-from trajlake.schemas.vocab import Capability, Status
+from trajlake.schemas.vocab import Capability, FaultKind, Status
 
 ENV_ID = "mini-swe"
 ENV_VERSION = "1.0"
@@ -104,6 +105,7 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
     env_version = ENV_VERSION
     verification_source = "hidden_tests"
     injection_attacks = ATTACKS
+    fault_kinds = (FaultKind.FLAKY_TEST_RUN,)
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  workdir: str | os.PathLike[str] | None = None, sandbox: str = "auto",
@@ -263,6 +265,22 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
                           truncated=truncated, status=status, cost_usd=0.0, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None,
                           tool_seconds=tool_seconds, gateway_events=(res.event,), taint=self._taint)
+
+    def step_with_fault(self, kind: str, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
+                        cost_usd: float = 0.0) -> StepResult:
+        """``flaky_test_run``: the tests run for real, but the report shows a failure of the test infrastructure
+        (a worker's connection reset) on top of the real outcome; the agent should run them again rather than
+        change correct code. Other actions are not affected (a normal step, no fault)."""
+        if kind != FaultKind.FLAKY_TEST_RUN:
+            return super().step_with_fault(kind, action, idempotency_key, tokens=tokens, cost_usd=cost_usd)
+        res = self.step(action, idempotency_key, tokens=tokens, cost_usd=cost_usd)
+        executed = bool(res.gateway_events) and bool(res.gateway_events[0].get("executed"))
+        if res.tool != "run_tests" or not executed or res.done:
+            return res
+        tests = (self.task or {}).get("visible_tests") or ["tests"]
+        flaky = (f"FAILED {tests[0]} - ConnectionResetError: [Errno 104] Connection reset by peer (the test worker "
+                 "lost its connection)\n")
+        return dataclasses.replace(res, observation=flaky + res.observation, fault_injected=kind)
 
     def snapshot(self) -> Snapshot:
         if self.task is None or self.gateway is None:

@@ -22,6 +22,7 @@ browser state (URL, page, typed values) is part of snapshots, so restore gives t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import hashlib
 import html
@@ -53,7 +54,7 @@ from trajlake.envs.core import (
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec, TransientToolError, validate_args
 from trajlake.envs.policy import Policy, TaskView
-from trajlake.schemas.vocab import Capability, Status
+from trajlake.schemas.vocab import Capability, FaultKind, Status
 
 from .app import HOST, IRREVERSIBLE, Site, endpoint_shape
 from .data import build_database, canonical_dump
@@ -167,6 +168,7 @@ class MiniWebEnv(SplitTasks, TrackedBudget, Env):
     env_version = ENV_VERSION
     verification_source = "backend_state"
     injection_attacks = ATTACKS
+    fault_kinds = (FaultKind.STALE_ELEMENT_IDS,)
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  tasks_path: str | os.PathLike[str] | None = None, budget: Budget | None = None,
@@ -341,6 +343,29 @@ class MiniWebEnv(SplitTasks, TrackedBudget, Env):
                           truncated=truncated, status=status, cost_usd=0.0, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None, tool_seconds=0.0,
                           gateway_events=(res.event,), taint=self._taint)
+
+    def step_with_fault(self, kind: str, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
+                        cost_usd: float = 0.0) -> StepResult:
+        """``stale_element_ids``: the page was re-rendered after the agent read it, so an action on an element id
+        does not run; the agent gets the error and the current page (it must read the ids again and retry).
+        Actions without an element id are not affected (a normal step, no fault)."""
+        if kind != FaultKind.STALE_ELEMENT_IDS:
+            return super().step_with_fault(kind, action, idempotency_key, tokens=tokens, cost_usd=cost_usd)
+        if self.task is None or self.done:
+            raise EnvError("step before reset" if self.task is None else "the episode is over; call reset")
+        tool, args, problem = _parse(action)
+        bid = args.get("id") if problem is None and isinstance(args, dict) else None
+        if not isinstance(bid, int) or isinstance(bid, bool):
+            return self.step(action, idempotency_key, tokens=tokens, cost_usd=cost_usd)
+        ended = self.count_external_step(tokens, cost_usd)
+        obs = (f"error: element id {bid} is stale: the page was re-rendered after you read it (ENV_TRANSIENT); the "
+               "action had no effect. The current page:\n" + self._observe())
+        if ended is not None:
+            return dataclasses.replace(ended, observation=obs + "\n" + ended.observation, tool=tool,
+                                       fault_injected=kind)
+        return StepResult(observation=_clip(obs), reward_components={}, terminated=False, truncated=False,
+                          status=Status.ENV_TRANSIENT, cost_usd=0.0, state_hash=self.state_hash(), tool=tool,
+                          fault_injected=kind, taint=self._taint)
 
     def snapshot(self) -> Snapshot:
         if self.task is None or self.gateway is None or self.site is None:

@@ -260,6 +260,13 @@ def rollout(
     run_id: Annotated[str | None, typer.Option(help="Run id (default: <policy>-<split>).")] = None,
     fault_rate: Annotated[float, typer.Option(help="Probability of an injected transient fault per step.")] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="Seed of the fault injector.")] = 0,
+    fault_kinds: Annotated[str | None, typer.Option(
+        help="Fault kinds to inject (comma-separated; default transient,timeout): transient, timeout, http_5xx, "
+             "slow_response, truncated_result, and the environment's own (Mini Web: stale_element_ids; Mini SWE: "
+             "flaky_test_run).")] = None,
+    held_out_fault_kind: Annotated[str | None, typer.Option(
+        help="A fault kind never injected in this run (kept for a held-out evaluation run that injects only it, "
+             "with --fault-kinds K).")] = None,
     policy_version: Annotated[str | None, typer.Option(help="Pin the policy version (default: latest "
                                                              "published).")] = None,
     max_policy_lag: Annotated[int | None, typer.Option(help="Most versions a worker may lag the latest "
@@ -300,6 +307,7 @@ def rollout(
 
     from trajlake.policies import check_policy_spec, parse_policy_args
     from trajlake.record.episode import CostModel
+    from trajlake.rollout.faults import DEFAULT_FAULT_KINDS, parse_fault_kinds
     from trajlake.rollout.preflight import preflight as check_env
     from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 
@@ -339,6 +347,8 @@ def rollout(
                         env=env,
                         policy=policy, split=split, seeds=parse_seeds(seeds), workers=workers,
                         fault_rate=fault_rate, fault_seed=fault_seed, policy_version=policy_version,
+                        fault_kinds=parse_fault_kinds(fault_kinds) if fault_kinds else DEFAULT_FAULT_KINDS,
+                        held_out_fault_kind=held_out_fault_kind,
                         max_policy_lag=max_policy_lag, commit_every_s=commit_every,
                         env_kwargs=env_kwargs, cost_model=cost, engine=engine,
                         attempts=attempts, policy_args=args,
