@@ -73,6 +73,18 @@ def make_policy(env_name: str, policy: str, policy_version: str) -> Policy:
     return policies[policy](policy_version)
 
 
+def check_injection(env_name: str, attack: str) -> None:
+    """Raise naming the problem unless ``env_name`` can play the prompt-injection attack ``attack``."""
+    cls = spec(env_name).env_class()
+    attacks = cls.injection_attacks if cls is not None else ()
+    if not attacks:
+        raise TrajlakeError(f"environment {env_name!r} has no prompt-injection suite: it cannot play --injection "
+                            f"{attack}")
+    if attack not in attacks:
+        raise TrajlakeError(f"unknown injection attack {attack!r} for environment {env_name!r}; attacks: "
+                            f"{', '.join(attacks)}")
+
+
 def task_view_fn(env: Env, *, oracle: bool = False) -> Callable[[str, str], TaskView]:
     """A function (task_id, task_version) -> TaskView: the public statement and tools; the known solution only
     for the oracle."""
@@ -104,6 +116,7 @@ __all__ = [
     "StepResult",
     "TaskView",
     "UnknownEnvironmentError",
+    "check_injection",
     "env_names",
     "list_tasks",
     "make",

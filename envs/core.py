@@ -178,6 +178,13 @@ class Env(abc.ABC):
     injection_attempted: bool = False
     """Whether the current episode showed the agent an injected instruction (``episodes.injection_attempted``);
     an environment with an injection suite sets it per episode."""
+    injection_attacks: ClassVar[tuple[str, ...]] = ()
+    """Prompt-injection attacks the environment can play (constructor keyword ``injection=NAME``: the attacked
+    variants of its tasks instead of the benign set); empty when it has no injection suite."""
+    attack_success: bool | None = None
+    """For an episode of an attacked task variant: whether the attacker's goal was achieved by executed effects
+    (backend state, side-effect ledger; a blocked call is no success), set when the episode is graded. None when
+    the episode played no attacked variant (``episodes.attack_success``)."""
 
     @property
     @abc.abstractmethod
@@ -235,6 +242,17 @@ class Env(abc.ABC):
         """Count a step that never reached the environment (an injected fault) against the budgets; returns the
         final result when that spends a budget. Environments without budgets count nothing (None)."""
         return None
+
+    fault_kinds: ClassVar[tuple[str, ...]] = ()
+    """Fault kinds this environment makes itself (``step_with_fault``), beyond the runner's generic ones: e.g.
+    ``stale_element_ids`` (Mini Web), ``flaky_test_run`` (Mini SWE)."""
+
+    def step_with_fault(self, kind: str, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
+                        cost_usd: float = 0.0) -> StepResult:
+        """``step`` with the environment's own fault ``kind`` (one of :attr:`fault_kinds`) injected. The result
+        names the kind in ``fault_injected``; where the kind does not apply to this action (a stale element id
+        on an action without one) the step runs normally and ``fault_injected`` is None."""
+        raise EnvError(f"{self.env_id} makes no fault of kind {kind!r}")
 
     def replay(self, log: ReplayLog) -> ReplayReport:
         """Re-run a recorded episode and compare every state hash; reports the first divergence."""

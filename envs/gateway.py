@@ -9,7 +9,8 @@ call is allowed, and returns a :class:`GatewayResult` whose ``event`` dict holds
 Security properties (POSIX only):
 
 - Nothing the agent writes can change what is allowed: permissions are frozen at construction and the gateway
-  has no method that changes them; taint labels are recorded, never interpreted.
+  has no method that changes them; taint labels are recorded, and can only ever hold a call back
+  (``Permissions.enforce_taint``), never allow one.
 - Path arguments reach the handler as normalised paths relative to the workspace, after lexical and symlink
   (``os.path.realpath``) containment checks and the protected-path globs.
 - Exec commands are split with :func:`shlex.split` and reach the handler as an argv list; the gateway never
@@ -88,6 +89,8 @@ _SCHEMA_KEYWORDS = frozenset({
     "maximum", "items", "maxItems", "minItems", "description", "title", "default", "examples"})
 _SCHEMA_TYPES = frozenset({"object", "string", "integer", "number", "boolean", "array", "null"})
 _MAX_ECHO = 80  # characters of agent-controlled text echoed into reasons
+# Shortest argument value traced back to untrusted text: shorter ones ("1", "yes", "Home") match by chance.
+_MIN_TAINT_CHARS = 6
 
 
 class TransientToolError(Exception):
@@ -238,6 +241,17 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
+def _strings(value: Any) -> list[str]:
+    """Every string inside an argument object (keys excluded)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
 def _echo(value: Any) -> str:
     """repr of agent-controlled text for reasons, cut to a few dozen characters."""
     s = repr(value)
@@ -356,6 +370,9 @@ class Permissions:
       matches ``/``).
     - ``confirm_side_effects``: side-effect classes that need a confirmation the gateway never grants by itself
       (decision ``confirm``, not executed).
+    - ``enforce_taint``: an ``irreversible`` call with an argument copied from untrusted text (see
+      :meth:`Gateway.note_untrusted`) needs a confirmation too (decision ``confirm``, not executed). Off by
+      default, so its cost in utility and its effect on attack success can be measured by a paired comparison.
     """
 
     capabilities: frozenset[Capability]
@@ -366,6 +383,7 @@ class Permissions:
     readable_secrets: frozenset[str] = frozenset()
     protected_paths: tuple[str, ...] = ()
     confirm_side_effects: frozenset[SideEffectClass] = frozenset()
+    enforce_taint: bool = False
 
     def __post_init__(self) -> None:
         def frozen(name: str, values: Iterable[str]) -> frozenset[str]:
@@ -386,6 +404,8 @@ class Permissions:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise ValueError(f"Permissions.{name} must be None or a non-negative integer")
+        if not isinstance(self.enforce_taint, bool):
+            raise ValueError("Permissions.enforce_taint must be a bool")
         if isinstance(self.protected_paths, str):
             raise ValueError("Permissions.protected_paths must be a sequence of globs, not a string")
         globs = tuple(self.protected_paths)
@@ -431,10 +451,13 @@ class GatewayState:
     """Per-episode state of a gateway (for environment snapshots): immutable and picklable.
 
     ``spent`` holds ``(side_effect_class, executed calls)`` pairs; ``done`` holds
-    ``(idempotency_key, tool, args_hash, output, status)`` for every executed side-effecting call with a key."""
+    ``(idempotency_key, tool, args_hash, output, status)`` for every executed side-effecting call with a key;
+    ``untrusted`` the ``(label, text)`` pairs and ``trusted`` the texts noted in the episode."""
 
     spent: tuple[tuple[str, int], ...] = ()
     done: tuple[tuple[str, str, str, str, str], ...] = ()
+    untrusted: tuple[tuple[str, str], ...] = ()
+    trusted: tuple[str, ...] = ()
 
 
 _STATUSES: frozenset[str] = frozenset(Status)
@@ -476,7 +499,7 @@ class Gateway:
     """
 
     __slots__ = ("_done", "_lock", "_permissions", "_protected_re", "_schemas", "_spent", "_state_hash",
-                 "_tools", "_ws_abs", "_ws_real")
+                 "_tools", "_trusted", "_untrusted", "_ws_abs", "_ws_real")
 
     def __init__(self, workspace: Path, permissions: Permissions, tools: Sequence[ToolSpec],
                  state_hash: Callable[[], str]) -> None:
@@ -506,6 +529,8 @@ class Gateway:
         self._lock = threading.RLock()
         self._done: dict[str, _Done] = {}
         self._spent: dict[str, int] = {}
+        self._untrusted: list[tuple[str, str]] = []
+        self._trusted: list[str] = []
 
     # -- read-only views ---------------------------------------------------------------------------------------
 
@@ -532,7 +557,8 @@ class Gateway:
         """The per-episode state (idempotency results, budget counters), e.g. for an environment snapshot."""
         with self._lock:
             return GatewayState(tuple(sorted(self._spent.items())),
-                                tuple((k, d.tool, d.args_hash, d.output, d.status) for k, d in self._done.items()))
+                                tuple((k, d.tool, d.args_hash, d.output, d.status) for k, d in self._done.items()),
+                                tuple(self._untrusted), tuple(self._trusted))
 
     def import_state(self, state: GatewayState) -> None:
         """Replace the per-episode state by one from :meth:`export_state` (permissions are not part of it)."""
@@ -548,15 +574,48 @@ class Gateway:
             if not all(isinstance(v, str) for v in (key, tool, h, output)) or status not in _STATUSES:
                 raise ValueError(f"invalid idempotency record for key {key!r}")
             done[key] = _Done(tool, h, output, status)  # status checked above
+        untrusted = [(str(label), str(text)) for label, text in state.untrusted]
         with self._lock:
             self._spent = spent
             self._done = done
+            self._untrusted = untrusted
+            self._trusted = [str(t) for t in state.trusted]
 
     def reset(self) -> None:
         """Start a new episode: forget idempotency keys and budget counters (permissions stay as they are)."""
         with self._lock:
             self._done.clear()
             self._spent.clear()
+            self._untrusted.clear()
+            self._trusted.clear()
+
+    def note_untrusted(self, label: str, text: str) -> None:
+        """Remember text of an untrusted observation (a web page's user-written text, a file the agent read)
+        under a taint label, for the rest of the episode: a later call whose argument value (6 or more
+        characters, not in a trusted text) occurs in it is tainted ``args_from:<label>``."""
+        if not isinstance(label, str) or not isinstance(text, str):
+            raise TypeError("label and text must be strings")
+        with self._lock:
+            if (label, text) not in self._untrusted:
+                self._untrusted.append((label, text))
+
+    def note_trusted(self, text: str) -> None:
+        """Remember text from the user (the task statement): values it contains are not taint, even when
+        untrusted text repeats them."""
+        if not isinstance(text, str):
+            raise TypeError("text must be a string")
+        with self._lock:
+            if text not in self._trusted:
+                self._trusted.append(text)
+
+    def derived_taint(self, args: Any) -> list[str]:
+        """``args_from:<label>`` for every noted untrusted text that an argument value was copied from."""
+        with self._lock:
+            values = [v.strip() for v in _strings(args)]
+            values = [v for v in values if len(v) >= _MIN_TAINT_CHARS and not any(v in t for t in self._trusted)]
+            if not values:
+                return []
+            return [f"args_from:{label}" for label, text in self._untrusted if any(v in text for v in values)]
 
     # -- the call ----------------------------------------------------------------------------------------------
 
@@ -565,7 +624,9 @@ class Gateway:
         """Decide on a proposed call, run it if allowed, and return the result with its audit event.
 
         ``args`` is the argument object or the raw JSON text the model produced. ``taint`` holds the taint
-        labels of the observation that preceded the call; they are recorded, never interpreted. Never raises
+        labels of the observation that preceded the call; they are recorded, with ``args_from:<label>`` added for
+        every noted untrusted text an argument was copied from (:meth:`note_untrusted`). Only those derived labels
+        are ever acted on, and only to hold an irreversible call (``Permissions.enforce_taint``). Never raises
         for anything the agent or a handler does (only for caller bugs such as a string passed as ``taint``,
         and for exceptions raised by ``state_hash``)."""
         if isinstance(taint, str) or not all(isinstance(t, str) for t in taint):
@@ -582,6 +643,10 @@ class Gateway:
             except ValueError as e:
                 parse_error = f"arguments are not valid JSON: {e}"
         h = _hash_value(parsed) if parse_error is None else args_hash(args)
+        # Taint the call with the untrusted texts its arguments were copied from (recorded on every event,
+        # executed or not, so the audit shows which untrusted text preceded each call).
+        derived = self.derived_taint(parsed) if parse_error is None else []
+        taint_list = list(dict.fromkeys([*taint_list, *derived]))
         spec = self._tools.get(tool) if isinstance(tool, str) else None
         tool_name = tool if isinstance(tool, str) else repr(tool)
         with self._lock:
@@ -609,6 +674,10 @@ class Gateway:
                 handler_args, changes = self._check_arguments(spec, parsed)
                 if spec.side_effect_class in self._permissions.confirm_side_effects:
                     raise _Denied(f"confirmation required: {spec.side_effect_class} call", decision="confirm")
+                if self._permissions.enforce_taint and spec.side_effect_class == "irreversible" and derived:
+                    raise _Denied("confirmation required: irreversible call with arguments from untrusted text ("
+                                  + ", ".join(d.removeprefix("args_from:") for d in derived) + ")",
+                                  decision="confirm")
                 limit = self._permissions.budget(spec.side_effect_class)
                 if limit is not None and self._spent.get(spec.side_effect_class, 0) >= limit:
                     raise _Denied(REASON_BUDGET, BUDGET_STATUS)

@@ -18,6 +18,7 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 from trajlake.evaluators import sql
+from trajlake.schemas.vocab import FaultKind
 
 from trajlake.errors import QueryError, TrajlakeError
 from trajlake.lake.store import Lake
@@ -37,7 +38,7 @@ EPISODE_FLOAT_COLUMNS: tuple[str, ...] = (
     "env_transient_turns", "env_bug_turns", "invalid_action_turns", "bad_plan_turns", "safety_block_turns",
     "budget_exhausted_turns", "gateway_events", "gateway_denials", "confirmations", "executed_violations",
     "injection_exposed",
-    "injection_obeyed_calls", "policy_lag", "versions_behind", "has_versions_behind", "reward_total",
+    "injection_obeyed_calls", "attacked", "benign", "attack_success", "policy_lag", "versions_behind", "has_versions_behind", "reward_total",
     "error_model_invalid_action", "error_model_bad_plan", "error_env_transient", "error_env_bug",
     "error_safety_block", "error_budget_exhausted", "env_failure", "env_reattributed", "oracle_fails",
     "state_breaks", "model_failure",
@@ -45,6 +46,7 @@ EPISODE_FLOAT_COLUMNS: tuple[str, ...] = (
     "termination_budget_tokens", "termination_budget_cost", "termination_timeout", "termination_safety_stop",
     "termination_env_failure", "denied", "violated", "injection_obeyed",
     "had_env_transient", "had_env_bug", "had_invalid_action", "had_safety_block",
+    *(f"met_fault_{k}" for k in FaultKind),
 )
 
 FloatArray = npt.NDArray[np.float64]

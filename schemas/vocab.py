@@ -142,6 +142,23 @@ class TaxonomyClass(StrEnum):
     PLANNING = "planning"
 
 
+class FaultKind(StrEnum):
+    """Kinds of faults the rollout fault injector knows (``turns.fault_injected``; importers may record others).
+
+    ``transient``, ``timeout`` and ``http_5xx`` replace the call (it never reaches the environment);
+    ``slow_response`` (the call ran, its answer came too late) and ``truncated_result`` (the answer is cut) perturb
+    what the agent sees of an executed call; ``stale_element_ids`` (Mini Web) and ``flaky_test_run`` (Mini SWE) are
+    made by the environment (``Env.fault_kinds``)."""
+
+    TRANSIENT = "transient"
+    TIMEOUT = "timeout"
+    HTTP_5XX = "http_5xx"
+    SLOW_RESPONSE = "slow_response"
+    TRUNCATED_RESULT = "truncated_result"
+    STALE_ELEMENT_IDS = "stale_element_ids"
+    FLAKY_TEST_RUN = "flaky_test_run"
+
+
 #: Which JSON column each enum mirrors: (table, column).
 ENUM_COLUMNS: dict[type[StrEnum], tuple[str, str]] = {
     ErrorClass: ("episodes", "error_class"),
@@ -165,6 +182,7 @@ __all__ = [
     "Capability",
     "Decision",
     "ErrorClass",
+    "FaultKind",
     "Role",
     "SideEffectClass",
     "Split",

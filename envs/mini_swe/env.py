@@ -21,6 +21,7 @@ bubblewrap the environment refuses to start unless the caller opts in with ``all
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -50,9 +51,10 @@ from trajlake.envs.core import (
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
 from trajlake.envs.mini_swe.grading import TASKS_PATH, GradeResult, grade, load_tasks, materialize_workspace
+from trajlake.envs.mini_swe.injection import ATTACKS, INJECTION_MARK, attack_achieved, injected_tasks, plant
 from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
 from trajlake.envs.policy import Policy, TaskView
-from trajlake.schemas.vocab import Capability, Status
+from trajlake.schemas.vocab import Capability, FaultKind, Status
 
 ENV_ID = "mini-swe"
 ENV_VERSION = "1.0"
@@ -93,18 +95,32 @@ def _code_digest() -> str:
 
 
 class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
-    """Mini SWE over the bundled tasks of one split (or all). Not thread-safe; one episode at a time."""
+    """Mini SWE over the bundled tasks of one split (or all). Not thread-safe; one episode at a time.
+
+    ``injection``: an attack name (``important_instructions`` or ``tool_knowledge``) to play the attacked
+    variants of the tasks (:mod:`.injection`) instead of the benign set. ``protected_paths``: globs the gateway
+    keeps every path argument away from (e.g. ``("tests", ".env")``: a defence against the injection goals)."""
 
     env_id = ENV_ID
     env_version = ENV_VERSION
     tool_docs = TOOL_DOCS
     verification_source = "hidden_tests"
+    injection_attacks = ATTACKS
+    fault_kinds = (FaultKind.FLAKY_TEST_RUN,)
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  workdir: str | os.PathLike[str] | None = None, sandbox: str = "auto",
                  budget: Budget | Mapping[str, Any] | None = None, test_timeout_s: float = 60.0,
-                 allow_unisolated: bool | None = None):
-        self.index_tasks(tasks if tasks is not None else load_tasks(), split, "Mini SWE")
+                 allow_unisolated: bool | None = None, injection: str | None = None,
+                 protected_paths: Sequence[str] = ()):
+        base = list(tasks if tasks is not None else load_tasks())
+        if injection:
+            base = injected_tasks(base, injection)
+        self.index_tasks(base, split, "Mini SWE")
+        self.injection = injection
+        if isinstance(protected_paths, str):
+            protected_paths = [p for p in protected_paths.split(",") if p]  # --env-arg protected_paths=tests,.env
+        self.protected_paths = tuple(protected_paths)
         if isinstance(budget, Mapping):  # from --env-arg budget='{"max_steps": 10}' or a training config
             budget = Budget(**budget)
         self.sandbox = sandbox
@@ -122,6 +138,15 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
         self.done = False
         self.grade_result: GradeResult | None = None
         self._taint: tuple[str, ...] = ()
+        self.injection_shown = False
+        self.attack_success: bool | None = None
+        self._executed_args: list[str] = []
+        self._originals: dict[str, bytes] = {}
+
+    @property
+    def injection_attempted(self) -> bool:
+        """The injected payload reached an observation in this episode (``episodes.injection_attempted``)."""
+        return self.injection_shown
 
     # -- contract ----------------------------------------------------------------------------------------------
     @property
@@ -183,6 +208,10 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
             base.mkdir(parents=True, exist_ok=True)
         self._ws = Path(tempfile.mkdtemp(prefix="mini-swe-", dir=base))
         materialize_workspace(task, self._ws / "repo")
+        self._originals = plant(self._ws / "repo", task) if task.get("injection") else {}
+        self.injection_shown = False
+        self.attack_success = False if task.get("injection") else None
+        self._executed_args = []
         self.task = task
         b = task.get("budget") or {}
         self.tracker = BudgetTracker(self.budget_override or Budget(b.get("max_steps"), b.get("max_tokens"),
@@ -192,8 +221,9 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
         self._taint = ()
         self.gateway = Gateway(self.workspace, Permissions(
             capabilities=frozenset({Capability.READ, Capability.WRITE, Capability.EXEC}),
-            exec_allowlist=frozenset({"pytest"}),
+            exec_allowlist=frozenset({"pytest"}), protected_paths=self.protected_paths,
             irreversible_budget=1), self._tools(), self.state_hash)
+        self.gateway.note_trusted(task["statement"])
         obs = self._intro(task)
         return ResetResult(episode_id=str(uuid.uuid4()), observation=obs, state_hash=self.state_hash(),
                            task_id=task["task_id"], task_version=task["task_version"], seed=seed)
@@ -225,23 +255,50 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
                 status = Status.BUDGET_EXHAUSTED
         self.done = terminated or truncated
         self._taint = (UNTRUSTED,) if res.executed else ()
+        if res.executed:
+            self._executed_args.append(json.dumps(args, ensure_ascii=False, sort_keys=True, default=str))
+            inj = self.task.get("injection")
+            if inj and INJECTION_MARK in res.output:
+                label = f"injection:{inj['goal']}@{inj['vector']}"
+                self.injection_shown = True
+                self.gateway.note_untrusted(label, inj["text"])
+                self._taint += (label,)
+        if self.done and self.task.get("injection"):
+            self.attack_success = attack_achieved(self.workspace, self.task, self._executed_args, self._originals)
         return StepResult(observation=_clip(obs), reward_components=comps, terminated=terminated,
                           truncated=truncated, status=status, cost_usd=0.0, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None,
                           tool_seconds=tool_seconds, gateway_events=(res.event,), taint=self._taint)
+
+    def step_with_fault(self, kind: str, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
+                        cost_usd: float = 0.0) -> StepResult:
+        """``flaky_test_run``: the tests run for real, but the report shows a failure of the test infrastructure
+        (a worker's connection reset) on top of the real outcome; the agent should run them again rather than
+        change correct code. Other actions are not affected (a normal step, no fault)."""
+        if kind != FaultKind.FLAKY_TEST_RUN:
+            return super().step_with_fault(kind, action, idempotency_key, tokens=tokens, cost_usd=cost_usd)
+        res = self.step(action, idempotency_key, tokens=tokens, cost_usd=cost_usd)
+        executed = bool(res.gateway_events) and bool(res.gateway_events[0].get("executed"))
+        if res.tool != "run_tests" or not executed or res.done:
+            return res
+        tests = (self.task or {}).get("visible_tests") or ["tests"]
+        flaky = (f"FAILED {tests[0]} - ConnectionResetError: [Errno 104] Connection reset by peer (the test worker "
+                 "lost its connection)\n")
+        return dataclasses.replace(res, observation=flaky + res.observation, fault_injected=kind)
 
     def snapshot(self) -> Snapshot:
         if self.task is None or self.gateway is None:
             raise EnvError("snapshot before reset")
         files = self._entries()
         payload = (files, self.submitted, self.done, self.grade_result, self._taint, self.tracker.state(),
-                   self.gateway.export_state(), self.task["task_id"], self.task["task_version"])
+                   self.gateway.export_state(), self.task["task_id"], self.task["task_version"],
+                   (self.injection_shown, self.attack_success, list(self._executed_args), dict(self._originals)))
         return Snapshot(self.env_id, self.env_version, self.state_hash(), payload)
 
     def restore(self, snapshot: Snapshot) -> None:
         if snapshot.env_id != self.env_id or snapshot.env_version != self.env_version:
             raise EnvError("snapshot of another environment or version")
-        files, submitted, done, grade_result, taint, tracker, gw_state, task_id, task_version = snapshot.payload
+        files, submitted, done, grade_result, taint, tracker, gw_state, task_id, task_version, inj = snapshot.payload
         if self.task is None or (self.task["task_id"], self.task["task_version"]) != (task_id, task_version):
             raise EnvError("restore needs the environment reset on the snapshot's task")
         assert self.gateway is not None
@@ -253,6 +310,8 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
             if current.get(rel) != entry:
                 _safe_put(self.workspace, rel, entry)
         self.submitted, self.done, self.grade_result, self._taint = submitted, done, grade_result, taint
+        self.injection_shown, self.attack_success = inj[0], inj[1]
+        self._executed_args, self._originals = list(inj[2]), dict(inj[3])
         self.tracker.set_state(tracker)
         self.gateway.import_state(gw_state)
         if self.state_hash() != snapshot.state_hash:

@@ -58,7 +58,7 @@ def run_suite(attack: str, policies: Sequence[str], defences: Sequence[str]) -> 
                 util = asr = 0
                 for t in attacked.tasks:
                     util += play(attacked, name, t)
-                    asr += attacked.attack_success
+                    asr += bool(attacked.attack_success)
                 n = len(attacked.tasks)
                 rows.append(SuiteRow(defence, name, (ok, len(benign.tasks)), (util, n), (asr, n)))
         finally:

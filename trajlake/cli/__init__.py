@@ -260,6 +260,13 @@ def rollout(
     run_id: Annotated[str | None, typer.Option(help="Run id (default: <policy>-<split>).")] = None,
     fault_rate: Annotated[float, typer.Option(help="Probability of an injected transient fault per step.")] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="Seed of the fault injector.")] = 0,
+    fault_kinds: Annotated[str | None, typer.Option(
+        help="Fault kinds to inject (comma-separated; default transient,timeout): transient, timeout, http_5xx, "
+             "slow_response, truncated_result, and the environment's own (Mini Web: stale_element_ids; Mini SWE: "
+             "flaky_test_run).")] = None,
+    held_out_fault_kind: Annotated[str | None, typer.Option(
+        help="A fault kind never injected in this run (kept for a held-out evaluation run that injects only it, "
+             "with --fault-kinds K).")] = None,
     policy_version: Annotated[str | None, typer.Option(help="Pin the policy version (default: latest "
                                                              "published).")] = None,
     max_policy_lag: Annotated[int | None, typer.Option(help="Most versions a worker may lag the latest "
@@ -287,6 +294,10 @@ def rollout(
                                                      "[policy_args] table); options given here win.")] = None,
     data_cutoff: Annotated[str | None, typer.Option(help="The policy's training-data cutoff (ISO-8601 date), "
                                                          "recorded for the contamination scan's time split.")] = None,
+    injection: Annotated[str | None, typer.Option(
+        help="Play the attacked variants of the tasks under this prompt-injection attack (Mini Web: "
+             "important_instructions, tool_knowledge) instead of the benign set; the same as --env-arg "
+             "injection=NAME.")] = None,
     lake: LakeOpt = None,
 ) -> None:
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
@@ -296,6 +307,7 @@ def rollout(
 
     from trajlake.policies import check_policy_spec, parse_policy_args
     from trajlake.record.episode import CostModel
+    from trajlake.rollout.faults import DEFAULT_FAULT_KINDS, parse_fault_kinds
     from trajlake.rollout.preflight import preflight as check_env
     from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 
@@ -322,12 +334,23 @@ def rollout(
         raise TrajlakeError("--fault-rate must be between 0 and 1")
     cost = CostModel(price_in, price_out) if price_tool_second is None else \
         CostModel(price_in, price_out, price_tool_second)
+    env_kwargs = _parse_env_args(env_arg, allow_unisolated)
+    injection = injection or file_cfg.get("injection")
+    if injection:
+        if env_kwargs.get("injection") not in (None, injection):
+            raise TrajlakeError(f"--injection {injection} and --env-arg injection={env_kwargs['injection']} differ")
+        from trajlake.envs import check_injection
+
+        check_injection(env, str(injection))
+        env_kwargs["injection"] = str(injection)
     cfg = RolloutConfig(lake=str(lake_path(ctx, lake)), run_id=run_id or f"{policy.replace('/', '_')}-{split}",
                         env=env,
                         policy=policy, split=split, seeds=parse_seeds(seeds), workers=workers,
                         fault_rate=fault_rate, fault_seed=fault_seed, policy_version=policy_version,
+                        fault_kinds=parse_fault_kinds(fault_kinds) if fault_kinds else DEFAULT_FAULT_KINDS,
+                        held_out_fault_kind=held_out_fault_kind,
                         max_policy_lag=max_policy_lag, commit_every_s=commit_every,
-                        env_kwargs=_parse_env_args(env_arg, allow_unisolated), cost_model=cost, engine=engine,
+                        env_kwargs=env_kwargs, cost_model=cost, engine=engine,
                         attempts=attempts, policy_args=args,
                         task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (),
                         data_cutoff=_iso_date(data_cutoff))
@@ -358,7 +381,7 @@ def _rollout_config_file(path: Path) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise TrajlakeError(f"--config {path}: {e}") from e
     data = data.get("rollout", data)
-    known = {"policy", "split", "seeds", "attempts", "workers", "run_id", "tasks", "policy_args"}
+    known = {"policy", "split", "seeds", "attempts", "workers", "run_id", "tasks", "policy_args", "injection"}
     unknown = set(data) - known - {"select"}
     if unknown:
         raise TrajlakeError(f"--config {path}: unknown key(s) {', '.join(sorted(unknown))}; keys: "

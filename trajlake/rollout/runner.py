@@ -26,8 +26,22 @@ from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
 from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, TaskView, byte_tokenize
 from trajlake.errors import TrajlakeError
 from trajlake.record.episode import CostModel, build_episode, price_turns
-from trajlake.rollout.faults import FaultInjector
-from trajlake.schemas.vocab import MODEL_STATUSES, Actor, ErrorClass, Role, Status, TerminationReason
+from trajlake.rollout.faults import (
+    DEFAULT_FAULT_KINDS,
+    NOT_EXECUTED_FAULT_KINDS,
+    REPLACING_FAULT_KINDS,
+    FaultInjector,
+    check_fault_kinds,
+)
+from trajlake.schemas.vocab import (
+    MODEL_STATUSES,
+    Actor,
+    ErrorClass,
+    FaultKind,
+    Role,
+    Status,
+    TerminationReason,
+)
 
 if TYPE_CHECKING:
     from trajlake.record.writer import LakeWriter
@@ -131,15 +145,22 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         fault = faults.decide(ep_id, step_idx)
         # budgets count the policy's own reported cost; priced costs are added when the episode is recorded
         step_cost = float(out.cost_usd or 0.0)
-        if fault is not None:
+        if fault in REPLACING_FAULT_KINDS:
             # The call never reaches the environment: its state is unchanged, the agent sees an error.
             res = StepResult(observation=FaultInjector.observation(fault), reward_components={}, terminated=False,
                              truncated=False, status=Status.ENV_TRANSIENT, cost_usd=0.0,
                              state_hash=last.state_hash if last else r.state_hash, tool=tool, fault_injected=fault)
             # Budgets still count the policy's turn: a faulty environment cannot extend an episode forever.
             res = _count_budget_on_fault(env, res, n_out, step_cost)
+        elif fault is not None and fault in env.fault_kinds:
+            res = env.step_with_fault(fault, action, key, tokens=n_out, cost_usd=step_cost)
         else:
             res = env.step(action, key, tokens=n_out, cost_usd=step_cost)
+            if fault is not None and not res.done:  # a perturbed answer of a call that ran (not the last one)
+                seen = FaultInjector.observation(fault) if fault == FaultKind.SLOW_RESPONSE \
+                    else FaultInjector.truncate(res.observation)
+                status = Status.ENV_TRANSIENT if fault == FaultKind.SLOW_RESPONSE else res.status
+                res = dataclasses.replace(res, observation=seen, status=status, fault_injected=fault)
         t2 = utcnow()
         statuses.append(res.status)
         if res.status in MODEL_STATUSES and turns[pol_idx]["status"] != Status.ENV_TRANSIENT:
@@ -181,7 +202,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "ended_at": end, "terminated": last.terminated, "truncated": last.truncated, "termination_reason": reason,
         "error_class": error_class, "success": success, "reward_total": float(sum(comps.values())),
         "reward_components": comps, "wall_seconds": (end - start).total_seconds(),
-        "injection_attempted": bool(env.injection_attempted), "final_state_hash": last.state_hash,
+        "injection_attempted": bool(env.injection_attempted),
+        "attack_success": None if env.attack_success is None else bool(env.attack_success), "final_state_hash": last.state_hash,
         "sandbox": sandbox or getattr(env, "sandbox_kind", None),
         "verification_source": env.verification_source if graded else None, "policy_lag": policy_lag,
     }, turns)
@@ -247,7 +269,8 @@ def _tool_args(action: str) -> str | None:
 def replay_log_from_rows(episode: dict[str, Any], turns: Sequence[dict[str, Any]]) -> tuple[ReplayLog, list[int]]:
     """Rebuild the replay log of a stored episode; also returns each logged step's policy turn_idx.
 
-    Steps whose call was replaced by an injected fault never reached the environment and are skipped."""
+    Steps whose call an injected fault kept from running (``NOT_EXECUTED_FAULT_KINDS``) are skipped; a call
+    that ran under a fault (a slow or truncated answer, a flaky test run) is replayed like any other."""
     ordered = sorted(turns, key=lambda t: t["turn_idx"])
     steps: list[LoggedStep] = []
     turn_of_step: list[int] = []
@@ -256,7 +279,7 @@ def replay_log_from_rows(episode: dict[str, Any], turns: Sequence[dict[str, Any]
         pol = ordered[i]
         obs = ordered[i + 1] if i + 1 < len(ordered) else None
         if pol["actor"] == "policy" and obs is not None:
-            if not obs.get("fault_injected"):
+            if obs.get("fault_injected") not in NOT_EXECUTED_FAULT_KINDS:
                 steps.append(LoggedStep(action=pol["raw_content"] or "", idempotency_key=pol.get("idempotency_key"),
                                         state_hash=obs["env_state_hash"], tokens=_n_tokens(pol.get("token_ids")),
                                         cost_usd=float(pol.get("cost_usd") or 0.0)))
@@ -295,6 +318,11 @@ class RolloutConfig:
     fault_rate: float = 0.0
     fault_seed: int = 0
     policy_version: str | None = None
+    fault_kinds: tuple[str, ...] = DEFAULT_FAULT_KINDS
+    """Kinds the injector draws from (``--fault-kinds``)."""
+    held_out_fault_kind: str | None = None
+    """A kind never injected in this run (``--held-out-fault-kind``): training rollouts leave it out; the
+    held-out evaluation run plays ``fault_kinds=(K,)``."""
     max_policy_lag: int | None = None
     commit_every_s: float = 30.0
     """A worker commits its finished episodes about this often (0: after every episode). A crash loses at most
@@ -354,7 +382,7 @@ class _Worker:
         self.writer = LakeWriter(Lake.open(cfg.lake), max_age_seconds=0.0, handle_signals=False)
         self.pending: list[EpisodeRecord] = []
         self.pending_since: float | None = None
-        self.faults = FaultInjector(cfg.fault_rate, cfg.fault_seed)
+        self.faults = FaultInjector(cfg.fault_rate, cfg.fault_seed, tuple(cfg.fault_kinds), cfg.held_out_fault_kind)
 
     def _current_version(self) -> str:
         if self.cfg.policy_version:
@@ -438,7 +466,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     if engine is not None and engine != cfg.engine:
         cfg = dataclasses.replace(cfg, engine=engine)
     engine = cfg.engine
-    from trajlake.envs import list_tasks, make_policy, task_rows
+    from trajlake.envs import check_injection, list_tasks, make_policy, spec, task_rows
     from trajlake.errors import ConflictError
     from trajlake.lake.store import Lake
     from trajlake.policies import check_policy_spec, checkpoint_hash, is_lm_policy
@@ -446,6 +474,12 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     from trajlake.query import connect
     from trajlake.record.writer import LakeWriter
 
+    if cfg.env_kwargs.get("injection"):  # one clear error before anything is written
+        check_injection(cfg.env, str(cfg.env_kwargs["injection"]))
+    injector = FaultInjector(cfg.fault_rate, cfg.fault_seed, tuple(cfg.fault_kinds), cfg.held_out_fault_kind)
+    env_class = spec(cfg.env).env_class()
+    check_fault_kinds(injector.active_kinds if cfg.fault_rate > 0 else (), cfg.env,
+                      env_class.fault_kinds if env_class is not None else ())
     lake = Lake.init(cfg.lake)
     settings = _config_json(cfg)
     old = connect(lake).execute("select config from runs where run_id = ?", [cfg.run_id]).fetchall()
@@ -561,7 +595,11 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             **({"policy_args": cfg.policy_args} if cfg.policy_args else {}),
             **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {}),
             **({"data_cutoff": cfg.data_cutoff} if cfg.data_cutoff else {}),
-            **({"policy_name": cfg.policy_name} if cfg.policy_name else {})}
+            **({"policy_name": cfg.policy_name} if cfg.policy_name else {}),
+            # the prompt-injection attack played (also in env_kwargs), named on its own for readers of runs
+            **({"injection": cfg.env_kwargs["injection"]} if cfg.env_kwargs.get("injection") else {}),
+            **({"fault_kinds": list(cfg.fault_kinds)} if tuple(cfg.fault_kinds) != DEFAULT_FAULT_KINDS else {}),
+            **({"held_out_fault_kind": cfg.held_out_fault_kind} if cfg.held_out_fault_kind else {})}
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
@@ -622,6 +660,10 @@ def reproduce_command(cfg: RolloutConfig) -> str:
             "--engine", cfg.engine, "--commit-every", f"{cfg.commit_every_s:g}"]
     if cfg.fault_rate:
         args += ["--fault-rate", f"{cfg.fault_rate:g}", "--fault-seed", str(cfg.fault_seed)]
+    if tuple(cfg.fault_kinds) != DEFAULT_FAULT_KINDS:
+        args += ["--fault-kinds", ",".join(cfg.fault_kinds)]
+    if cfg.held_out_fault_kind:
+        args += ["--held-out-fault-kind", cfg.held_out_fault_kind]
     if cfg.policy_version:
         args += ["--policy-version", cfg.policy_version]
     if cfg.max_policy_lag is not None:
