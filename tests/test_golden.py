@@ -74,3 +74,25 @@ def test_a_1_0_lake_is_upgraded_in_place_by_its_first_writer(golden_lake) -> Non
     assert hashes == expected["episode_hashes"]
     assert con.execute("select success, cost_usd, served_model, policy_lag from episodes where run_id = 'new-run'"
                        ).fetchall() == [(None, None, "model-2026-01-01", 0)]
+
+
+def test_a_file_without_a_column_added_within_its_minor_version_reads_it_as_null(golden_lake) -> None:
+    """Presence decides, not the file's version: a 1.1 file written before a column was added within 1.1 (as
+    episodes.attack_success was) reads that column as a typed null."""
+    import pyarrow.parquet as pq
+
+    from trajlake.schema import PARQUET_SCHEMA_KEY, added_since, table_def
+
+    lk = golden_lake
+    f = lk.files("episodes")[0]
+    path = lk.abs_path("episodes", f.path)
+    t = pq.read_table(path)
+    meta = dict(t.schema.metadata or {})
+    meta[PARQUET_SCHEMA_KEY] = b"1.1"  # claims 1.1 but lacks every column added since 1.0
+    pq.write_table(t.replace_schema_metadata(meta), path)
+    read = lk.read_file("episodes", f)
+    added = [c.name for c in added_since("episodes", "1.0")]
+    assert "attack_success" in added and "policy_lag" in added
+    assert read.column_names == table_def("episodes").column_names
+    for name in added:
+        assert read.column(name).null_count == read.num_rows, name

@@ -23,6 +23,8 @@ from trajlake.errors import SchemaDefinitionError, SchemaVersionError
 
 SCHEMA_VERSION = "1.1"
 SCHEMA_MAJOR = 1
+#: The first version of the current major: columns with a later ``since`` may be missing from older files.
+BASE_SCHEMA_VERSION = f"{SCHEMA_MAJOR}.0"
 TABLES: tuple[str, ...] = ("episodes", "turns", "tasks", "runs", "gateway_events")
 # Parquet key-value metadata key under which every data file records its schema version.
 PARQUET_SCHEMA_KEY = b"trajlake.schema_version"

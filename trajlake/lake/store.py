@@ -32,6 +32,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from trajlake._version import __version__
 from trajlake.errors import LakeNotFoundError, SchemaVersionError, TrajlakeError, one_line
 from trajlake.schema import (
+    BASE_SCHEMA_VERSION,
     PARQUET_SCHEMA_KEY,
     PARQUET_TABLE_KEY,
     SCHEMA_VERSION,
@@ -448,8 +449,10 @@ class Lake:
         check_schema_version(md.get(PARQUET_SCHEMA_KEY), path)
         cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
         t = pf.read(columns=cols)
-        for c in added_since(name, md.get(PARQUET_SCHEMA_KEY, SCHEMA_VERSION.encode())):
-            # a file written before the column existed: it reads as null (and is hashed as absent)
+        for c in added_since(name, BASE_SCHEMA_VERSION):
+            # A file written before the column existed reads it as null (and is hashed as absent). Presence, not
+            # the file's version, decides: a column may be added within a minor version (as attack_success
+            # was within 1.1), and files written before it must still read.
             if c.name not in t.column_names and (columns is None or c.name in columns):
                 t = t.append_column(pa.field(c.name, c.arrow_type, nullable=True), pa.nulls(t.num_rows, c.arrow_type))
         for k, v in f.partition_values.items():

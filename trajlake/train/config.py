@@ -62,6 +62,11 @@ class RolloutSpec:
     """Settings of the ``hf:`` policy playing the checkpoint (``temperature``, ``max_new_tokens``, ...)."""
     fault_rate: float = 0.0
     """Injected fault rate (the runner's ``--fault-rate``)."""
+    fault_kinds: tuple[str, ...] = ()
+    """Fault kinds injected (the runner's ``--fault-kinds``; empty: the runner's default kinds)."""
+    held_out_fault_kind: str | None = None
+    """A fault kind never injected here (``--held-out-fault-kind``): training rollouts leave it out so an
+    evaluation run with ``fault_kinds = [K]`` measures recovery on faults never seen in training (H3)."""
     env_args: dict[str, Any] = field(default_factory=dict)
     """Environment settings (the runner's ``--env-arg KEY=VALUE``), e.g. ``budget = { max_steps = 10 }``;
     recorded in the run's config."""

@@ -244,11 +244,10 @@ class TrainResult:
 def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResult:
     """Run every stage of ``cfg`` against ``lake`` (created when missing)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from trajlake.lake.store import Lake
     from trajlake.rollout.versions import PolicyVersions
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the trainer's log says what is loaded and saved
     device = _device(cfg.device)
@@ -350,6 +349,7 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
              version: str | None, log: Log, *, scripted: str | None = None, fault_rate: float | None = None) -> None:
     """Play ``spec`` into the lake through the rollout runner: the checkpoint in ``policy_folder`` as an ``hf:``
     policy pinned to ``version``, or a scripted policy of the environment."""
+    from trajlake.rollout.faults import DEFAULT_FAULT_KINDS
     from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 
     if scripted is not None:
@@ -363,7 +363,8 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
                        fault_rate=spec.fault_rate if fault_rate is None else fault_rate,
                        fault_seed=cfg.seed, policy_version=version, attempts=spec.attempts, policy_args=args,
                        task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=0.0,
-                       env_kwargs=dict(spec.env_args))
+                       env_kwargs=dict(spec.env_args), held_out_fault_kind=spec.held_out_fault_kind,
+                       fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS)
     t0 = time.monotonic()
     summary = run_rollout(rc)
     if summary.failed_items:
@@ -525,8 +526,11 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
 
 
 def _fault_rate(stage: StageConfig, iteration: int) -> float:
+    """R3's curriculum: the schedule's rate for this iteration (0-based), else the rollout's fixed rate."""
+    from trajlake.rollout.faults import fault_rate_at
+
     sched = stage.fault_rate_schedule
-    return sched[min(iteration, len(sched) - 1)] if sched else stage.rollout.fault_rate
+    return fault_rate_at(iteration, sched) if sched else stage.rollout.fault_rate
 
 
 def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: Any) -> dict[str, float]:
