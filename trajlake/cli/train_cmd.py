@@ -30,7 +30,7 @@ def train_command(
     except ImportError as e:
         from trajlake.errors import TrajlakeError
 
-        raise TrajlakeError("trajlake train needs torch and transformers: pip install 'trajlake[lm]'") from e
+        raise TrajlakeError("trajlake train needs torch and transformers: pip install 'trajlake[train]'") from e
     from trajlake.train.config import load_config
     from trajlake.train.loop import train
 
