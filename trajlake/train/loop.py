@@ -72,6 +72,20 @@ def _barrier(dist: Dist) -> None:
         tdist.barrier()
 
 
+def _pin(dist: Dist, lake: str) -> dict[str, int]:
+    """Every table's current version as rank 0 sees it, shared with every rank: all ranks read one snapshot."""
+    from trajlake.lake.store import Lake
+
+    pin = Lake.open(lake).versions() if dist.main else {}
+    if dist.world == 1:
+        return pin
+    import torch.distributed as tdist
+
+    box: list[Any] = [pin]
+    tdist.broadcast_object_list(box, src=0)
+    return dict(box[0])
+
+
 def _all_sum(dist: Dist, value: float) -> float:
     if dist.world == 1:
         return value
@@ -409,7 +423,7 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
             _rollout(cfg, stage.data, lake, run, stage.name, None, None, log, scripted=stage.data_policy)
         _barrier(dist)
         runs.append(run)
-    selection = Selection(runs=runs, success=True if stage.success_only else None)
+    selection = Selection(runs=runs, success=True if stage.success_only else None, as_of=_pin(dist, lake))
     dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, max_length=cfg.max_length,
                                rank=dist.rank, world_size=dist.world)
     batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
@@ -494,7 +508,7 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         published = versions.all()
         learner_index = published.index(behaviour_version)
         allowed = published[max(0, learner_index - stage.max_policy_lag):learner_index + 1]
-        selection = Selection(runs=runs, policy_versions=allowed)
+        selection = Selection(runs=runs, policy_versions=allowed, as_of=_pin(dist, lake))
         episodes = select_episodes(lake, selection)
         returns = _episode_returns(cfg, stage, lake, episodes)
         advantages = _advantages(stage, episodes, returns)
