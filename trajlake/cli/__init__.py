@@ -34,7 +34,7 @@ def _main(ctx: typer.Context, lake: LakeOpt = None) -> None:
     ctx.obj = CliContext(lake=lake)
 
 
-def _open(ctx: typer.Context, lake: Path | None) -> Any:
+def _open(ctx: typer.Context, lake: str | None) -> Any:
     from trajlake.lake.store import Lake
 
     return Lake.open(lake_path(ctx, lake))
@@ -46,14 +46,14 @@ def init(ctx: typer.Context, lake: LakeOpt = None) -> None:
     from trajlake.lake.store import Lake
 
     lk = Lake.init(lake_path(ctx, lake))
-    typer.echo(f"initialised lake at {lk.root}")
+    typer.echo(f"initialised lake at {lk.location}")
 
 
 def _emit_info(lk: Any, fmt: Format) -> None:
     from trajlake.query.info import COLUMNS, pins, table_info
 
     infos = table_info(lk)
-    emit(COLUMNS, [i.as_row() for i in infos], fmt, title=f"lake {lk.root}")
+    emit(COLUMNS, [i.as_row() for i in infos], fmt, title=f"lake {lk.location}")
     if fmt == Format.table:
         typer.echo(f"pin these versions with: --as-of {pins(infos)}")
 
@@ -203,7 +203,7 @@ def demo(
     with LakeWriter(lk) as w:
         n = write_demo(w, seeds=seeds, n_tasks=tasks)
     if fmt == Format.table:
-        typer.echo(f"demo: {n} new episode(s) written to {lk.root}")
+        typer.echo(f"demo: {n} new episode(s) written to {lk.location}")
     _emit_info(lk, fmt)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
 from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, TaskView, byte_tokenize
 from trajlake.errors import TrajlakeError
+from trajlake.lake.storage import is_uri
 from trajlake.record.episode import CostModel, build_episode, price_turns
 from trajlake.rollout.faults import (
     DEFAULT_FAULT_KINDS,
@@ -373,7 +374,7 @@ class _Worker:
 
         self.cfg = cfg
         self.env = make_env(cfg.env, split=cfg.split, **cfg.env_kwargs)
-        self.versions = PolicyVersions(Path(cfg.lake), cfg.policy_name or cfg.policy)
+        self.versions = PolicyVersions(cfg.lake, cfg.policy_name or cfg.policy)
         self.policy = make_rollout_policy(cfg.env, cfg.policy, self._current_version(), cfg.policy_args)
         self.task_view = task_view_fn(self.env, oracle=self.policy.needs_oracle)
         # The worker hands its finished episodes to the writer in one batch per commit (validation has a fixed
@@ -655,7 +656,8 @@ def reproduce_command(cfg: RolloutConfig) -> str:
     """The ``trajlake rollout`` command line that plays this run again (into the lake it names)."""
     import shlex
 
-    args = ["trajlake", "rollout", "--lake", str(Path(cfg.lake).absolute()), "--env", cfg.env, "--policy", cfg.policy, "--split", cfg.split,
+    lake = cfg.lake if is_uri(cfg.lake) else str(Path(cfg.lake).absolute())
+    args = ["trajlake", "rollout", "--lake", lake, "--env", cfg.env, "--policy", cfg.policy, "--split", cfg.split,
             "--seeds", format_seeds(cfg.seeds), "--run-id", cfg.run_id, "--workers", str(cfg.workers),
             "--engine", cfg.engine, "--commit-every", f"{cfg.commit_every_s:g}"]
     if cfg.fault_rate:

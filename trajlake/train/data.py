@@ -381,7 +381,8 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
             if runs is not None and run is not None and run not in runs:
                 continue  # another shard's partition
             path = self.lake.abs_path("turns", f.path)
-            with pq.ParquetFile(path, page_checksum_verification=True) as pf:
+            # the lake's filesystem: None (plain paths) locally, S3 for a lake on object storage
+            with pq.ParquetFile(path, page_checksum_verification=True, filesystem=self.lake.filesystem) as pf:
                 md = pf.schema_arrow.metadata or {}
                 check_schema_version(md.get(PARQUET_SCHEMA_KEY), path)
                 names = set(pf.schema_arrow.names)
@@ -630,15 +631,14 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
             out.append((ids, mask, lp, tturn, k))
         return out
 
-    @staticmethod
-    def _fill_raw(eid: str, turns: Sequence[_Turn]) -> None:
+    def _fill_raw(self, eid: str, turns: Sequence[_Turn]) -> None:
         """Read ``raw_content`` of turns whose row group was read without it (an episode spanning row groups)."""
         lacking: dict[tuple[str, int], list[_Turn]] = {}
         for t in turns:
             if not t.raw_read:
                 lacking.setdefault(t.source, []).append(t)
         for (path, rg), ts in lacking.items():
-            with pq.ParquetFile(path, page_checksum_verification=True) as pf:
+            with pq.ParquetFile(path, page_checksum_verification=True, filesystem=self.lake.filesystem) as pf:
                 tab = pf.read_row_group(rg, columns=["episode_id", "turn_idx", "raw_content"])
             tab = tab.filter(pc.equal(tab["episode_id"], pa.scalar(eid)))
             raw = dict(zip(tab["turn_idx"].to_pylist(), tab["raw_content"].to_pylist(), strict=True))
