@@ -3,6 +3,7 @@ dependency) in a child process on a free port, with authentication on, so a wron
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -41,14 +42,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    pytest.importorskip("moto.server", reason="the object-storage tests need moto[server] (the dev extra)")
+@contextlib.contextmanager
+def start_moto() -> Iterator[S3Server]:
+    """moto's S3 server in a child process on a free loopback port, with IAM authentication on after the first
+    3 requests (which create the user and key this yields); stopped on exit."""
     import boto3
 
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    # IAM authentication after the first 3 requests (the ones below that create the test's user and key)
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -72,6 +73,13 @@ def s3_server() -> Iterator[S3Server]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    pytest.importorskip("moto.server", reason="the object-storage tests need moto[server] (the dev extra)")
+    with start_moto() as server:
+        yield server
 
 
 _BUCKETS = iter(range(10**6))
