@@ -156,6 +156,11 @@ class LakeWriter:
         if handle_signals:
             _install_signal_handlers()
 
+    @property
+    def committing(self) -> bool:
+        """Whether a background commit is running (its episodes are not acknowledged yet)."""
+        return self._bg is not None and self._bg.is_alive()
+
     # -- context manager -------------------------------------------------------------------------------------
     def __enter__(self) -> LakeWriter:
         return self
