@@ -247,6 +247,8 @@ class Lake:
             try:
                 exists = deltalake.DeltaTable.is_deltatable(uri, storage_options=opts)
             except OSError as e:
+                if lake.is_local:
+                    raise
                 raise storage_error(uri, e) from e
             if exists:
                 with lake._commit_tables_lock:
