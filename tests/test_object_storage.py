@@ -70,8 +70,10 @@ def test_s3_write_read_verify_compact_cycle(s3_lake_uri: str, capsys: pytest.Cap
     assert code == 0, out + err
     files_before = len(lake.files("episodes"))
     assert files_before >= 4
-    rep_c = compact(lake, retention_hours=0)
-    assert rep_c.files_after["episodes"] == 2  # one file per run partition
+    code, out, err = run_cli(capsys, "compact", "--lake", s3_lake_uri, "--retention-hours", "0", "-f", "json")
+    assert code == 0, err
+    after = {r["table"]: r["files_after"] for r in json.loads(out)}
+    assert after["episodes"] == 2 == len(lake.files("episodes"))  # one file per run partition
     assert _count(lake, "select count(*) from episodes") == 9
     assert _count(lake, "select count(*) from turns") == 45
     rep = verify(lake)
