@@ -14,6 +14,7 @@ from pathlib import Path
 
 import deltalake
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import make_episode, run_cli
@@ -152,6 +153,11 @@ def test_s3_writer_killed_mid_commit_loses_nothing_committed(s3_lake_uri: str, s
     assert partial == (0,)
     rep = verify(lake)
     assert rep.ok, rep.problems
+    # no partial object: files are uploaded whole (one PUT), so every data object, committed or not, reads
+    for table in ("turns", "episodes"):
+        for key in _keys(lake, table):
+            if key.endswith(".parquet"):
+                pq.ParquetFile(lake.abs_path(table, key), filesystem=lake.filesystem).read()
     # orphans of the killed flush (if any) are invisible; compact removes them after the grace period
     compact(lake, orphan_grace_hours=0, retention_hours=0)
     rep = verify(lake, strict=True)
