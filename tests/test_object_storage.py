@@ -54,6 +54,10 @@ def test_s3_write_read_verify_compact_cycle(s3_lake_uri: str, capsys: pytest.Cap
                              "select run_id, count(*), sum(n_turns) from episodes group by run_id order by run_id")
     assert code == 0, err
     assert out.strip().splitlines()[1:] == ["run-other,3,15", "run-s3,6,30"]
+    # trajlake sql's lock-down on S3: the lake's prefix only
+    outside = s3_lake_uri.rsplit("/", 2)[0] + "/elsewhere.csv"
+    code, out, err = run_cli(capsys, "sql", "--lake", s3_lake_uri, f"select * from read_csv('{outside}')")
+    assert code != 0 and ("disabled by configuration" in err or "Permission" in err), err
     code, out, err = run_cli(capsys, "info", "--lake", s3_lake_uri, "-f", "json")
     assert code == 0, err
     rows = {r["table"]: r for r in json.loads(out)}
