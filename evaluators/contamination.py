@@ -405,7 +405,7 @@ def _scan(con: duckdb.DuckDBPyConnection, s: ScanSettings, eval_splits: list[str
         for tid in chk.get("flagged", ()):
             next(t for t in evals if t.task_id == tid).detail["flags"].append(name)
     flagged = sorted(t.task_id for t in evals if t.detail["flags"])
-    root = lake.root if isinstance(lake, Lake) else lake
+    root = lake.location if isinstance(lake, Lake) else lake
     return {
         "report": "trajlake.contamination", "contract_version": CONTRACT_VERSION,
         "lake": str(root) if root is not None else None, "lake_versions": dict(sorted(lake_versions(con).items())),

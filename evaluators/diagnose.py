@@ -382,7 +382,7 @@ def diagnose(lake: Lake | str | os.PathLike[str], baseline: str, candidate: str,
         raise TrajlakeError("--baseline and --candidate must be different runs")
     data = load(lake, [baseline, candidate], as_of=as_of, memory_limit=memory_limit, threads=threads)
     try:
-        root = lake.root if isinstance(lake, Lake) else lake
+        root = lake.location if isinstance(lake, Lake) else lake
         return diagnose_data(data, baseline, candidate, settings, lake_path=str(root))
     finally:
         data.close()

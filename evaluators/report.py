@@ -279,7 +279,7 @@ def build_report(lake: Lake | str | os.PathLike[str], *, runs: list[str] | None 
         selected = list(dict.fromkeys([*(runs or []), *([baseline, candidate] if baseline and candidate else [])]))
     data = load(lake, selected, as_of=as_of, memory_limit=memory_limit, threads=threads)
     try:
-        root = lake.root if isinstance(lake, Lake) else lake
+        root = lake.location if isinstance(lake, Lake) else lake
         return evaluate(data, baseline=baseline, candidate=candidate, settings=settings, breakdown=breakdown,
                         taxonomy=taxonomy, lake_path=str(root))
     finally:

@@ -34,7 +34,7 @@ def _main(ctx: typer.Context, lake: LakeOpt = None) -> None:
     ctx.obj = CliContext(lake=lake)
 
 
-def _open(ctx: typer.Context, lake: Path | None) -> Any:
+def _open(ctx: typer.Context, lake: str | None) -> Any:
     from trajlake.lake.store import Lake
 
     return Lake.open(lake_path(ctx, lake))
@@ -46,14 +46,14 @@ def init(ctx: typer.Context, lake: LakeOpt = None) -> None:
     from trajlake.lake.store import Lake
 
     lk = Lake.init(lake_path(ctx, lake))
-    typer.echo(f"initialised lake at {lk.root}")
+    typer.echo(f"initialised lake at {lk.location}")
 
 
 def _emit_info(lk: Any, fmt: Format) -> None:
     from trajlake.query.info import COLUMNS, pins, table_info
 
     infos = table_info(lk)
-    emit(COLUMNS, [i.as_row() for i in infos], fmt, title=f"lake {lk.root}")
+    emit(COLUMNS, [i.as_row() for i in infos], fmt, title=f"lake {lk.location}")
     if fmt == Format.table:
         typer.echo(f"pin these versions with: --as-of {pins(infos)}")
 
@@ -203,7 +203,7 @@ def demo(
     with LakeWriter(lk) as w:
         n = write_demo(w, seeds=seeds, n_tasks=tasks)
     if fmt == Format.table:
-        typer.echo(f"demo: {n} new episode(s) written to {lk.root}")
+        typer.echo(f"demo: {n} new episode(s) written to {lk.location}")
     _emit_info(lk, fmt)
 
 
@@ -275,6 +275,9 @@ def rollout(
     engine: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
     commit_every: Annotated[float, typer.Option(help="Seconds between a worker's commits (0: after every "
                                                      "episode); a crash loses at most that much work.", min=0)] = 30.0,
+    max_pending_episodes: Annotated[int, typer.Option(
+        help="Most finished episodes a worker holds before handing them to its writer (a slow writer then "
+             "slows the players instead of growing their memory).", min=1)] = 256,
     price_in: Annotated[float, typer.Option(help="USD per million input tokens of the policy.", min=0)] = 0.0,
     price_out: Annotated[float, typer.Option(help="USD per million output tokens of the policy.", min=0)] = 0.0,
     price_tool_second: Annotated[float | None, typer.Option(
@@ -350,6 +353,7 @@ def rollout(
                         fault_kinds=parse_fault_kinds(fault_kinds) if fault_kinds else DEFAULT_FAULT_KINDS,
                         held_out_fault_kind=held_out_fault_kind,
                         max_policy_lag=max_policy_lag, commit_every_s=commit_every,
+                        max_pending_episodes=max_pending_episodes,
                         env_kwargs=env_kwargs, cost_model=cost, engine=engine,
                         attempts=attempts, policy_args=args,
                         task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (),

@@ -14,19 +14,21 @@ from typing import Annotated
 import typer
 
 from trajlake.cli.output import Format
+from trajlake.lake.storage import is_uri
 
-LAKE_HELP = "Lake directory (default: $TRAJLAKE_LAKE or ./lake)."
+LAKE_HELP = "Lake directory or object-store URI s3://bucket/prefix (default: $TRAJLAKE_LAKE or ./lake)."
 
 
 @dataclass
 class CliContext:
     """What the top-level callback puts in ``ctx.obj`` for the commands."""
 
-    lake: Path | None = None
+    lake: str | Path | None = None
     """``--lake`` given before the command, if any."""
 
 
-LakeOpt = Annotated[Path | None, typer.Option("--lake", help=LAKE_HELP, show_default=False)]
+# A string, not a Path: a Path would fold the ``//`` of ``s3://bucket/prefix``.
+LakeOpt = Annotated[str | None, typer.Option("--lake", help=LAKE_HELP, show_default=False)]
 AsOfOpt = Annotated[str | None, typer.Option(
     "--as-of", help="Pin table versions: 'episodes=3,turns=5,...' (as printed by `trajlake info` and every "
     "report) or an ISO-8601 timestamp.")]
@@ -36,15 +38,15 @@ MemoryOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4
                                                       "machine's memory).")]
 
 
-def lake_path(ctx: typer.Context | None, lake: Path | None = None) -> Path:
+def lake_path(ctx: typer.Context | None, lake: str | Path | None = None) -> Path | str:
     """The lake a command works on: its own ``--lake``, else the one before the command, else
-    ``$TRAJLAKE_LAKE``, else ``./lake``."""
-    if lake is not None:
-        return lake
-    obj = ctx.find_object(CliContext) if ctx is not None else None
-    if obj is not None and obj.lake is not None:
-        return obj.lake
-    return Path(os.environ.get("TRAJLAKE_LAKE") or "lake")
+    ``$TRAJLAKE_LAKE``, else ``./lake``. A local lake is a Path; a lake on object storage its URI string."""
+    if lake is None:
+        obj = ctx.find_object(CliContext) if ctx is not None else None
+        lake = obj.lake if obj is not None and obj.lake is not None else (os.environ.get("TRAJLAKE_LAKE") or "lake")
+    if is_uri(str(lake)):
+        return str(lake)
+    return Path(lake)
 
 
 __all__ = ["LAKE_HELP", "AsOfOpt", "CliContext", "FormatOpt", "LakeOpt", "MemoryOpt", "OutOpt", "lake_path"]

@@ -635,9 +635,9 @@ def _parse_tables(tables: str | Sequence[str] | None) -> list[str]:
 def _check_out(out: Path, overwrite: bool, lake: Lake) -> None:
     if out.exists() and not out.is_dir():
         raise TrajlakeError(f"--out {out}: exists and is not a directory")
-    root = lake.root.resolve()
+    root = lake.root.resolve() if lake.is_local else None  # an export is local: never inside an S3 lake
     target = out.resolve()
-    if target == root or root in target.parents:
+    if root is not None and (target == root or root in target.parents):
         raise TrajlakeError(f"--out {out}: is inside the lake {root}; export somewhere else")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise TrajlakeError(f"--out {out}: directory is not empty; pass --overwrite to replace its "
@@ -783,7 +783,7 @@ def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], 
                                 exported_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                                 contamination=contamination_summary(lk, dict(versions), include_hidden)
                                 if contamination else ())
-        (staging / CARD).write_text(render_card(summary, lk.root.name), encoding="utf-8")
+        (staging / CARD).write_text(render_card(summary, lk.name), encoding="utf-8")
         return summary
 
     summary = write_staged(target.out, build)

@@ -605,7 +605,7 @@ def export_layout(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[st
                                 contamination=contamination_summary(lk, dict(versions), include_hidden)
                                 if contamination else (), layout=opts.layout,
                                 notes=tuple(catalog.notes.values()))
-        (staging / CARD).write_text(render_layout_card(summary, lk.root.name, success_only=opts.success_only,
+        (staging / CARD).write_text(render_layout_card(summary, lk.name, success_only=opts.success_only,
                                                        runs=opts.runs, system_prompt=opts.system_prompt),
                                     encoding="utf-8")
         return summary

@@ -15,8 +15,8 @@ import contextlib
 import datetime as dt
 import fcntl
 import hashlib
+import io
 import json
-import os
 import re
 import time
 from collections import defaultdict
@@ -33,11 +33,11 @@ from trajlake.lake.hashing import episode_hash, hash_rows, row_bytes
 from trajlake.lake.store import (
     COMMIT_RECORDS,
     DEFAULT_RETENTION_HOURS,
+    META_DIR,
     TARGET_FILE_BYTES,
     DataFile,
     Lake,
     checksum_from_name,
-    file_sha256,
 )
 from trajlake.schema import TABLES, arrow_schema, table_def
 
@@ -75,10 +75,9 @@ _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 
 def _check_log_chain(lake: Lake, name: str, version: int, report: VerifyReport) -> None:
     """Every commit up to ``version`` must be present (or covered by a checkpoint) and parse."""
-    log = lake.root / name / "_delta_log"
     try:
-        listing = os.listdir(log)
-    except OSError as e:
+        listing = lake.storage.listdir(name, "_delta_log")
+    except (OSError, TrajlakeError) as e:
         report.problems.append(f"{name}/_delta_log: cannot list the log: {e}")
         return
     entries = sorted(int(m.group(1)) for n in listing if (m := _LOG_ENTRY.match(n)))
@@ -98,52 +97,61 @@ def _check_log_chain(lake: Lake, name: str, version: int, report: VerifyReport) 
     for v in needed:
         if v not in entries:
             continue
-        path = log / f"{v:020d}.json"
+        entry = f"{v:020d}.json"
         try:
-            with open(path, encoding="utf-8") as fh:
-                for i, line in enumerate(fh, start=1):
-                    if line.strip():
-                        action = json.loads(line)
-                        if not isinstance(action, dict) or len(action) != 1:
-                            raise ValueError(f"line {i} is not one Delta action")
-        except (OSError, ValueError) as e:
-            report.problems.append(f"{name}/_delta_log/{path.name}: unreadable commit: {e}")
+            data = lake.storage.read_bytes(name, "_delta_log", entry)
+            # read as open(..., encoding="utf-8") would: universal newlines, decode errors as ValueError
+            for i, line in enumerate(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"), start=1):
+                if line.strip():
+                    action = json.loads(line)
+                    if not isinstance(action, dict) or len(action) != 1:
+                        raise ValueError(f"line {i} is not one Delta action")
+        except (OSError, ValueError, TrajlakeError) as e:
+            report.problems.append(f"{name}/_delta_log/{entry}: unreadable commit: {e}")
 
 
 def _newest_log_entry(lake: Lake, name: str) -> int:
     try:
-        found = [int(m.group(1)) for n in os.listdir(lake.root / name / "_delta_log") if (m := _LOG_ENTRY.match(n))]
-    except OSError:
+        found = [int(m.group(1)) for n in lake.storage.listdir(name, "_delta_log") if (m := _LOG_ENTRY.match(n))]
+    except (OSError, TrajlakeError):
         return -1
     return max(found, default=-1)
 
 
 def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, report: VerifyReport) -> None:
     """The log entries trajlake recorded at commit time must still be there, byte for byte."""
-    folder = lake.meta_dir / COMMIT_RECORDS / name
-    log = lake.root / name / "_delta_log"
+    st = lake.storage
+    folder = (META_DIR, COMMIT_RECORDS, name)
     try:
-        records = sorted((int(n), folder / n) for n in os.listdir(folder) if n.isdigit())
-    except OSError:
+        records = sorted((int(n), n) for n in st.listdir(*folder) if n.isdigit())
+    except (OSError, TrajlakeError):
         return  # a lake written before commit records existed
+    try:
+        on_log = set(st.listdir(name, "_delta_log"))
+    except (OSError, TrajlakeError):
+        on_log = set()
+
+    def in_log(v: int) -> bool:
+        return f"{v:020d}.json" in on_log
+
     # a record above the version read whose entry exists now is a commit made while verify runs
-    lost = [v for v, _ in records if v > version and not (log / f"{v:020d}.json").exists()] if latest else []
+    lost = [v for v, _ in records if v > version and not in_log(v)] if latest else []
     if lost:
         report.problems.append(f"{name}/_delta_log: {len(lost)} committed version(s) are gone from the log "
                                f"(newest recorded {lost[-1]}, the log ends at {version}): the newest entries were "
                                f"deleted and their rows are silently dropped")
-    for v, path in records:
-        entry = log / f"{v:020d}.json"
-        if v > version or not entry.exists():
+    for v, record in records:
+        entry = f"{v:020d}.json"
+        if v > version or not in_log(v):
             continue  # a gap is reported by the chain check, a checkpointed entry may be cleaned up
         try:
-            recorded = path.read_text(encoding="ascii").strip()
-            actual = hashlib.sha256(entry.read_bytes()).hexdigest()
-        except OSError as e:
-            report.problems.append(f"{name}/_delta_log/{entry.name}: cannot check: {e}")
+            recorded = st.read_bytes(*folder, record).decode("ascii").strip()
+            actual = hashlib.sha256(st.read_bytes(name, "_delta_log", entry)).hexdigest()
+        except (OSError, TrajlakeError, UnicodeDecodeError) as e:
+            report.problems.append(f"{name}/_delta_log/{entry}: cannot check: {e}")
             continue
         if recorded != actual:
-            report.problems.append(f"{name}/_delta_log/{entry.name}: the log entry changed after it was "
+            report.problems.append(f"{name}/_delta_log/{entry}: the log entry changed after it was "
                                    f"committed (sha256 {actual[:12]}, recorded {recorded[:12]})")
 
 
@@ -201,7 +209,7 @@ def _read(lake: Lake, name: str, f: DataFile, report: VerifyReport,
     try:
         recorded = checksum_from_name(f.path)
         if recorded is not None:
-            actual = file_sha256(lake.abs_path(name, f.path))[: len(recorded)]
+            actual = lake.file_sha256(name, f.path)[: len(recorded)]
             if actual != recorded:
                 report.problems.append(f"{name}/{f.path}: file checksum mismatch (name records {recorded}, "
                                        f"bytes hash to {actual}): the file was modified or corrupted")
@@ -337,13 +345,18 @@ class CompactReport:
 
 @contextlib.contextmanager
 def _exclusive(lake: Lake, what: str) -> Iterator[None]:
+    if not lake.is_local:
+        # Object storage has no lock: two compactions are still safe (each commit checks that the files it
+        # removes are live, and the loser stops with ConcurrentChangeError), only wasted work.
+        yield
+        return
     path = lake.meta_dir / f"{what}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
-            raise TrajlakeError(f"another `trajlake {what}` is running on {lake.root}") from e
+            raise TrajlakeError(f"another `trajlake {what}` is running on {lake.location}") from e
         try:
             yield
         finally:
@@ -396,13 +409,13 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
 
 def _prune_commit_records(lake: Lake, name: str) -> None:
     """Drop commit records of log entries cleaned up after a checkpoint (the checkpoint now stands for them)."""
-    folder = lake.meta_dir / COMMIT_RECORDS / name
-    log = lake.root / name / "_delta_log"
-    with contextlib.suppress(OSError):
+    st = lake.storage
+    with contextlib.suppress(OSError, TrajlakeError):
         current = lake.delta(name).version()
-        for n in os.listdir(folder):
-            if n.isdigit() and not (log / f"{n}.json").exists() and int(n) <= current:
-                os.remove(folder / n)
+        on_log = set(st.listdir(name, "_delta_log"))
+        for n in st.listdir(META_DIR, COMMIT_RECORDS, name):
+            if n.isdigit() and f"{n}.json" not in on_log and int(n) <= current:
+                st.remove(META_DIR, COMMIT_RECORDS, name, n)
 
 
 def _compact_partition(lake: Lake, name: str, part: str | None, files: list[DataFile], now_ms: float,
@@ -451,8 +464,7 @@ def _compact_partition(lake: Lake, name: str, part: str | None, files: list[Data
         lake.commit(name, [*removes, *adds], expect_present=[f.path for f in chosen])
     except TrajlakeError:
         for a in adds:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(lake.abs_path(name, a.path))
+            lake.remove_file(name, a.path)
         raise
     report.orphan_rows_removed += dropped_orphans
     report.duplicate_rows_removed += dups

@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -31,6 +33,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake._version import __version__
 from trajlake.errors import LakeNotFoundError, SchemaVersionError, TrajlakeError, one_line
+from trajlake.lake.storage import LakeStorage, is_uri, storage_error
 from trajlake.schema import (
     BASE_SCHEMA_VERSION,
     PARQUET_SCHEMA_KEY,
@@ -165,18 +168,45 @@ ZSTD_LEVEL = 1
 
 
 class Lake:
-    """A trajlake lake rooted at a local directory."""
+    """A trajlake lake rooted at a local directory or an object-store prefix (``s3://bucket/prefix``)."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: str | os.PathLike[str]):
+        self.storage = LakeStorage(root)
         # The commit path keeps one DeltaTable per table and refreshes it incrementally (reads only the new log
         # entries, ~1-2 ms) instead of replaying the whole log for each commit (~6-20 ms, growing with versions).
         self._commit_tables: dict[str, deltalake.DeltaTable] = {}
         self._commit_tables_lock = threading.Lock()
         self._schema_current: set[str] = set()
 
+    @property
+    def root(self) -> Path:
+        """The lake's local folder; a lake on object storage has none (use ``location``)."""
+        if self.storage.root_path is None:
+            raise TrajlakeError(f"{self.location} is on object storage: it has no local folder")
+        return self.storage.root_path
+
+    @property
+    def location(self) -> str:
+        """Where the lake is: its absolute local path or its ``s3://bucket/prefix`` URI."""
+        return self.storage.uri
+
+    @property
+    def name(self) -> str:
+        """The lake's folder name (the last part of its URI on object storage)."""
+        return self.storage.root_path.name if self.storage.root_path is not None else self.location.rsplit("/", 1)[-1]
+
+    @property
+    def is_local(self) -> bool:
+        return self.storage.local
+
+    @property
+    def filesystem(self) -> Any:
+        """The ``pyarrow.fs`` filesystem of ``abs_path`` paths: None (plain local paths) for a local lake."""
+        return self.storage.fs
+
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root}  # the cached tables and the lock stay in this process
+        # the cached tables and the lock stay in this process
+        return {"root": self.storage.root_path if self.is_local else self.location}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["root"])  # type: ignore[misc]
@@ -210,7 +240,48 @@ class Lake:
     @classmethod
     def init(cls, path: str | os.PathLike[str]) -> Lake:
         """Create a lake (idempotent: an existing lake is opened and any missing table created)."""
-        root = Path(path).absolute()
+        lake = cls._init_remote(str(path)) if is_uri(path) else cls._init_local(Path(path).absolute())
+        opts = lake.storage.storage_options
+        for name in TABLES:
+            uri = lake.table_uri(name)
+            try:
+                exists = deltalake.DeltaTable.is_deltatable(uri, storage_options=opts)
+            except OSError as e:
+                if lake.is_local:
+                    raise
+                raise storage_error(uri, e) from e
+            if exists:
+                with lake._commit_tables_lock:
+                    lake._latest(name)  # an existing lake written by an older minor version is upgraded
+            else:
+                deltalake.DeltaTable.create(
+                    uri, _delta_schema(name), mode="ignore", partition_by=list(table_def(name).partition_by) or None,
+                    name=name, description=table_def(name).description, configuration=_delta_table_config(),
+                    storage_options=opts,
+                )
+        return lake
+
+    @classmethod
+    def _lake_json(cls) -> bytes:
+        return json.dumps({
+            "format": "trajlake",
+            "schema_version": SCHEMA_VERSION,
+            "created_at": dt.datetime.now(dt.UTC).isoformat(),
+            "created_by": f"trajlake {__version__}",
+        }, indent=2).encode()
+
+    @classmethod
+    def _init_remote(cls, uri: str) -> Lake:
+        st = LakeStorage(uri)
+        if st.exists(META_DIR, LAKE_FILE):
+            return cls.open(uri)
+        if any(n != META_DIR for n in st.listdir()):
+            raise TrajlakeError(f"{st.uri} holds objects and is not a trajlake lake: give an empty or new prefix")
+        st.write_bytes(cls._lake_json(), META_DIR, LAKE_FILE)
+        return cls(uri)
+
+    @classmethod
+    def _init_local(cls, root: Path) -> Lake:
         meta = root / META_DIR / LAKE_FILE
         if meta.exists():
             lake = cls.open(root)
@@ -224,29 +295,28 @@ class Lake:
             except OSError as e:
                 raise TrajlakeError(f"cannot create a lake at {root}: {e.strerror or one_line(e)}") from e
             tmp = meta.with_suffix(".tmp")
-            tmp.write_text(json.dumps({
-                "format": "trajlake",
-                "schema_version": SCHEMA_VERSION,
-                "created_at": dt.datetime.now(dt.UTC).isoformat(),
-                "created_by": f"trajlake {__version__}",
-            }, indent=2))
+            tmp.write_bytes(cls._lake_json())
             os.replace(tmp, meta)
             lake = cls(root)
-        for name in TABLES:
-            uri = lake.table_uri(name)
-            if deltalake.DeltaTable.is_deltatable(uri):
-                with lake._commit_tables_lock:
-                    lake._latest(name)  # an existing lake written by an older minor version is upgraded
-            else:
-                deltalake.DeltaTable.create(
-                    uri, _delta_schema(name), mode="ignore", partition_by=list(table_def(name).partition_by) or None,
-                    name=name, description=table_def(name).description, configuration=_delta_table_config(),
-                )
         return lake
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Lake:
         """Open an existing lake; refuses one written with another schema major version."""
+        if is_uri(path):
+            st = LakeStorage(path)
+            where = st.uri_of(META_DIR, LAKE_FILE)
+            try:
+                text = st.read_bytes(META_DIR, LAKE_FILE).decode()
+            except FileNotFoundError:
+                raise LakeNotFoundError(f"{st.uri} is not a trajlake lake (no {META_DIR}/{LAKE_FILE}); run "
+                                        f"`trajlake init`") from None
+            try:
+                remote = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TrajlakeError(f"{where}: unreadable lake metadata: {e}") from e
+            check_schema_version(remote.get("schema_version"), where)
+            return cls(str(path))
         root = Path(path).absolute()
         meta = root / META_DIR / LAKE_FILE
         if not meta.exists():
@@ -261,17 +331,20 @@ class Lake:
     # -- paths and versions ----------------------------------------------------------------------------------
     def table_uri(self, name: str) -> str:
         table_def(name)
-        return str(self.root / name)
+        return self.storage.uri_of(name)
 
     @property
     def meta_dir(self) -> Path:
+        """The local ``_trajlake`` folder (local lakes only; ``storage`` reaches it on object storage)."""
         return self.root / META_DIR
 
     def delta(self, name: str, version: int | None = None) -> deltalake.DeltaTable:
         uri = self.table_uri(name)
         try:
-            return deltalake.DeltaTable(uri, version=version)
+            return deltalake.DeltaTable(uri, version=version, storage_options=self.storage.storage_options)
         except Exception as e:  # delta-rs raises several types for missing tables / versions
+            if not self.is_local and isinstance(e, OSError):
+                raise storage_error(uri, e) from e
             raise TrajlakeError(f"table {name!r} at version {version}: {one_line(e)}") from e
 
     def versions(self) -> dict[str, int]:
@@ -348,9 +421,33 @@ class Lake:
         return out
 
     def abs_path(self, name: str, rel: str) -> str:
+        """A data file's path: a local path, or ``bucket/prefix/...`` in ``filesystem`` on object storage."""
         from urllib.parse import unquote
 
-        return os.path.join(self.table_uri(name), unquote(rel))
+        if self.is_local:
+            return os.path.join(self.table_uri(name), unquote(rel))
+        return self.storage.path(name, unquote(rel))
+
+    def remove_file(self, name: str, rel: str) -> None:
+        """Delete a data file (a missing one is not an error)."""
+        if self.is_local:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.abs_path(name, rel))
+        else:
+            from urllib.parse import unquote
+
+            self.storage.remove(name, unquote(rel))
+
+    def file_sha256(self, name: str, rel: str) -> str:
+        """sha256 of a data file's bytes (FileNotFoundError when it is missing)."""
+        if self.is_local:
+            return file_sha256(self.abs_path(name, rel))
+        h = hashlib.sha256()
+        assert self.filesystem is not None
+        with self.filesystem.open_input_stream(self.abs_path(name, rel)) as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+        return h.hexdigest()
 
     # -- writing ---------------------------------------------------------------------------------------------
     def write_files(self, name: str, table: pa.Table) -> list[AddAction]:
@@ -373,7 +470,7 @@ class Lake:
         with self.open_sink(name) as sink:
             for a in actions:
                 path = self.abs_path(name, a.path)
-                pf = pq.ParquetFile(path)
+                pf = pq.ParquetFile(path, filesystem=self.filesystem)
                 for i in range(pf.num_row_groups):
                     t = pf.read_row_group(i)
                     for k, v in a.partition_values.items():
@@ -382,8 +479,7 @@ class Lake:
                 pf.close()
             new = sink.close()
         for a in actions:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.abs_path(name, a.path))
+            self.remove_file(name, a.path)
         return new
 
     def commit(self, name: str, actions: Sequence[AddAction | RemoveAction], retries: int = 200,
@@ -421,6 +517,9 @@ class Lake:
     def _record_commits(self, name: str, first: int, last: int) -> None:
         """Record the sha256 of log entries ``first..last`` (see COMMIT_RECORDS): the log alone cannot show
         that its newest entry was deleted or that an entry was edited."""
+        if not self.is_local:
+            self._record_commits_remote(name, first, last)
+            return
         folder = self.meta_dir / COMMIT_RECORDS / name
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -436,6 +535,18 @@ class Lake:
         except OSError:
             pass  # evidence for verify only: never fail a commit that already happened
 
+    def _record_commits_remote(self, name: str, first: int, last: int) -> None:
+        st = self.storage
+        for v in range(first, last + 1):
+            try:
+                if st.exists(META_DIR, COMMIT_RECORDS, name, f"{v:020d}"):
+                    continue
+                entry = st.read_bytes(name, "_delta_log", f"{v:020d}.json")
+                st.write_bytes(hashlib.sha256(entry).hexdigest().encode("ascii"), META_DIR, COMMIT_RECORDS, name,
+                               f"{v:020d}")
+            except (OSError, TrajlakeError):
+                return  # evidence for verify only: never fail a commit that already happened
+
     def append(self, name: str, table: pa.Table) -> int:
         """Write and commit ``table`` in one transaction."""
         return self.commit(name, self.write_files(name, table))
@@ -444,7 +555,7 @@ class Lake:
     def read_file(self, name: str, f: DataFile, columns: list[str] | None = None) -> pa.Table:
         """Read one data file, check its schema version, and restore the partition column."""
         path = self.abs_path(name, f.path)
-        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        pf = pq.ParquetFile(path, page_checksum_verification=True, filesystem=self.filesystem)
         md = pf.schema_arrow.metadata or {}
         check_schema_version(md.get(PARQUET_SCHEMA_KEY), path)
         cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
@@ -497,6 +608,9 @@ class DataFileSink:
         self._open: dict[str | None, _OpenFile] = {}  # insertion order = least recently used first
         self._done: list[AddAction] = []
         self._closed = False
+        # On object storage files are spooled locally and uploaded once finished (named by their sha256, which
+        # is known only then): a PUT is atomic, so no partial object is ever visible, and nothing needs a rename.
+        self._spool: str | None = None if lake.is_local else tempfile.mkdtemp(prefix="trajlake-spool-")
 
     def __enter__(self) -> DataFileSink:
         return self
@@ -544,8 +658,11 @@ class DataFileSink:
         pvals: dict[str, str | None] = {self._pcol: key} if self._pcol is not None else {}
         rel_dir = "/".join(_part_dir(k, v) for k, v in pvals.items())
         tmp_rel = (rel_dir + "/" if rel_dir else "") + f"part-{uuid.uuid4().hex}"
-        tmp = os.path.join(self.lake.table_uri(self.name), tmp_rel + ".inprogress")
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+        if self._spool is not None:
+            tmp = os.path.join(self._spool, tmp_rel.replace("/", "__") + ".inprogress")
+        else:
+            tmp = os.path.join(self.lake.table_uri(self.name), tmp_rel + ".inprogress")
+            os.makedirs(os.path.dirname(tmp), exist_ok=True)
         writer = pq.ParquetWriter(tmp, self._file_schema, compression="zstd", compression_level=ZSTD_LEVEL,
                                   use_dictionary=self._scalars, write_page_checksum=True,
                                   write_statistics=self._scalars, memory_pool=_ENCODER_POOL)
@@ -554,6 +671,9 @@ class DataFileSink:
     def _finish(self, f: _OpenFile) -> None:
         f.writer.close()
         # The file name carries the sha256 of its bytes, so `verify` detects any flipped byte.
+        if self._spool is not None:
+            self._upload(f)
+            return
         digest = file_sha256(f.tmp, fsync=True)
         rel = f"{f.tmp_rel}.{digest[:CHECKSUM_HEX]}.zstd.parquet"
         path = os.path.join(self.lake.table_uri(self.name), rel)
@@ -561,12 +681,32 @@ class DataFileSink:
         self._done.append(AddAction(rel, os.path.getsize(path), f.pvals, int(time.time() * 1000), True,
                                     f.stats.json()))
 
+    def _upload(self, f: _OpenFile) -> None:
+        digest = file_sha256(f.tmp)
+        rel = f"{f.tmp_rel}.{digest[:CHECKSUM_HEX]}.zstd.parquet"
+        size = os.path.getsize(f.tmp)
+        fs = self.lake.filesystem
+        target = self.lake.abs_path(self.name, rel)
+        try:
+            with open(f.tmp, "rb") as src, fs.open_output_stream(target) as out:
+                shutil.copyfileobj(src, out, 8 << 20)
+        except OSError as e:
+            raise storage_error(self.lake.storage.uri_of(self.name, rel), e) from e
+        finally:
+            os.remove(f.tmp)
+        self._done.append(AddAction(rel, size, f.pvals, int(time.time() * 1000), True, f.stats.json()))
+
     def close(self) -> list[AddAction]:
         """Finish every file; returns the Add actions (nothing is visible until they are committed)."""
         while self._open:
             self._finish(self._open.pop(next(iter(self._open))))
         self._closed = True
+        self._drop_spool()
         return list(self._done)
+
+    def _drop_spool(self) -> None:
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
 
     def abort(self) -> None:
         """Remove every file this sink wrote (finished or not)."""
@@ -577,10 +717,10 @@ class DataFileSink:
                 os.remove(f.tmp)
         self._open.clear()
         for a in self._done:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.lake.abs_path(self.name, a.path))
+            self.lake.remove_file(self.name, a.path)
         self._done.clear()
         self._closed = True
+        self._drop_spool()
 
 
 @dataclass

@@ -17,10 +17,12 @@ import os
 import pathlib
 import tempfile
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import duckdb
 
 from trajlake.errors import QueryError, TrajlakeError
+from trajlake.lake.storage import storage_error
 from trajlake.lake.store import Lake
 from trajlake.schema import TABLES, table_def
 
@@ -39,6 +41,10 @@ def _open(lake: Lake | str | os.PathLike[str]) -> Lake:
 
 def _extension_dir(lk: Lake) -> str:
     """DuckDB extension directory: inside the lake when writable, else a per-user temp folder (never $HOME)."""
+    alt = pathlib.Path(tempfile.gettempdir()) / f"trajlake-duckdb-ext-{os.getuid()}"
+    if not lk.is_local:
+        alt.mkdir(parents=True, exist_ok=True)
+        return str(alt)
     d = lk.meta_dir / "duckdb_extensions"
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -47,7 +53,6 @@ def _extension_dir(lk: Lake) -> str:
         probe.unlink()
         return str(d)
     except OSError:
-        alt = pathlib.Path(tempfile.gettempdir()) / f"trajlake-duckdb-ext-{os.getuid()}"
         alt.mkdir(parents=True, exist_ok=True)
         return str(alt)
 
@@ -55,18 +60,47 @@ def _extension_dir(lk: Lake) -> str:
 def _load_delta(con: duckdb.DuckDBPyConnection) -> None:
     import duckdb_extension_delta
 
+    _load_bundled(con, "delta", pathlib.Path(duckdb_extension_delta.__file__).parent, "trajlake")
+
+
+def _load_bundled(con: duckdb.DuckDBPyConnection, name: str, package_dir: pathlib.Path, extra: str) -> None:
+    """Load a DuckDB extension shipped in its PyPI package (duckdb-extension-NAME, pinned to the DuckDB
+    version): never downloaded at run time."""
     version = con.sql("PRAGMA version").fetchone()
     assert version is not None
-    ext = pathlib.Path(duckdb_extension_delta.__file__).parent / "extensions" / version[0] / "delta.duckdb_extension"
+    ext = package_dir / "extensions" / version[0] / f"{name}.duckdb_extension"
     if not ext.exists():
         raise TrajlakeError(
-            f"DuckDB {version[0]} has no bundled delta extension at {ext}; install duckdb and "
-            f"duckdb-extension-delta of the same version (pip install 'trajlake')")
+            f"DuckDB {version[0]} has no bundled {name} extension at {ext}; install duckdb and "
+            f"duckdb-extension-{name} of the same version (pip install '{extra}')")
     try:
-        con.execute("LOAD delta")
+        con.execute(f"LOAD {name}")
     except duckdb.Error:
         con.execute(f"INSTALL '{ext}'")
-        con.execute("LOAD delta")
+        con.execute(f"LOAD {name}")
+
+
+def _attach_object_store(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
+    """httpfs (from duckdb-extension-httpfs) and an S3 secret from the lake's AWS_* settings."""
+    try:
+        import duckdb_extension_httpfs
+    except ImportError as e:
+        raise TrajlakeError(f"{lk.location}: querying a lake on object storage needs duckdb-extension-httpfs: "
+                            f"pip install 'trajlake'") from e
+    _load_bundled(con, "httpfs", pathlib.Path(duckdb_extension_httpfs.__file__).parent, "trajlake")
+    opts = lk.storage.storage_options or {}
+    parts = ["TYPE s3"]
+    for key, name in (("AWS_ACCESS_KEY_ID", "KEY_ID"), ("AWS_SECRET_ACCESS_KEY", "SECRET"),
+                      ("AWS_SESSION_TOKEN", "SESSION_TOKEN"), ("AWS_REGION", "REGION")):
+        if opts.get(key):
+            parts.append(f"{name} {sql_literal(opts[key])}")
+    endpoint = opts.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        ep = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        # a custom endpoint (MinIO, moto, R2) serves path-style URLs; AWS itself takes the default
+        parts += [f"ENDPOINT {sql_literal(ep.netloc + ep.path.rstrip('/'))}", "URL_STYLE 'path'",
+                  f"USE_SSL {'false' if ep.scheme == 'http' else 'true'}"]
+    con.execute(f"CREATE SECRET trajlake_lake ({', '.join(parts)})")
 
 
 def sql_literal(value: object) -> str:
@@ -132,10 +166,17 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     if threads:
         config["threads"] = threads
     con = duckdb.connect(":memory:", config=config)
+    if not lk.is_local:
+        _attach_object_store(con, lk)
     _load_delta(con)
     for name in TABLES:
         src = f"delta_scan({sql_literal(lk.table_uri(name))}, version={int(versions[name])})"
-        cols = _select_list(con, name, src)
+        try:
+            cols = _select_list(con, name, src)
+        except duckdb.Error as e:
+            if lk.is_local:
+                raise
+            raise storage_error(lk.table_uri(name), e) from e
         if name in _COMMITTED_BY_EPISODE:
             con.execute(f"CREATE VIEW _{name}_all AS SELECT {cols} FROM {src}")
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_all "
@@ -155,7 +196,8 @@ def _lock_down(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
     """Limit file access to the lake and the extension folder, forbid extension loading, lock the settings."""
     ext = con.execute("SELECT current_setting('extension_directory')").fetchone()
     assert ext is not None
-    allowed = [str(lk.root.resolve()) + "/", str(pathlib.Path(str(ext[0])).resolve()) + "/"]
+    lake_dir = str(lk.root.resolve()) if lk.is_local else lk.location
+    allowed = [lake_dir + "/", str(pathlib.Path(str(ext[0])).resolve()) + "/"]
     con.execute("SET allowed_directories = [" + ", ".join(sql_literal(d) for d in allowed) + "]")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
@@ -220,7 +262,7 @@ def scan(lake: Lake | str | os.PathLike[str], table: str, as_of: str | dict[str,
     cols = table_def(table).column_names
 
     def raw(name: str) -> pl.LazyFrame:
-        return pl.scan_delta(lk.table_uri(name), version=versions[name])
+        return pl.scan_delta(lk.table_uri(name), version=versions[name], storage_options=lk.storage.storage_options)
 
     base = raw(table)
     have = set(base.collect_schema().names())

@@ -156,6 +156,11 @@ class LakeWriter:
         if handle_signals:
             _install_signal_handlers()
 
+    @property
+    def committing(self) -> bool:
+        """Whether a background commit is running (its episodes are not acknowledged yet)."""
+        return self._bg is not None and self._bg.is_alive()
+
     # -- context manager -------------------------------------------------------------------------------------
     def __enter__(self) -> LakeWriter:
         return self
@@ -335,7 +340,7 @@ class LakeWriter:
             paths.append(self.lake.abs_path("episodes", path))
         if not paths:
             return {}
-        dataset = pads.dataset(paths, format="parquet")
+        dataset = pads.dataset(paths, format="parquet", filesystem=self.lake.filesystem)
         found = dataset.to_table(columns=["episode_id", "content_hash"],
                                  filter=pads.field("episode_id").isin(pa.array(wanted, pa.string())))
         return dict(zip(found["episode_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
@@ -346,7 +351,7 @@ class LakeWriter:
         if bounds is None:
             bounds = (None, None)
             with contextlib.suppress(Exception):  # unreadable footer: read the file instead of skipping it
-                meta = pq.ParquetFile(self.lake.abs_path("episodes", path)).metadata
+                meta = pq.ParquetFile(self.lake.abs_path("episodes", path), filesystem=self.lake.filesystem).metadata
                 col = meta.schema.to_arrow_schema().get_field_index("episode_id")
                 groups = [meta.row_group(i).column(col).statistics for i in range(meta.num_row_groups)]
                 if col >= 0 and groups and all(g is not None and g.has_min_max for g in groups):
@@ -833,13 +838,17 @@ def _return_free_memory() -> None:
 def _remove_uncommitted(lake: Lake, *action_lists: Sequence[Any]) -> None:
     for actions, name in zip(action_lists, ("turns", "gateway_events"), strict=False):
         for a in actions:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(lake.abs_path(name, a.path))
+            lake.remove_file(name, a.path)
 
 
 @contextlib.contextmanager
 def _commit_lock(lake: Lake) -> Iterator[None]:
-    """Serialise check-and-commit across processes on one machine (local lakes)."""
+    """Serialise check-and-commit across processes on one machine (local lakes). Object storage has no lock:
+    a race of two writers over the same episode id can commit it twice (identical content: ``compact`` removes
+    the copy, ``verify`` reports it); writers of distinct ids, the normal case, need none."""
+    if not lake.is_local:
+        yield
+        return
     path = lake.meta_dir / "commit.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:

@@ -44,7 +44,7 @@ def oracle_outcome(lake: str | Path, run_id: str) -> tuple[int, int, list[str]]:
     return len(rows), sum(1 for _, ok in rows if ok), [e for e, ok in rows if not ok]
 
 
-def run_quickstart(lake: Path, *, env: str = "mini-swe", split: str = "dev", seeds: Sequence[int] = (0, 1),
+def run_quickstart(lake: str | Path, *, env: str = "mini-swe", split: str = "dev", seeds: Sequence[int] = (0, 1),
                    workers: int = 2, resamples: int = 2000,
                    echo: Callable[[str], None] = lambda _: None) -> QuickstartResult:
     """Play the three policies, check the oracle, and build the report (rendering is the caller's)."""

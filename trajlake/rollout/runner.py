@@ -25,6 +25,7 @@ import numpy as np
 from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
 from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, TaskView, byte_tokenize
 from trajlake.errors import TrajlakeError
+from trajlake.lake.storage import is_uri
 from trajlake.record.episode import CostModel, build_episode, price_turns
 from trajlake.rollout.faults import (
     DEFAULT_FAULT_KINDS,
@@ -329,6 +330,11 @@ class RolloutConfig:
     the uncommitted ones, which the resumed run plays again. Each commit adds a version to three Delta tables
     and costs ~0.1 s whatever its size, so frequent commits from many workers grow the log that every reader
     replays and cost more per step (docs/benchmarks.md)."""
+    max_pending_episodes: int = 256
+    """The most finished episodes a worker holds before handing them to its writer, whatever
+    ``commit_every_s`` says. With the writer's own bound (it commits one batch at a time and the hand-over waits
+    for the previous commit), a worker whose writer is slower than its player holds at most twice this many
+    unacknowledged episodes: the player waits instead of piling them up (a bounded queue)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     cost_model: CostModel = field(default_factory=CostModel)
     """Prices of the run's tokens and tool time (recorded in the run's config)."""
@@ -359,6 +365,9 @@ class RolloutSummary:
     """Episodes of this run newly committed to the lake (counted in the lake after the workers finished)."""
     successes: int = 0
     failed_items: list[str] = field(default_factory=list)
+    worker_stats: list[dict[str, float]] = field(default_factory=list)
+    """Per Ray worker that finished: episodes played, the most unacknowledged episodes it held
+    (``max_held_episodes``), hand-overs forced by ``max_pending_episodes``, its peak RSS in MB."""
 
 
 class _Worker:
@@ -373,7 +382,7 @@ class _Worker:
 
         self.cfg = cfg
         self.env = make_env(cfg.env, split=cfg.split, **cfg.env_kwargs)
-        self.versions = PolicyVersions(Path(cfg.lake), cfg.policy_name or cfg.policy)
+        self.versions = PolicyVersions(cfg.lake, cfg.policy_name or cfg.policy)
         self.policy = make_rollout_policy(cfg.env, cfg.policy, self._current_version(), cfg.policy_args)
         self.task_view = task_view_fn(self.env, oracle=self.policy.needs_oracle)
         # The worker hands its finished episodes to the writer in one batch per commit (validation has a fixed
@@ -382,6 +391,10 @@ class _Worker:
         self.writer = LakeWriter(Lake.open(cfg.lake), max_age_seconds=0.0, handle_signals=False)
         self.pending: list[EpisodeRecord] = []
         self.pending_since: float | None = None
+        self.handed = 0  # episodes of the last hand-over (unacknowledged while its commit runs)
+        self.played = 0
+        self.max_held = 0
+        self.cap_handovers = 0
         self.faults = FaultInjector(cfg.fault_rate, cfg.fault_seed, tuple(cfg.fault_kinds), cfg.held_out_fault_kind)
 
     def _current_version(self) -> str:
@@ -401,8 +414,13 @@ class _Worker:
                            split=self.cfg.split, faults=self.faults, task_view=self.task_view,
                            cost_model=self.cfg.cost_model, policy_lag=self.versions.lag(self.policy.policy_version))
         self.pending.append(rec)
+        self.played += 1
+        self.max_held = max(self.max_held, len(self.pending) + (self.handed if self.writer.committing else 0))
         self.pending_since = self.pending_since if self.pending_since is not None else time.monotonic()
-        if time.monotonic() - self.pending_since >= self.cfg.commit_every_s:
+        if len(self.pending) >= self.cfg.max_pending_episodes:
+            self.cap_handovers += 1
+            self.hand_over()  # waits for the writer's previous commit: the player slows to the writer's pace
+        elif time.monotonic() - self.pending_since >= self.cfg.commit_every_s:
             self.hand_over()
         return rec.episode["episode_id"], bool(rec.episode["success"])
 
@@ -411,6 +429,13 @@ class _Worker:
         ``commit_every_s`` is 0: then before this returns)."""
         batch, self.pending, self.pending_since = self.pending, [], None
         write_records(self.writer, batch, wait=self.cfg.commit_every_s <= 0)
+        self.handed = len(batch)
+
+    def stats(self) -> dict[str, float]:
+        import resource
+
+        return {"played": self.played, "max_held_episodes": self.max_held, "cap_handovers": self.cap_handovers,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
     def close(self) -> None:
         try:
@@ -509,7 +534,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     summary = RolloutSummary(planned=len(items), skipped_existing=len(items) - len(todo))
     results: Iterable[tuple[str, bool, str | None]]
     if engine == "ray":
-        results = _run_ray(cfg, todo)
+        results = _run_ray(cfg, todo, summary.worker_stats)
     elif cfg.workers <= 1:
         _init_worker(cfg)
         results = (_run_item(it) for it in todo)
@@ -540,29 +565,52 @@ def _run_pool(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, b
         pool.join()
 
 
-def _run_ray(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, bool, str | None]]:
+def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], worker_stats: list[dict[str, float]] | None = None
+             ) -> Iterator[tuple[str, bool, str | None]]:
+    """Play ``todo`` on ``cfg.workers`` Ray actors (on the cluster ``ray.init`` found or started), one item in
+    flight per actor. An actor that dies (its node lost, the process killed) fails its item and the rest of
+    the run goes on with the others; the episodes it had not committed are played again by the resumed run."""
     try:
         import ray
+        from ray.exceptions import RayActorError
     except ImportError as e:
         raise TrajlakeError("--engine ray needs Ray: pip install 'trajlake[ray]'") from e
     if not ray.is_initialized():
         ray.init(num_cpus=max(1, cfg.workers), include_dashboard=False, log_to_driver=False)
 
-    ray_worker: Any = ray.remote(_RayWorker)
+    ray_worker: Any = ray.remote(max_restarts=0)(_RayWorker)
     actors: list[Any] = [ray_worker.remote(cfg) for _ in range(max(1, cfg.workers))]
-    pending = {}
+    pending: dict[Any, tuple[Any, WorkItem]] = {}
     queue = list(todo)
+    alive = list(actors)
     for a in actors:
         if queue:
-            pending[a.run.remote(queue.pop(0))] = a
+            item = queue.pop(0)
+            pending[a.run.remote(item)] = (a, item)
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
         ref = ready[0]
-        actor = pending.pop(ref)
-        yield ray.get(ref)
+        actor, item = pending.pop(ref)
+        try:
+            yield ray.get(ref)
+        except RayActorError as e:
+            alive.remove(actor)
+            yield f"{item.task_id}/s{item.seed}", False, f"Ray worker died: {str(e).splitlines()[0]}"
+            if not alive:
+                for left in queue:
+                    yield f"{left.task_id}/s{left.seed}", False, "no Ray worker left"
+                queue.clear()
+            continue
         if queue:
-            pending[actor.run.remote(queue.pop(0))] = actor
-    ray.get([a.close.remote() for a in actors])
+            item = queue.pop(0)
+            pending[actor.run.remote(item)] = (actor, item)
+    for a in alive:
+        try:
+            stats = ray.get(a.close.remote())
+        except RayActorError:
+            continue  # died after its last item: its uncommitted episodes are counted as not written
+        if worker_stats is not None:
+            worker_stats.append(stats)
 
 
 class _RayWorker:
@@ -574,13 +622,15 @@ class _RayWorker:
     def run(self, item: WorkItem) -> tuple[str, bool, str | None]:
         return _run_item(item)
 
-    def close(self) -> None:
-        if _WORKER is not None:
-            _WORKER.close()
+    def close(self) -> dict[str, float]:
+        if _WORKER is None:
+            return {}
+        _WORKER.close()
+        return _WORKER.stats()
 
 
 #: Settings that do not change what a run plays (how fast or where it ran): a resumed run may change them.
-_EXECUTION_KEYS = frozenset({"workers", "engine", "commit_every_s", "reproduce"})
+_EXECUTION_KEYS = frozenset({"workers", "engine", "commit_every_s", "reproduce", "max_pending_episodes"})
 
 
 def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
@@ -592,6 +642,7 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             "commit_every_s": cfg.commit_every_s, "reproduce": reproduce_command(cfg),
             # Keys added after the first runs appear only when set, so resuming an older run still matches.
             **({"attempts": cfg.attempts} if cfg.attempts != 1 else {}),
+            **({"max_pending_episodes": cfg.max_pending_episodes} if cfg.max_pending_episodes != 256 else {}),
             **({"policy_args": cfg.policy_args} if cfg.policy_args else {}),
             **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {}),
             **({"data_cutoff": cfg.data_cutoff} if cfg.data_cutoff else {}),
@@ -655,7 +706,8 @@ def reproduce_command(cfg: RolloutConfig) -> str:
     """The ``trajlake rollout`` command line that plays this run again (into the lake it names)."""
     import shlex
 
-    args = ["trajlake", "rollout", "--lake", str(Path(cfg.lake).absolute()), "--env", cfg.env, "--policy", cfg.policy, "--split", cfg.split,
+    lake = cfg.lake if is_uri(cfg.lake) else str(Path(cfg.lake).absolute())
+    args = ["trajlake", "rollout", "--lake", lake, "--env", cfg.env, "--policy", cfg.policy, "--split", cfg.split,
             "--seeds", format_seeds(cfg.seeds), "--run-id", cfg.run_id, "--workers", str(cfg.workers),
             "--engine", cfg.engine, "--commit-every", f"{cfg.commit_every_s:g}"]
     if cfg.fault_rate:
@@ -675,6 +727,8 @@ def reproduce_command(cfg: RolloutConfig) -> str:
         args += ["--env-arg", f"{k}={json.dumps(v)}"]
     if cfg.attempts != 1:
         args += ["--attempts", str(cfg.attempts)]
+    if cfg.max_pending_episodes != 256:
+        args += ["--max-pending-episodes", str(cfg.max_pending_episodes)]
     for k, v in sorted(cfg.policy_args.items()):
         args += ["--policy-arg", f"{k}={v}"]
     if cfg.task_ids:

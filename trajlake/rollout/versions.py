@@ -11,17 +11,27 @@ import json
 import os
 from pathlib import Path
 
+from trajlake.lake.storage import LakeStorage, is_uri
+
 
 class PolicyVersions:
-    """The ordered list of published versions of one policy, in ``<lake>/_trajlake/policies/<name>.json``."""
+    """The ordered list of published versions of one policy, in ``<lake>/_trajlake/policies/<name>.json``.
 
-    def __init__(self, lake_root: Path, policy: str):
-        self.path = Path(lake_root) / "_trajlake" / "policies" / f"{policy}.json"
+    On object storage the list is one object rewritten by the trainer (one publisher) and read by the workers;
+    there is no lock, so two concurrent publishers of the same policy could lose a label there."""
+
+    def __init__(self, lake_root: str | Path, policy: str):
+        self.remote = LakeStorage(lake_root) if is_uri(str(lake_root)) else None
+        self._parts = ("_trajlake", "policies", f"{policy}.json")
+        self.path = Path(lake_root).joinpath(*self._parts) if self.remote is None else Path(*self._parts)
         self.policy = policy
 
     def all(self) -> list[str]:
         try:
-            data = json.loads(self.path.read_text())
+            if self.remote is not None:
+                data = json.loads(self.remote.read_bytes(*self._parts))
+            else:
+                data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return []
         return [str(v) for v in data.get("versions", [])]
@@ -31,6 +41,13 @@ class PolicyVersions:
         return versions[-1] if versions else f"{self.policy}-v0"
 
     def publish(self, label: str) -> None:
+        if self.remote is not None:
+            versions = self.all()
+            if label not in versions:
+                versions.append(label)
+                self.remote.write_bytes(json.dumps({"policy": self.policy, "versions": versions}).encode(),
+                                        *self._parts)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "a+") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)

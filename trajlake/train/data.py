@@ -211,6 +211,8 @@ class _Turn:
     source: tuple[str, int]
     """(file, row group) the row came from."""
     owned: bool = False
+    filesystem: Any = None
+    """The lake's ``pyarrow.fs`` filesystem for ``source`` (None: a local path)."""
 
     def own(self) -> None:
         """Copy the array slices, so an episode still open at the end of a batch does not keep the batch."""
@@ -381,7 +383,8 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
             if runs is not None and run is not None and run not in runs:
                 continue  # another shard's partition
             path = self.lake.abs_path("turns", f.path)
-            with pq.ParquetFile(path, page_checksum_verification=True) as pf:
+            # the lake's filesystem: None (plain paths) locally, S3 for a lake on object storage
+            with pq.ParquetFile(path, page_checksum_verification=True, filesystem=self.lake.filesystem) as pf:
                 md = pf.schema_arrow.metadata or {}
                 check_schema_version(md.get(PARQUET_SCHEMA_KEY), path)
                 names = set(pf.schema_arrow.names)
@@ -479,7 +482,8 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
                     values, offsets, _ = parts
                     arrays.append(values[offsets[i]:offsets[i + 1]])
             ep.turns[k] = _Turn(k, actor[i], role[i], tok[i], dropped[i], strategy[i], schema_[i], raw[i],
-                                arrays[0], arrays[1], arrays[2], raw_read, source)
+                                arrays[0], arrays[1], arrays[2], raw_read, source,
+                                filesystem=self.lake.filesystem)
             if len(ep.turns) == ep.n_turns:
                 done.append(eid)
         return done
@@ -638,7 +642,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
             if not t.raw_read:
                 lacking.setdefault(t.source, []).append(t)
         for (path, rg), ts in lacking.items():
-            with pq.ParquetFile(path, page_checksum_verification=True) as pf:
+            with pq.ParquetFile(path, page_checksum_verification=True, filesystem=ts[0].filesystem) as pf:
                 tab = pf.read_row_group(rg, columns=["episode_id", "turn_idx", "raw_content"])
             tab = tab.filter(pc.equal(tab["episode_id"], pa.scalar(eid)))
             raw = dict(zip(tab["turn_idx"].to_pylist(), tab["raw_content"].to_pylist(), strict=True))

@@ -275,7 +275,7 @@ def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResul
         _refuse_trained_stages(cfg, lake)
     _barrier(dist)
     model_path = _base_model(cfg, out_dir, dist)
-    versions = PolicyVersions(Path(lake), cfg.name)
+    versions = PolicyVersions(lake, cfg.name)
     current_version = f"{cfg.name}-base"
     if dist.main:
         versions.publish(current_version)
