@@ -74,6 +74,10 @@ def test_smoke_episodes_carry_pinned_versions_and_lag(smoke: tuple[Path, Path, s
     # every policy turn of an R1 rollout is pinned to its episode's version
     assert con.execute("select count(*) from turns t join episodes e using (episode_id) where t.actor = 'policy' "
                        "and e.run_id like 'R1%' and t.policy_version <> e.policy_version_start").fetchone()[0] == 0
+    # the policy's price_out (100 USD per million completion tokens) is the run's price: R1's return charges it
+    for cost, tokens_out, tool in con.execute("select cost_usd, tokens_out, tool_seconds from episodes "
+                                              "where run_id = 'R1-it1'").fetchall():
+        assert cost == pytest.approx(tokens_out * 100 / 1e6 + tool * 0.04 / 3600) and cost > 0.001
     # groups: 2 attempts of each (task, seed)
     assert con.execute("select min(n), max(n) from (select count(*) n from episodes where run_id = 'R1-it1' "
                        "group by group_id)").fetchone() == (2, 2)

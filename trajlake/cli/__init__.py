@@ -328,15 +328,12 @@ def rollout(
     if base_url:
         args["base_url"] = base_url
     check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
-    # --policy-arg price_in / price_out are the run's prices too (the cost model prices the reported usage).
-    price_in = price_in or float(args.get("price_in", 0) or 0)
-    price_out = price_out or float(args.get("price_out", 0) or 0)
     if engine not in ("local", "ray"):
         raise TrajlakeError(f"--engine must be local or ray, not {engine!r}")
     if not 0.0 <= fault_rate <= 1.0:
         raise TrajlakeError("--fault-rate must be between 0 and 1")
-    cost = CostModel(price_in, price_out) if price_tool_second is None else \
-        CostModel(price_in, price_out, price_tool_second)
+    # --policy-arg price_in / price_out are the run's prices too (the cost model prices the reported usage).
+    cost = CostModel.for_run(args, price_in, price_out, price_tool_second)
     env_kwargs = _parse_env_args(env_arg, allow_unisolated)
     injection = injection or file_cfg.get("injection")
     if injection:

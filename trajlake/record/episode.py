@@ -56,6 +56,17 @@ class CostModel:
     def to_config(self) -> dict[str, float]:
         return asdict(self)
 
+    @classmethod
+    def for_run(cls, policy_args: Mapping[str, Any], price_in: float = 0.0, price_out: float = 0.0,
+                price_tool_second: float | None = None) -> CostModel:
+        """A run's cost model: the explicit prices, else a language-model policy's ``price_in``/``price_out``
+        settings (``--policy-arg``), so the prices a policy is given are the ones its turns are charged."""
+        p_in = price_in or float(policy_args.get("price_in", 0) or 0)
+        p_out = price_out or float(policy_args.get("price_out", 0) or 0)
+        if price_tool_second is None:
+            return cls(p_in, p_out)
+        return cls(p_in, p_out, price_tool_second)
+
 
 def group_id_for(task_id: str, task_version: str, env_seed: int | None, env_version: str) -> str:
     """The GRPO/RLOO group of an episode: same task, seed and environment version."""

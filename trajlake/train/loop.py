@@ -363,6 +363,7 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
              version: str | None, log: Log, *, scripted: str | None = None, fault_rate: float | None = None) -> None:
     """Play ``spec`` into the lake through the rollout runner: the checkpoint in ``policy_folder`` as an ``hf:``
     policy pinned to ``version``, or a scripted policy of the environment."""
+    from trajlake.record.episode import CostModel
     from trajlake.rollout.faults import DEFAULT_FAULT_KINDS
     from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 
@@ -377,7 +378,8 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
                        fault_rate=spec.fault_rate if fault_rate is None else fault_rate,
                        fault_seed=cfg.seed, policy_version=version, attempts=spec.attempts, policy_args=args,
                        task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=0.0,
-                       env_kwargs=dict(spec.env_args), held_out_fault_kind=spec.held_out_fault_kind,
+                       env_kwargs=dict(spec.env_args), cost_model=CostModel.for_run(args),
+                       held_out_fault_kind=spec.held_out_fault_kind,
                        fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS)
     t0 = time.monotonic()
     summary = run_rollout(rc)
