@@ -181,6 +181,7 @@ name = "r23"
 out_dir = "{out}"
 device = "cpu"
 lambda_cost = 1.0
+policy_loss = "reinforce"
 [model]
 path = "{model}"
 [[stages]]
@@ -240,6 +241,6 @@ def test_r2_process_reward_and_r3_ppo_with_the_fault_curriculum(tmp_path: Path) 
     r3 = [r for r in log if r["stage"] == "R3"]
     assert len(r3) == 2 and all(r["value_loss"] is not None and math.isfinite(r["value_loss"]) for r in r3)
     r2 = [r for r in log if r["stage"] == "R2"]
-    assert len(r2) == 1 and math.isfinite(r2[0]["loss"])
+    assert len(r2) == 1 and math.isfinite(r2[0]["loss"]) and r2[0]["clip_frac"] is None  # REINFORCE: no clip
     assert dict(con.execute("select run_id, policy_version from runs where run_id like '%.train'").fetchall()) == {
         "R2.train": "r23-R2", "R3.train": "r23-R3"}

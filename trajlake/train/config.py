@@ -153,6 +153,10 @@ class TrainConfig:
     """lambda_s of 19.3: weight of the episode's gateway denials (safety violations)."""
     clip_low: float = 0.2
     clip_high: float = 0.2
+    policy_loss: Literal["clip", "reinforce"] = "clip"
+    """``clip``: the clipped surrogate against the behaviour log-probs (PPO/GRPO style). ``reinforce``: plain
+    REINFORCE with the baseline already in the advantage (19.2), every episode weighted by its truncated
+    trajectory ratio min(rho, c) (after the first update of an iteration every episode is slightly off-policy)."""
     ratio_level: Literal["token", "sequence"] = "token"
     is_max_weight: float = 2.0
     """Truncation c of the trajectory-level importance weight min(rho, c) for off-policy episodes (lag > 0)."""

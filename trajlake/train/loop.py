@@ -628,17 +628,23 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     lags = torch.tensor([lag[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
     seq_log_ratio = tm.sequence_log_ratio(out["logp"].detach(), old, mask)
     lengths = mask.sum(-1)
-    weights = torch.where(lags > 0, tm.truncated_importance_weights(seq_log_ratio, cfg.is_max_weight),
-                          torch.ones_like(seq_log_ratio))
+    truncated = tm.truncated_importance_weights(seq_log_ratio, cfg.is_max_weight)
+    weights = truncated if cfg.policy_loss == "reinforce" else torch.where(lags > 0, truncated,
+                                                                           torch.ones_like(seq_log_ratio))
     denominator = _denominator(cfg, n_tokens)
     value_loss = None
     if stage.algo == "ppo":
         advantages, value_loss = _gae_advantages(cfg, out, batch, returns, mask)
     else:
         advantages = batch["advantage"].to(dev).float()
-    loss, stats = tm.ppo_clip_loss(out["logp"], old, advantages, mask, clip_low=cfg.clip_low,
-                                   clip_high=cfg.clip_high, level=cfg.ratio_level, mode=cfg.loss_aggregation,
-                                   denominator=denominator, is_weights=weights)
+    if cfg.policy_loss == "reinforce":
+        scale = weights if advantages.dim() == 1 else weights[:, None]
+        loss = tm.reinforce_loss(out["logp"], advantages * scale, mask, cfg.loss_aggregation, denominator)
+        stats: dict[str, float] = {}
+    else:
+        loss, stats = tm.ppo_clip_loss(out["logp"], old, advantages, mask, clip_low=cfg.clip_low,
+                                       clip_high=cfg.clip_high, level=cfg.ratio_level, mode=cfg.loss_aggregation,
+                                       denominator=denominator, is_weights=weights)
     kl = tm.kl_to_behavior(out["logp"], old, mask)
     if cfg.kl_coef:
         loss = loss + cfg.kl_coef * kl
