@@ -118,6 +118,7 @@ name = "dp"
 out_dir = "{out}"
 seed = 0
 device = "cpu"
+loss_aggregation = "{aggregation}"
 [model]
 path = "{model}"
 [[stages]]
@@ -136,16 +137,18 @@ tasks = ["mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_train_like_one(tmp_path: Path) -> None:
-    """torchrun with 2 CPU processes (gloo): each rank reads half of every global batch; the global token-mean
-    and the summed gradients give the same weights as one process on the whole batch."""
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_two_gloo_processes_train_like_one(tmp_path: Path, aggregation: str) -> None:
+    """torchrun with 2 CPU processes (gloo): each rank reads half of every global batch; the global normaliser
+    (policy tokens, or sequences for the seq-mean modes) and the summed gradients give the same losses and
+    weights as one process on the whole batch."""
     import torch
 
     from trajlake.policies.tiny import build_tiny_model
     from trajlake.rollout.runner import RolloutConfig, run_rollout
 
     model = build_tiny_model(tmp_path / "model", max_positions=16384)
-    outs, losses = {}, {}
+    outs, losses, norms = {}, {}, {}
     for world in (1, 2):
         lake = tmp_path / f"lake{world}"
         # the same oracle data in both lakes, played before training so both read identical episodes
@@ -154,7 +157,7 @@ def test_two_gloo_processes_train_like_one(tmp_path: Path) -> None:
                                       "mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0",
                                       "mini-swe/rangeset/drop_guard/0", "mini-swe/textkit/flip_boolean/0")))
         cfg = tmp_path / f"dp{world}.toml"
-        cfg.write_text(SFT_ONLY.format(out=tmp_path / f"out{world}", model=model))
+        cfg.write_text(SFT_ONLY.format(out=tmp_path / f"out{world}", model=model, aggregation=aggregation))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                "-m", "trajlake", "train", "--config", str(cfg), "--lake", str(lake)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -163,12 +166,15 @@ def test_two_gloo_processes_train_like_one(tmp_path: Path) -> None:
         from safetensors.torch import load_file
 
         outs[world] = load_file(str(tmp_path / f"out{world}" / "B1" / "model.safetensors"))
-        losses[world] = [r["loss"] for r in pq.read_table(tmp_path / f"out{world}" / "train_log.parquet").to_pylist()]
+        log = pq.read_table(tmp_path / f"out{world}" / "train_log.parquet").to_pylist()
+        losses[world] = [r["loss"] for r in log]
+        norms[world] = [r["grad_norm"] for r in log]
         base = load_file(str(model / "model.safetensors"))
     assert any(not torch.equal(outs[1][k], base[k]) for k in base)  # training moved the weights
     # the same global loss at every step, and the same update (Adam divides by sqrt(v), which magnifies
     # float-order differences of near-zero gradients a little: 1e-4 is 1% of one step at lr 0.01)
     assert losses[2] == pytest.approx(losses[1], rel=1e-5)
+    assert norms[2] == pytest.approx(norms[1], rel=1e-4)  # the summed gradient is one batch's, not world x it
     for k in outs[1]:
         torch.testing.assert_close(outs[2][k], outs[1][k], rtol=1e-3, atol=1e-4)
     runs = json.loads(connect(tmp_path / "lake2").execute("select config from runs where run_id = 'B1.train'"

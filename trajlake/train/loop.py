@@ -434,19 +434,20 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
     for step in range(stage.steps):
         batch = next(batches)
         n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
+        denominator = _denominator(cfg, dist, batch, n_tokens)  # a collective: every rank, every step
         if n_tokens == 0:
             raise TrainError(f"stage {stage.name}: no policy tokens to learn from in runs {', '.join(runs)} "
                              f"(success_only={stage.success_only}; {dataset.stats})")
         if batch:
             out = learner.forward(batch, cfg.temperature)
             mask = batch["loss_mask"].to(learner.device)
-            loss = tm.sft_loss(out["logp"], mask, cfg.loss_aggregation, denominator=_denominator(cfg, n_tokens))
+            loss = tm.sft_loss(out["logp"], mask, cfg.loss_aggregation, denominator=denominator)
             entropy = float(tm.masked_mean(out["entropy"].detach(), mask))
         else:  # this rank's shard is empty: it still takes part in the gradient sum
             loss = sum(p.sum() * 0.0 for p in learner.parameters())
             entropy = float("nan")
         grad_norm = learner.step(loss, cfg.grad_clip)
-        value = _all_sum(dist, float(loss.detach())) / (1 if cfg.loss_aggregation == "token-mean" else dist.world)
+        value = _all_sum(dist, float(loss.detach()))  # each rank's share of the global normaliser
         losses.append(value)
         tokens += int(n_tokens)
         train_log.add({"stage": stage.name, "iteration": 0, "step": step, "loss": value, "kl": None,
@@ -463,9 +464,13 @@ def _per_rank(batch_size: int, dist: Dist) -> int:
     return max(1, math.ceil(batch_size / dist.world))
 
 
-def _denominator(cfg: TrainConfig, global_tokens: float) -> float | None:
-    """The global token count for ``token-mean`` (so ranks and micro-batches add up to one batch's loss)."""
-    return global_tokens if cfg.loss_aggregation == "token-mean" else None
+def _denominator(cfg: TrainConfig, dist: Dist, batch: dict[str, Any], global_tokens: float) -> float:
+    """The loss's global normaliser, so that the ranks' summed gradients equal one batch's: the policy-token
+    count for ``token-mean``, else the number of sequences with at least one policy token (all-reduced)."""
+    if cfg.loss_aggregation == "token-mean":
+        return global_tokens
+    local = float((batch["loss_mask"].sum(-1) > 0).sum()) if batch else 0.0
+    return _all_sum(dist, local)
 
 
 def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, Any]]:
@@ -610,6 +615,7 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     from trajlake.train import math as tm
 
     n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
+    denominator = _denominator(cfg, dist, batch, n_tokens)  # a collective: every rank, every step
     if n_tokens == 0:
         raise TrainError(f"stage {stage.name}: no policy tokens with behaviour log-probs to learn from")
     if not batch:
@@ -631,7 +637,6 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     truncated = tm.truncated_importance_weights(seq_log_ratio, cfg.is_max_weight)
     weights = truncated if cfg.policy_loss == "reinforce" else torch.where(lags > 0, truncated,
                                                                            torch.ones_like(seq_log_ratio))
-    denominator = _denominator(cfg, n_tokens)
     value_loss = None
     if stage.algo == "ppo":
         advantages, value_loss = _gae_advantages(cfg, out, batch, returns, mask)
@@ -652,7 +657,7 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
         loss = loss + cfg.value_coef * value_loss
     grad_norm = learner.step(loss, cfg.grad_clip)
     diag = tm.ratio_diagnostics(seq_log_ratio, lengths, max_weight=cfg.is_max_weight)
-    return {"loss": _all_sum(dist, float(loss.detach())) / (1 if denominator else dist.world),
+    return {"loss": _all_sum(dist, float(loss.detach())),
             "kl": float(kl.detach()), "entropy": float(tm.masked_mean(out["entropy"].detach(), mask)),
             "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
             "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
