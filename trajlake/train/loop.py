@@ -19,6 +19,7 @@ rollouts, writes the lake and saves checkpoints; the others wait at a barrier.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -136,7 +137,7 @@ class Learner:
         ids = batch["input_ids"].to(self.device)
         attn = batch["attention_mask"].to(self.device)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.startswith("cuda") \
-            else _nullcontext()
+            else contextlib.nullcontext()
         with autocast:
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=self.value_head is not None)
         logits = out.logits.float()
@@ -145,6 +146,10 @@ class Learner:
         if self.value_head is not None:
             result["values"] = self.value_head(out.hidden_states[-1].float()).squeeze(-1)
         return result
+
+    def zero_loss(self) -> Any:
+        """A loss of 0 connected to every parameter: a rank with an empty shard still joins the gradient sum."""
+        return sum(p.sum() * 0.0 for p in self.parameters())
 
     def step(self, loss: Any, grad_clip: float) -> float:
         """Backward, sum gradients across ranks, clip, step. Returns the gradient norm."""
@@ -180,14 +185,6 @@ class Learner:
             self.torch.save(self.value_head.state_dict(), folder / "value_head.pt")
         self.model_path = folder
         return checkpoint_hash(f"hf:{folder}") or ""
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 # -- the training log ----------------------------------------------------------------------------------------
@@ -444,7 +441,7 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
             loss = tm.sft_loss(out["logp"], mask, cfg.loss_aggregation, denominator=denominator)
             entropy = float(tm.masked_mean(out["entropy"].detach(), mask))
         else:  # this rank's shard is empty: it still takes part in the gradient sum
-            loss = sum(p.sum() * 0.0 for p in learner.parameters())
+            loss = learner.zero_loss()
             entropy = float("nan")
         grad_norm = learner.step(loss, cfg.grad_clip)
         value = _all_sum(dist, float(loss.detach()))  # each rank's share of the global normaliser
@@ -619,7 +616,7 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     if n_tokens == 0:
         raise TrainError(f"stage {stage.name}: no policy tokens with behaviour log-probs to learn from")
     if not batch:
-        loss = sum(p.sum() * 0.0 for p in learner.parameters())
+        loss = learner.zero_loss()
         grad_norm = learner.step(loss, cfg.grad_clip)
         return {"loss": _all_sum(dist, 0.0), "kl": None, "entropy": None, "lr": learner.lr, "grad_norm": grad_norm,
                 "policy_tokens": int(n_tokens), "ratio_mean": None, "ratio_max": None, "log_ratio_var": None,
