@@ -15,6 +15,8 @@ object_store reads, ``AZURE_STORAGE_ACCOUNT_NAME``, ``AZURE_STORAGE_ACCOUNT_KEY`
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import os
 from collections.abc import Mapping
@@ -94,6 +96,12 @@ class AzureSettings:
         sas = _env(env, "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_SAS_KEY") or cs.get("sharedaccesssignature")
         if emulator and not key and not sas:
             key = EMULATOR_KEY
+        if key:
+            try:
+                base64.b64decode(key, validate=True)
+            except binascii.Error:
+                raise TrajlakeError(f"{uri}: the Azure account key is not base64 (copy it whole from the portal's "
+                                    f"Access keys; {AZURE_HELP})") from None
         endpoint = _env(env, "AZURE_STORAGE_ENDPOINT") or cs.get("blobendpoint")
         if not endpoint and emulator:
             endpoint = (_env(env, "AZURITE_BLOB_STORAGE_URL") or EMULATOR_URL).rstrip("/") + "/" + account
