@@ -75,6 +75,7 @@ def test_emulator_uses_the_well_known_account_and_the_azurite_url() -> None:
      "plain http; set AZURE_ALLOW_HTTP=true"),
     ("az://cont/p", {"AZURE_STORAGE_ACCOUNT_NAME": "a", "AZURE_STORAGE_ENDPOINT": "https://other.example/x"},
      "neither https://a.<host> nor"),
+    ("gs://bucket/lake", {}, "az://container/prefix (Google Cloud Storage lakes are not supported yet"),
 ])
 def test_bad_azure_settings_are_one_line_naming_the_uri(uri: str, env: dict[str, str], message: str) -> None:
     with pytest.raises(TrajlakeError) as e:
