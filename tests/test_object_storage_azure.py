@@ -10,6 +10,7 @@ import json
 import pytest
 
 from tests.conftest import run_cli
+from tests.test_object_storage import assert_trainer_reads_the_sql_tokens
 from trajlake import Lake, TrajlakeError, connect
 from trajlake.lake.storage import EMULATOR_ACCOUNT, EMULATOR_KEY, LakeStorage
 
@@ -94,8 +95,9 @@ def test_missing_container_names_the_uri(azurite: object, az_lake_uri: str) -> N
 
 
 @pytest.mark.slow
-def test_az_sql_and_eval(az_lake_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """rollout writes two runs through the CLI; ``trajlake sql`` and ``eval`` read them back through DuckDB."""
+def test_az_sql_eval_and_trainer_reader(az_lake_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """rollout writes two runs through the CLI; ``trajlake sql`` and ``eval`` read them back through DuckDB, the
+    trainer's reader through pyarrow."""
     from trajlake.envs import list_tasks
 
     uri = az_lake_uri
@@ -119,3 +121,7 @@ def test_az_sql_and_eval(az_lake_uri: str, capsys: pytest.CaptureFixture[str]) -
         "select map_from_entries(list((table_name, version))) from lake_versions").fetchone()[0]
     for run in ("oracle", "random"):
         assert report["runs"][run]["n_episodes"] == 2 and report["runs"][run]["n_tasks"] == 2
+    # the demo's runs carry token ids (the rollouts above are text-only)
+    code, _, err = run_cli(capsys, "demo", "--lake", uri, "--seeds", "1", "--tasks", "2")
+    assert code == 0, err
+    assert_trainer_reads_the_sql_tokens(uri, "demo-R1")

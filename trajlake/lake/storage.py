@@ -155,7 +155,7 @@ class AzureSettings:
                         dfs_storage_scheme=ep.scheme)
         try:
             return pafs.AzureFileSystem(**args)
-        except (OSError, ValueError) as e:  # e.g. a key that is not base64
+        except (OSError, ValueError, TypeError) as e:  # TypeError: a pyarrow too old for sas_token
             raise TrajlakeError(f"{uri}: unusable Azure credentials ({one_line(e)[:160]}); {AZURE_HELP}") from e
 
     def connection_string(self) -> str | None:
