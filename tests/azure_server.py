@@ -10,13 +10,17 @@ breaks every second commit to a table."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +41,17 @@ class AzuriteServer:
     def env(self) -> dict[str, str]:
         """The variables a trajlake process needs to reach this emulator (object_store's own names)."""
         return {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": self.url}
+
+    @staticmethod
+    def account_sas(key: str = EMULATOR_KEY, version: str = "2021-08-06") -> str:
+        """An account SAS token (blob service; read, write, delete, list, add, create) signed with ``key``, as
+        the portal's "Shared access signature" page makes them (without the leading ``?``)."""
+        fields = {"sv": version, "ss": "b", "srt": "sco", "sp": "rwdlac", "se": "2099-01-01T00:00:00Z",
+                  "spr": "https,http"}
+        to_sign = "\n".join([EMULATOR_ACCOUNT, fields["sp"], fields["ss"], fields["srt"], "", fields["se"], "",
+                             fields["spr"], version, "", ""])
+        sig = base64.b64encode(hmac.new(base64.b64decode(key), to_sign.encode(), hashlib.sha256).digest()).decode()
+        return urllib.parse.urlencode({**fields, "sig": sig})
 
     def create_container(self, name: str) -> None:
         import pyarrow.fs as pafs

@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.azure_server import AzuriteServer
+from tests.conftest import make_episode, run_cli
 from tests.test_object_storage import assert_trainer_reads_the_sql_tokens
-from trajlake import Lake, TrajlakeError, connect
+from trajlake import Lake, LakeWriter, TrajlakeError, connect, verify
 from trajlake.lake.storage import EMULATOR_ACCOUNT, EMULATOR_KEY, LakeStorage
 
 KEY = "c2VjcmV0LWtleS1ieXRlcw=="  # base64, as Azure account keys are
@@ -92,6 +93,33 @@ def test_missing_container_names_the_uri(azurite: object, az_lake_uri: str) -> N
         Lake.init(uri)
     with pytest.raises(TrajlakeError, match="not a trajlake lake"):
         Lake.open(az_lake_uri)
+
+
+@pytest.mark.slow
+def test_az_sas_token_and_abfss_spelling(az_lake_uri: str, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A SAS token instead of the key reaches every layer (delta-rs commits, pyarrow files, DuckDB queries); a
+    lake written as abfss:// reads back as az://; a SAS with a wrong signature is one access-denied line."""
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", "?" + AzuriteServer.account_sas())
+    container_path = az_lake_uri.removeprefix("az://")
+    lake = Lake.init(f"abfss://{container_path}")
+    assert lake.storage.storage_options is not None and "azure_storage_account_key" not in lake.storage.storage_options
+    with LakeWriter(lake, handle_signals=False) as w:
+        for i in range(3):
+            ep, turns = make_episode(f"sas-{i}", run_id="run-sas", n_steps=2)
+            w.write_batch([ep], turns)
+            w.flush()
+    code, out, err = run_cli(capsys, "sql", "--lake", az_lake_uri, "-f", "csv",
+                             "select count(*), sum(n_turns) from episodes")
+    assert code == 0, err
+    assert out.strip().splitlines()[1:] == ["3,15"]
+    assert connect(lake).execute("select count(*) from turns").fetchone() == (15,)
+    assert verify(Lake.open(az_lake_uri)).ok
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", AzuriteServer.account_sas(key="d3Jvbmcta2V5LWZvci1zaWduaW5n"))
+    with pytest.raises(TrajlakeError) as e:
+        Lake.open(az_lake_uri)
+    assert str(e.value).startswith(az_lake_uri) and "access denied" in str(e.value) and "\n" not in str(e.value)
+    assert "AZURE_STORAGE_SAS_TOKEN" in str(e.value)
 
 
 @pytest.mark.slow

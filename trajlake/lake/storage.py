@@ -140,7 +140,7 @@ class AzureSettings:
         if self.key:
             args["account_key"] = self.key
         elif self.sas_token:
-            args["sas_token"] = self.sas_token
+            args["sas_token"] = "?" + self.sas_token  # pyarrow appends it to URLs as given: with its "?"
         if self.endpoint:
             ep = urlsplit(self.endpoint)
             if ep.path.strip("/") == self.account:  # path style: http://host:port/<account> (Azurite)
