@@ -87,7 +87,7 @@ def test_bad_azure_settings_are_one_line_naming_the_uri(uri: str, env: dict[str,
         assert "AZURE_STORAGE_ACCOUNT_NAME" in str(e.value)
 
 
-def test_missing_container_names_the_uri(azurite: object, az_lake_uri: str) -> None:
+def test_missing_container_names_the_uri(az_lake_uri: str) -> None:
     uri = "az://no-such-container/lake"
     with pytest.raises(TrajlakeError, match="container does not exist"):
         Lake.init(uri)
