@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.azure_server import az_lake_uri, azurite  # noqa: F401  (fixtures: a loopback Azure blob store)
 from tests.s3_server import s3_lake_uri, s3_server  # noqa: F401  (fixtures: a loopback S3 server)
 from trajlake import Lake, LakeWriter, open_lake
 from trajlake.demo import write_demo

@@ -1,6 +1,7 @@
-"""Lakes on object storage (``s3://bucket/prefix``) against a real S3 API on loopback (moto's server, started by
-the tests): the whole write/read/verify/compact cycle through the CLI, concurrent writer processes, a writer
-killed mid commit, and a wrong credential."""
+"""Lakes on object storage against real APIs on loopback started by the tests: S3 (``s3://bucket/prefix``, moto's
+server) and Azure Blob Storage (``az://container/prefix``, Azurite): the whole write/read/verify/compact cycle
+through the CLI, concurrent writer processes, a writer killed mid commit and a wrong credential on each store;
+every command on S3."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import deltalake
@@ -17,11 +19,33 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from tests.azure_server import AzuriteServer
 from tests.conftest import make_episode, run_cli
 from tests.s3_server import S3Server
 from trajlake import Lake, LakeWriter, TrajlakeError, compact, connect, open_lake, scan, verify
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class StoreLake:
+    """A new empty lake URI on one store, with what a test needs to know about that store."""
+
+    uri: str
+    env: dict[str, str]  # the variables a child process needs to reach the store
+    secret_var: str  # the variable holding the secret key
+    help_vars: tuple[str, ...]  # variables the access-denied line must name
+
+
+@pytest.fixture(params=["s3", "azure"])
+def store_lake(request: pytest.FixtureRequest) -> StoreLake:
+    if request.param == "s3":
+        server: S3Server = request.getfixturevalue("s3_server")
+        return StoreLake(request.getfixturevalue("s3_lake_uri"), server.env(), "AWS_SECRET_ACCESS_KEY",
+                         ("AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"))
+    azurite: AzuriteServer = request.getfixturevalue("azurite")
+    return StoreLake(request.getfixturevalue("az_lake_uri"), azurite.env(), "AZURE_STORAGE_ACCOUNT_KEY",
+                     ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_USE_EMULATOR"))
 
 
 def _count(lake: Lake | str, sql: str) -> int:
@@ -40,42 +64,44 @@ def _write(lake: Lake, prefix: str, n: int, run_id: str = "run-s3", per_commit: 
 
 
 @pytest.mark.slow
-def test_s3_write_read_verify_compact_cycle(s3_lake_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "init", "--lake", s3_lake_uri)
+def test_object_store_write_read_verify_compact_cycle(store_lake: StoreLake,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    uri = store_lake.uri
+    code, out, err = run_cli(capsys, "init", "--lake", uri)
     assert code == 0, err
-    assert s3_lake_uri in out
-    lake = open_lake(s3_lake_uri)
-    assert not lake.is_local and lake.location == s3_lake_uri
+    assert uri in out
+    lake = open_lake(uri)
+    assert not lake.is_local and lake.location == uri
     _write(lake, "a", 6, per_commit=2)
     _write(lake, "b", 3, run_id="run-other")
     # duplicates are no-ops, as locally
     _write(lake, "a", 2)
-    code, out, err = run_cli(capsys, "sql", "--lake", s3_lake_uri, "-f", "csv",
+    code, out, err = run_cli(capsys, "sql", "--lake", uri, "-f", "csv",
                              "select run_id, count(*), sum(n_turns) from episodes group by run_id order by run_id")
     assert code == 0, err
     assert out.strip().splitlines()[1:] == ["run-other,3,15", "run-s3,6,30"]
-    # trajlake sql's lock-down on S3: the lake's prefix only
-    outside = s3_lake_uri.rsplit("/", 2)[0] + "/elsewhere.csv"
-    code, out, err = run_cli(capsys, "sql", "--lake", s3_lake_uri, f"select * from read_csv('{outside}')")
+    # trajlake sql's lock-down on object storage: the lake's prefix only
+    outside = uri.rsplit("/", 2)[0] + "/elsewhere.csv"
+    code, out, err = run_cli(capsys, "sql", "--lake", uri, f"select * from read_csv('{outside}')")
     assert code != 0 and ("disabled by configuration" in err or "Permission" in err), err
-    code, out, err = run_cli(capsys, "info", "--lake", s3_lake_uri, "-f", "json")
+    code, out, err = run_cli(capsys, "info", "--lake", uri, "-f", "json")
     assert code == 0, err
     rows = {r["table"]: r for r in json.loads(out)}
     assert rows["episodes"]["rows"] == 9 and rows["turns"]["rows"] == 45
     assert rows["episodes"]["files"] == len(lake.files("episodes")) and rows["episodes"]["bytes"] > 0
     assert scan(lake, "turns").select(pl.len()).collect().item() == 45
-    # other engines read the same tables with the same AWS settings
+    # other engines read the same tables with the same settings
     opts = lake.storage.storage_options
     assert pl.read_delta(lake.table_uri("episodes"), storage_options=opts).height == 9
     assert deltalake.DeltaTable(lake.table_uri("turns"), storage_options=opts).to_pyarrow_dataset().count_rows() == 45
     rep = verify(lake)
     assert rep.ok, rep.problems
     assert rep.counts == {"episodes": 9, "turns": 45}
-    code, out, err = run_cli(capsys, "verify", "--lake", s3_lake_uri)
+    code, out, err = run_cli(capsys, "verify", "--lake", uri)
     assert code == 0, out + err
     files_before = len(lake.files("episodes"))
     assert files_before >= 4
-    code, out, err = run_cli(capsys, "compact", "--lake", s3_lake_uri, "--retention-hours", "0", "-f", "json")
+    code, out, err = run_cli(capsys, "compact", "--lake", uri, "--retention-hours", "0", "-f", "json")
     assert code == 0, err
     after = {r["table"]: r["files_after"] for r in json.loads(out)}
     assert after["episodes"] == 2 == len(lake.files("episodes"))  # one file per run partition
@@ -100,16 +126,16 @@ def _keys(lake: Lake, table: str) -> list[str]:
     return [i.path[len(base) + 1:] for i in infos if i.type == pafs.FileType.File and "_delta_log" not in i.path]
 
 
-def _writer_env(server: S3Server) -> dict[str, str]:
-    env = {**os.environ, **server.env(), "PYTHONPATH": str(REPO)}
-    return env
+def _writer_env(store_lake: StoreLake) -> dict[str, str]:
+    return {**os.environ, **store_lake.env, "PYTHONPATH": str(REPO)}
 
 
 @pytest.mark.slow
-def test_s3_four_concurrent_writer_processes_exact_counts(s3_lake_uri: str, s3_server: S3Server) -> None:
-    Lake.init(s3_lake_uri)
-    env = _writer_env(s3_server)
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.writer_proc", s3_lake_uri, f"w{k}", "8", "2"],
+def test_object_store_four_concurrent_writer_processes_exact_counts(store_lake: StoreLake) -> None:
+    uri = store_lake.uri
+    Lake.init(uri)
+    env = _writer_env(store_lake)
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.writer_proc", uri, f"w{k}", "8", "2"],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for k in range(4)]
     acked: set[str] = set()
@@ -118,7 +144,7 @@ def test_s3_four_concurrent_writer_processes_exact_counts(s3_lake_uri: str, s3_s
         assert p.returncode == 0, err[-2000:]
         acked |= {line.split()[1] for line in out.splitlines() if line.startswith("ACK")}
     assert len(acked) == 32
-    lake = open_lake(s3_lake_uri)
+    lake = open_lake(uri)
     got = {r[0] for r in connect(lake).execute("select episode_id from episodes").fetchall()}
     assert got == acked
     assert _count(lake, "select count(*) from episodes") == 32
@@ -131,10 +157,11 @@ def test_s3_four_concurrent_writer_processes_exact_counts(s3_lake_uri: str, s3_s
 
 
 @pytest.mark.slow
-def test_s3_writer_killed_mid_commit_loses_nothing_committed(s3_lake_uri: str, s3_server: S3Server) -> None:
-    Lake.init(s3_lake_uri)
-    env = _writer_env(s3_server)
-    p = subprocess.Popen([sys.executable, "-m", "tests.writer_proc", s3_lake_uri, "k", "400", "1"],
+def test_object_store_writer_killed_mid_commit_loses_nothing_committed(store_lake: StoreLake) -> None:
+    uri = store_lake.uri
+    Lake.init(uri)
+    env = _writer_env(store_lake)
+    p = subprocess.Popen([sys.executable, "-m", "tests.writer_proc", uri, "k", "400", "1"],
                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     acked: list[str] = []
     assert p.stdout is not None
@@ -146,7 +173,7 @@ def test_s3_writer_killed_mid_commit_loses_nothing_committed(s3_lake_uri: str, s
             p.send_signal(signal.SIGKILL)
             break
     p.wait(timeout=60)
-    lake = open_lake(s3_lake_uri)
+    lake = open_lake(uri)
     committed = {r[0] for r in connect(lake).execute("select episode_id from episodes").fetchall()}
     assert set(acked) <= committed  # nothing acknowledged is lost
     assert len(committed) < 400
@@ -157,7 +184,8 @@ def test_s3_writer_killed_mid_commit_loses_nothing_committed(s3_lake_uri: str, s
     assert partial == (0,)
     rep = verify(lake)
     assert rep.ok, rep.problems
-    # no partial object: files are uploaded whole (one PUT), so every data object, committed or not, reads
+    # no partial object: files are uploaded whole (one PUT; on Azure one block-list commit), so every data
+    # object, committed or not, reads
     for table in ("turns", "episodes"):
         for key in _keys(lake, table):
             if key.endswith(".parquet"):
@@ -169,19 +197,21 @@ def test_s3_writer_killed_mid_commit_loses_nothing_committed(s3_lake_uri: str, s
     assert {r[0] for r in connect(lake).execute("select episode_id from episodes").fetchall()} == committed
 
 
-def test_s3_wrong_credential_is_one_clear_line(s3_lake_uri: str, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    Lake.init(s3_lake_uri)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+def test_object_store_wrong_credential_is_one_clear_line(store_lake: StoreLake, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    uri = store_lake.uri
+    Lake.init(uri)
+    # a well-formed key (base64, as Azure's are) that is not the store's
+    monkeypatch.setenv(store_lake.secret_var, "bm90LXRoZS1zZWNyZXQtYnV0LXdlbGwtZm9ybWVk")
     with pytest.raises(TrajlakeError) as e:
-        Lake.open(s3_lake_uri)
+        Lake.open(uri)
     assert "\n" not in str(e.value)
-    code, _, err = run_cli(capsys, "info", "--lake", s3_lake_uri)
+    code, _, err = run_cli(capsys, "info", "--lake", uri)
     assert code != 0
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert s3_lake_uri in lines[0] and "access denied" in lines[0]
-    assert "AWS_SECRET_ACCESS_KEY" in lines[0] and "AWS_ENDPOINT_URL" in lines[0]
+    assert uri in lines[0] and "access denied" in lines[0]
+    assert all(v in lines[0] for v in store_lake.help_vars), lines[0]
 
 
 def test_s3_uri_errors_name_the_uri(s3_lake_uri: str) -> None:
@@ -197,8 +227,6 @@ def test_s3_uri_errors_name_the_uri(s3_lake_uri: str) -> None:
 def test_s3_every_command(s3_lake_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """rollout, ingest, demo, eval, browse, export and the trainer's reader on an s3:// lake."""
     from trajlake.envs import list_tasks
-
-    from trajlake.train.data import LakeTrajectories, Selection
 
     uri = s3_lake_uri
     tasks = ",".join(t["task_id"] for t in list_tasks("mini-swe", "dev")[:3])
@@ -237,10 +265,15 @@ def test_s3_every_command(s3_lake_uri: str, tmp_path: Path, capsys: pytest.Captu
     assert code == 0, err
     exported = pl.read_parquet(str(tmp_path / "export" / "data" / "episodes" / "*.parquet"))
     assert exported.height == _count(uri, "select count(*) from episodes")
-    # the trainer's reader streams the turns from S3: the same tokens as the SQL view
-    ds = LakeTrajectories(uri, Selection(runs=["demo-R1"]))
-    got = {s["episode_id"]: [int(x) for x in s["input_ids"]] for s in ds}
+    assert_trainer_reads_the_sql_tokens(uri, "demo-R1")
+
+
+def assert_trainer_reads_the_sql_tokens(uri: str, run: str) -> None:
+    """The trainer's reader streams a run's turns from the object store: the same tokens as the SQL view."""
+    from trajlake.train.data import LakeTrajectories, Selection
+
+    got = {s["episode_id"]: [int(x) for x in s["input_ids"]] for s in LakeTrajectories(uri, Selection(runs=[run]))}
     rows = connect(uri).execute(
-        "select episode_id, flatten(list(token_ids order by turn_idx)) from turns where run_id = 'demo-R1' "
-        "group by episode_id").fetchall()
+        "select episode_id, flatten(list(token_ids order by turn_idx)) from turns where run_id = ? "
+        "group by episode_id", [run]).fetchall()
     assert got and got == {e: list(ids) for e, ids in rows}

@@ -16,7 +16,8 @@ import typer
 from trajlake.cli.output import Format
 from trajlake.lake.storage import is_uri
 
-LAKE_HELP = "Lake directory or object-store URI s3://bucket/prefix (default: $TRAJLAKE_LAKE or ./lake)."
+LAKE_HELP = ("Lake directory or object-store URI s3://bucket/prefix or az://container/prefix (default: "
+             "$TRAJLAKE_LAKE or ./lake).")
 
 
 @dataclass

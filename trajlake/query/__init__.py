@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import duckdb
 
 from trajlake.errors import QueryError, TrajlakeError
-from trajlake.lake.storage import storage_error
+from trajlake.lake.storage import EMULATOR_ACCOUNT, storage_error
 from trajlake.lake.store import Lake
 from trajlake.schema import TABLES, table_def
 
@@ -81,13 +81,28 @@ def _load_bundled(con: duckdb.DuckDBPyConnection, name: str, package_dir: pathli
 
 
 def _attach_object_store(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
-    """httpfs (from duckdb-extension-httpfs) and an S3 secret from the lake's AWS_* settings."""
+    """The store's extension (from its PyPI package) and a secret made from the lake's settings."""
+    if lk.storage.kind == "azure":
+        _attach_azure(con, lk)
+    else:
+        _attach_s3(con, lk)
+
+
+def _bundled_extension(con: duckdb.DuckDBPyConnection, lk: Lake, name: str) -> None:
+    """Load duckdb-extension-NAME, a dependency of trajlake pinned to the DuckDB version."""
+    import importlib
+
     try:
-        import duckdb_extension_httpfs
+        package = importlib.import_module(f"duckdb_extension_{name}")
     except ImportError as e:
-        raise TrajlakeError(f"{lk.location}: querying a lake on object storage needs duckdb-extension-httpfs: "
+        raise TrajlakeError(f"{lk.location}: querying this lake needs duckdb-extension-{name}: "
                             f"pip install 'trajlake'") from e
-    _load_bundled(con, "httpfs", pathlib.Path(duckdb_extension_httpfs.__file__).parent, "trajlake")
+    _load_bundled(con, name, pathlib.Path(str(package.__file__)).parent, "trajlake")
+
+
+def _attach_s3(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
+    """httpfs (from duckdb-extension-httpfs) and an S3 secret from the lake's AWS_* settings."""
+    _bundled_extension(con, lk, "httpfs")
     opts = lk.storage.storage_options or {}
     parts = ["TYPE s3"]
     for key, name in (("AWS_ACCESS_KEY_ID", "KEY_ID"), ("AWS_SECRET_ACCESS_KEY", "SECRET"),
@@ -101,6 +116,24 @@ def _attach_object_store(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
         parts += [f"ENDPOINT {sql_literal(ep.netloc + ep.path.rstrip('/'))}", "URL_STYLE 'path'",
                   f"USE_SSL {'false' if ep.scheme == 'http' else 'true'}"]
     con.execute(f"CREATE SECRET trajlake_lake ({', '.join(parts)})")
+
+
+def _attach_azure(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
+    """azure (from duckdb-extension-azure) and an azure secret: a connection string from the lake's AZURE_*
+    settings, else the credential chain (managed identity, az login, the AZURE_CLIENT_* variables)."""
+    az = lk.storage.azure
+    assert az is not None
+    _bundled_extension(con, lk, "azure")
+    if az.account == EMULATOR_ACCOUNT:
+        # the delta extension sends the well-known emulator account to object_store's emulator mode, which
+        # takes its URL from this variable only (default http://127.0.0.1:10000)
+        os.environ.setdefault("AZURITE_BLOB_STORAGE_URL", az.account_url.rsplit("/", 1)[0])
+    cs = az.connection_string()
+    if cs is not None:
+        con.execute(f"CREATE SECRET trajlake_lake (TYPE azure, CONNECTION_STRING {sql_literal(cs)})")
+    else:
+        con.execute(f"CREATE SECRET trajlake_lake (TYPE azure, PROVIDER credential_chain, "
+                    f"ACCOUNT_NAME {sql_literal(az.account)})")
 
 
 def sql_literal(value: object) -> str:
@@ -196,7 +229,7 @@ def _lock_down(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
     """Limit file access to the lake and the extension folder, forbid extension loading, lock the settings."""
     ext = con.execute("SELECT current_setting('extension_directory')").fetchone()
     assert ext is not None
-    lake_dir = str(lk.root.resolve()) if lk.is_local else lk.location
+    lake_dir = str(lk.root.resolve()) if lk.is_local else lk.storage.uri_of()
     allowed = [lake_dir + "/", str(pathlib.Path(str(ext[0])).resolve()) + "/"]
     con.execute("SET allowed_directories = [" + ", ".join(sql_literal(d) for d in allowed) + "]")
     con.execute("SET autoinstall_known_extensions = false")
