@@ -205,12 +205,12 @@ class _QuickCounter(CounterEnv):
 
 
 @pytest.mark.slow
-def test_quickstart_on_s3(lakes: Lakes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quickstart_on_s3(s3_lake_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from trajlake.envs import registry
 
     registry.register("counter-qs", _QuickCounter)
     try:
-        targets = {"local": str(tmp_path / "qs-lake"), "s3": lakes.s3.rsplit("/", 1)[0] + "/qs-lake"}
+        targets = {"local": str(tmp_path / "qs-lake"), "s3": s3_lake_uri}
         outs, rows = {}, {}
         for kind, lake in targets.items():
             rc, out, err = run_cli(capsys, "quickstart", "--lake", lake, "--env", "counter-qs", "--seeds", "0-1",
@@ -281,7 +281,7 @@ env_args = {{ budget = {{ max_steps = 2 }} }}
 
 
 @pytest.mark.slow
-def test_train_on_s3(lakes: Lakes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_on_s3(s3_lake_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The whole trainer on an S3 lake -- its data rollout, its reads, RL rollouts, PolicyVersions, the eval run
     -- equals the same config on a local lake. B1 (supervised on oracle episodes read back from the lake) is
     bit-identical, so are the episodes its checkpoint plays (R1's rollouts, B1's eval). R1's update is not: its
@@ -292,7 +292,7 @@ def test_train_on_s3(lakes: Lakes, tmp_path: Path, capsys: pytest.CaptureFixture
     from trajlake.rollout.versions import PolicyVersions
 
     model = build_tiny_model(tmp_path / "model", max_positions=16384)
-    targets = {"local": str(tmp_path / "train-lake"), "s3": lakes.s3.rsplit("/", 1)[0] + "/train-lake"}
+    targets = {"local": str(tmp_path / "train-lake"), "s3": s3_lake_uri}
     runs, episodes, tokens, logs, versions = {}, {}, {}, {}, {}
     for kind, lake in targets.items():
         cfg = tmp_path / f"{kind}.toml"
