@@ -85,13 +85,19 @@ def s3_server() -> Iterator[S3Server]:
 _BUCKETS = iter(range(10**6))
 
 
-@pytest.fixture
-def s3_lake_uri(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A new empty bucket, the AWS_* variables pointing at the server, and the URI of a lake in it."""
+def new_s3_lake_uri(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new empty bucket, the AWS_* variables pointing at ``server`` (set through ``monkeypatch``, so undone with
+    it), and the URI of a lake in it. For a lake shared by a module's tests, pass a module-scoped MonkeyPatch."""
     bucket = f"lake-{os.getpid()}-{next(_BUCKETS)}"
-    s3_server.client().create_bucket(Bucket=bucket)  # type: ignore[attr-defined]
-    for k, v in s3_server.env().items():
+    server.client().create_bucket(Bucket=bucket)  # type: ignore[attr-defined]
+    for k, v in server.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     return f"s3://{bucket}/trajlake/lake"
+
+
+@pytest.fixture
+def s3_lake_uri(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new empty bucket, the AWS_* variables pointing at the server, and the URI of a lake in it."""
+    return new_s3_lake_uri(s3_server, monkeypatch)

@@ -273,6 +273,10 @@ def rollout(
                                                            "published one before it moves up (between episodes).",
                                                       min=0)] = None,
     engine: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
+    ray_address: Annotated[str | None, typer.Option(
+        help="--engine ray: the Ray cluster to attach to (host:port of its head, ray://host:port, or auto for the "
+             "one `ray start` started on this machine; default: $RAY_ADDRESS). Without it a new local cluster with "
+             "--workers CPUs is started.")] = None,
     commit_every: Annotated[float, typer.Option(help="Seconds between a worker's commits (0: after every "
                                                      "episode); a crash loses at most that much work.", min=0)] = 30.0,
     max_pending_episodes: Annotated[int, typer.Option(
@@ -330,6 +334,8 @@ def rollout(
     check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
     if engine not in ("local", "ray"):
         raise TrajlakeError(f"--engine must be local or ray, not {engine!r}")
+    if ray_address and engine != "ray":
+        raise TrajlakeError("--ray-address needs --engine ray")
     if not 0.0 <= fault_rate <= 1.0:
         raise TrajlakeError("--fault-rate must be between 0 and 1")
     # --policy-arg price_in / price_out are the run's prices too (the cost model prices the reported usage).
@@ -354,7 +360,7 @@ def rollout(
                         env_kwargs=env_kwargs, cost_model=cost, engine=engine,
                         attempts=attempts, policy_args=args,
                         task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (),
-                        data_cutoff=_iso_date(data_cutoff))
+                        data_cutoff=_iso_date(data_cutoff), ray_address=ray_address)
     if preflight:
         _print_checks(check_env(env, split, **cfg.env_kwargs), env)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -367,6 +373,9 @@ def rollout(
         s = run_rollout(cfg, progress=progress)
     typer.echo(f"run {cfg.run_id}: {s.written} episode(s) written ({s.successes} successful), "
                f"{s.skipped_existing} already in the lake, {len(s.failed_items)} failed, of {s.planned} planned")
+    if engine == "ray":
+        typer.echo(f"ray cluster {s.ray_cluster or '?'}: {len(s.worker_stats)} worker(s) finished on node(s) "
+                   f"{', '.join(s.ray_nodes) or '-'}")
     for f in s.failed_items[:10]:
         typer.echo(f"  failed: {f}", err=True)
     if s.failed_items:

@@ -8,12 +8,14 @@ episode, so a worker crash loses at most the episode it was playing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import multiprocessing as mp
 import multiprocessing.util as mp_util
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ import numpy as np
 
 from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
 from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, TaskView, byte_tokenize
-from trajlake.errors import TrajlakeError
+from trajlake.errors import TrajlakeError, one_line
 from trajlake.lake.storage import is_uri
 from trajlake.record.episode import CostModel, build_episode, price_turns
 from trajlake.rollout.faults import (
@@ -354,6 +356,11 @@ class RolloutConfig:
     policy_name: str | None = None
     """``runs.policy_name`` and the name its versions are published under (``PolicyVersions``; default: the
     policy spec). The trainer gives all its checkpoints one name so that lag counts across them."""
+    ray_address: str | None = None
+    """The Ray cluster ``engine="ray"`` attaches to (``--ray-address``): ``host:port`` of its head, ``ray://...``
+    (Ray Client) or ``auto`` (the cluster ``ray start`` last started on this machine); default ``$RAY_ADDRESS``.
+    With neither, a new local cluster with ``workers`` CPUs is started. Not recorded: where a run plays does not
+    change what it plays."""
 
 
 @dataclass
@@ -368,6 +375,10 @@ class RolloutSummary:
     worker_stats: list[dict[str, float]] = field(default_factory=list)
     """Per Ray worker that finished: episodes played, the most unacknowledged episodes it held
     (``max_held_episodes``), hand-overs forced by ``max_pending_episodes``, its peak RSS in MB."""
+    ray_cluster: str | None = None
+    """``engine="ray"``: the GCS address of the cluster the run played on."""
+    ray_nodes: list[str] = field(default_factory=list)
+    """``engine="ray"``: the ids of the Ray nodes its workers ran on."""
 
 
 class _Worker:
@@ -534,7 +545,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     summary = RolloutSummary(planned=len(items), skipped_existing=len(items) - len(todo))
     results: Iterable[tuple[str, bool, str | None]]
     if engine == "ray":
-        results = _run_ray(cfg, todo, summary.worker_stats)
+        results = _run_ray(cfg, todo, summary.worker_stats, summary)
     elif cfg.workers <= 1:
         _init_worker(cfg)
         results = (_run_item(it) for it in todo)
@@ -565,18 +576,24 @@ def _run_pool(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, b
         pool.join()
 
 
-def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], worker_stats: list[dict[str, float]] | None = None
-             ) -> Iterator[tuple[str, bool, str | None]]:
-    """Play ``todo`` on ``cfg.workers`` Ray actors (on the cluster ``ray.init`` found or started), one item in
-    flight per actor. An actor that dies (its node lost, the process killed) fails its item and the rest of
-    the run goes on with the others; the episodes it had not committed are played again by the resumed run."""
+def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], worker_stats: list[dict[str, float]] | None = None,
+             summary: RolloutSummary | None = None) -> Iterator[tuple[str, bool, str | None]]:
+    """Play ``todo`` on ``cfg.workers`` Ray actors, one item in flight per actor, on the cluster the caller's
+    ``ray.init`` connected to, else the one ``cfg.ray_address`` or ``$RAY_ADDRESS`` names, else a new local one.
+    An actor that dies (its node lost, the process killed) fails its item and the rest of the run goes on with
+    the others; the episodes it had not committed are played again by the resumed run."""
     try:
         import ray
         from ray.exceptions import RayActorError
     except ImportError as e:
         raise TrajlakeError("--engine ray needs Ray: pip install 'trajlake[ray]'") from e
-    if not ray.is_initialized():
-        ray.init(num_cpus=max(1, cfg.workers), include_dashboard=False, log_to_driver=False)
+    _connect_ray(ray, cfg)
+    if not is_uri(cfg.lake):
+        # Actors on a cluster started elsewhere do not share this process's working directory.
+        cfg = dataclasses.replace(cfg, lake=str(Path(cfg.lake).absolute()))
+    if summary is not None:
+        with contextlib.suppress(AttributeError, RuntimeError):  # Ray Client (ray://) may not expose it
+            summary.ray_cluster = ray.get_runtime_context().gcs_address
 
     ray_worker: Any = ray.remote(max_restarts=0)(_RayWorker)
     actors: list[Any] = [ray_worker.remote(cfg) for _ in range(max(1, cfg.workers))]
@@ -609,8 +626,29 @@ def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], worker_stats: list[dict[s
             stats = ray.get(a.close.remote())
         except RayActorError:
             continue  # died after its last item: its uncommitted episodes are counted as not written
+        node = stats.pop("node_id", None)
+        if summary is not None and isinstance(node, str) and node not in summary.ray_nodes:
+            summary.ray_nodes.append(node)
         if worker_stats is not None:
             worker_stats.append(stats)
+
+
+def _connect_ray(ray: Any, cfg: RolloutConfig) -> None:
+    """Attach to the cluster ``cfg.ray_address`` or ``$RAY_ADDRESS`` names, or start a local one with
+    ``cfg.workers`` CPUs; nothing when the caller has already called ``ray.init``."""
+    if ray.is_initialized():
+        return
+    address = cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        # "local": a new cluster even when `ray start` left one running here (ray.init would attach to it and
+        # then refuse num_cpus).
+        ray.init(address="local", num_cpus=max(1, cfg.workers), include_dashboard=False, log_to_driver=False)
+        return
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise TrajlakeError(f"--engine ray: cannot attach to the Ray cluster at {address} (--ray-address or "
+                            f"$RAY_ADDRESS): {one_line(e)}") from e
 
 
 class _RayWorker:
@@ -622,11 +660,14 @@ class _RayWorker:
     def run(self, item: WorkItem) -> tuple[str, bool, str | None]:
         return _run_item(item)
 
-    def close(self) -> dict[str, float]:
+    def close(self) -> dict[str, Any]:
+        import ray
+
+        node = {"node_id": ray.get_runtime_context().get_node_id()}
         if _WORKER is None:
-            return {}
+            return node
         _WORKER.close()
-        return _WORKER.stats()
+        return {**_WORKER.stats(), **node}
 
 
 #: Settings that do not change what a run plays (how fast or where it ran): a resumed run may change them.
