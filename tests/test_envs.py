@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium
@@ -241,16 +242,24 @@ def test_quickstart_main_job(tmp_path: Path, capsys) -> None:
 @pytest.mark.slow
 def test_oracle_policy_solves_every_task() -> None:
     """Oracle replay of every task succeeds (a task whose oracle fails would be ENV_BUG and must not ship)."""
-    e = make_env("mini-swe", split=None)
-    try:
-        oracle = make_policy("mini-swe", "oracle", "oracle-v1")
-        view = task_view_fn(e, oracle=True)
-        failed = []
-        for task in e.tasks:
-            rec = play_episode(e, oracle, run_id="all", task_id=task["task_id"], task_version=task["task_version"],
-                               seed=0, task_view=view)
-            if not rec.episode["success"] or rec.episode["error_class"] is not None:
-                failed.append(task["task_id"])
-        assert len(e.tasks) == 80 and failed == []
-    finally:
-        e.close()
+
+    def play_share(share: int) -> tuple[int, list[str]]:
+        # each thread its own env (an env plays one episode at a time); the time goes to the graders' pytest
+        # processes, so two shares use both cores
+        e = make_env("mini-swe", split=None)
+        try:
+            oracle = make_policy("mini-swe", "oracle", "oracle-v1")
+            view = task_view_fn(e, oracle=True)
+            failed = []
+            for task in e.tasks[share::2]:
+                rec = play_episode(e, oracle, run_id="all", task_id=task["task_id"],
+                                   task_version=task["task_version"], seed=0, task_view=view)
+                if not rec.episode["success"] or rec.episode["error_class"] is not None:
+                    failed.append(task["task_id"])
+            return len(e.tasks), failed
+        finally:
+            e.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        (n_tasks, failed_even), (_, failed_odd) = pool.map(play_share, (0, 1))
+    assert n_tasks == 80 and failed_even + failed_odd == []
