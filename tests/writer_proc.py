@@ -1,8 +1,8 @@
 """A writer process for the reliability tests: writes episodes and prints `ACK <id>` after each committed flush.
 
-With ``--wait-for-go`` first, it prints ``READY`` once imported and waits for a line on stdin before writing, so a
-test can start the next writer while the current one runs and time its kill from the first write, not from the
-interpreter's start-up."""
+With ``--wait-for-go`` first, it prints ``READY`` once imported and waits for a line on stdin before it opens the
+lake, so a test can start the next writer while the current one runs and time its kill from the writer's start,
+not from the interpreter's."""
 
 from __future__ import annotations
 
@@ -29,17 +29,14 @@ def main() -> None:
     if sys.argv[1] == "--buffer-then-wait":
         buffer_then_wait()
         return
-    args = sys.argv[1:]
-    wait_for_go = args[0] == "--wait-for-go"
-    if wait_for_go:
-        args = args[1:]
-    lake_path, prefix, n, per_flush = args[0], args[1], int(args[2]), int(args[3])
-    shared = int(args[4]) if len(args) > 4 else 0
-    lake = open_lake(lake_path)
-    w = LakeWriter(lake, max_turn_rows=10**9, max_age_seconds=10**9, handle_signals=False)
-    if wait_for_go:
+    if sys.argv[1] == "--wait-for-go":
+        del sys.argv[1]
         print("READY", flush=True)
         sys.stdin.readline()
+    lake_path, prefix, n, per_flush = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    shared = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    lake = open_lake(lake_path)
+    w = LakeWriter(lake, max_turn_rows=10**9, max_age_seconds=10**9, handle_signals=False)
     ids = [f"{prefix}-{i}" for i in range(n)] + [f"shared-{i}" for i in range(shared)]
     for i, ep_id in enumerate(ids):
         ep, turns = make_episode(ep_id, run_id="run-r", n_steps=1 + i % 3)
