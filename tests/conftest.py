@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,22 @@ def demo_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
     with LakeWriter(lk) as w:
         write_demo(w, seeds=2, n_tasks=12)
     return lk
+
+
+@pytest.fixture(scope="session")
+def dev_rollout(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, int]]:
+    """``dev_rollout(policy)``: the policy played by the runner on Mini SWE's dev tasks (seed 0) as run ``policy``
+    of one shared lake, played once per session (several tests only read these episodes); returns (lake, the
+    number of episodes that run wrote)."""
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+
+    lake = tmp_path_factory.mktemp("dev-rollouts") / "lake"
+    written: dict[str, int] = {}
+
+    def played(policy: str) -> tuple[Path, int]:
+        if policy not in written:
+            written[policy] = run_rollout(RolloutConfig(lake=str(lake), run_id=policy, env="mini-swe", policy=policy,
+                                                        split="dev", seeds=(0,), commit_every_s=0)).written
+        return lake, written[policy]
+
+    return played

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium
@@ -52,15 +53,9 @@ def test_gymnasium_check_env() -> None:
 
 
 @pytest.mark.slow
-def test_oracle_solves_every_dev_task_and_random_does_not(env) -> None:
-    oracle = make_policy("mini-swe", "oracle", "oracle-v1")
-    view = task_view_fn(env, oracle=True)
-    for task in env.tasks:
-        rec = play_episode(env, oracle, run_id="t", task_id=task["task_id"], task_version=task["task_version"],
-                           seed=0, task_view=view)
-        ep = rec.episode
-        assert ep["success"] and ep["terminated"] and ep["termination_reason"] == "success", task["task_id"]
-        assert ep["reward_components"]["resolved"] == 1.0 and ep["sandbox"] in ("bwrap", "rlimit")
+def test_random_policy_does_not_solve_a_dev_task(env) -> None:
+    # the oracle's side (every task solved, terminated by success, sandboxed) is checked on all 80 tasks by
+    # test_oracle_policy_solves_every_task, which plays these dev tasks too
     rnd = make_policy("mini-swe", "random", "random-v1")
     task = env.tasks[0]
     rec = play_episode(env, rnd, run_id="t", task_id=task["task_id"], task_version=task["task_version"], seed=0,
@@ -240,17 +235,30 @@ def test_quickstart_main_job(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.slow
 def test_oracle_policy_solves_every_task() -> None:
-    """Oracle replay of every task succeeds (a task whose oracle fails would be ENV_BUG and must not ship)."""
-    e = make_env("mini-swe", split=None)
-    try:
-        oracle = make_policy("mini-swe", "oracle", "oracle-v1")
-        view = task_view_fn(e, oracle=True)
-        failed = []
-        for task in e.tasks:
-            rec = play_episode(e, oracle, run_id="all", task_id=task["task_id"], task_version=task["task_version"],
-                               seed=0, task_view=view)
-            if not rec.episode["success"] or rec.episode["error_class"] is not None:
-                failed.append(task["task_id"])
-        assert len(e.tasks) == 80 and failed == []
-    finally:
-        e.close()
+    """Oracle replay of every task succeeds (a task whose oracle fails would be ENV_BUG and must not ship): resolved,
+    terminated by the submit, in a sandbox."""
+
+    def play_share(share: int) -> tuple[int, list[str]]:
+        # each thread its own env (an env plays one episode at a time); the time goes to the graders' pytest
+        # processes, so two shares use both cores
+        e = make_env("mini-swe", split=None)
+        try:
+            oracle = make_policy("mini-swe", "oracle", "oracle-v1")
+            view = task_view_fn(e, oracle=True)
+            failed = []
+            for task in e.tasks[share::2]:
+                rec = play_episode(e, oracle, run_id="all", task_id=task["task_id"],
+                                   task_version=task["task_version"], seed=0, task_view=view)
+                ep = rec.episode
+                if not (ep["success"] and ep["error_class"] is None and ep["terminated"]
+                        and ep["termination_reason"] == "success" and ep["reward_components"]["resolved"] == 1.0
+                        and ep["sandbox"] in ("bwrap", "rlimit")):
+                    failed.append(f"{task['task_id']}: success={ep['success']} error={ep['error_class']} "
+                                  f"reason={ep['termination_reason']} sandbox={ep['sandbox']}")
+            return len(e.tasks), failed
+        finally:
+            e.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        (n_tasks, failed_even), (_, failed_odd) = pool.map(play_share, (0, 1))
+    assert n_tasks == 80 and failed_even + failed_odd == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,11 +66,13 @@ def _expected_tokens_in(turns: list[dict[str, Any]]) -> int:
     return total
 
 
-def _check_lake_agrees(lake: Any) -> int:
+def _check_lake_agrees(lake: Any, run_id: str | None = None) -> int:
     con = connect(lake)
+    where, params = ("where run_id = ?", [run_id]) if run_id is not None else ("", [])
     eps = {r[0]: (r[1], r[2], r[3]) for r in con.execute(
-        "select episode_id, tokens_in, tokens_out, tool_seconds from episodes").fetchall()}
-    rel = con.execute("select episode_id, turn_idx, actor, tokens, prompt_tokens, tool_seconds from turns")
+        f"select episode_id, tokens_in, tokens_out, tool_seconds from episodes {where}", params).fetchall()}
+    rel = con.execute(f"select episode_id, turn_idx, actor, tokens, prompt_tokens, tool_seconds from turns {where}",
+                      params)
     cols = [d[0] for d in rel.description]
     by_ep: dict[str, list[dict[str, Any]]] = {}
     for row in rel.fetchall():
@@ -101,19 +105,16 @@ def test_recorder_and_demo_follow_the_definition(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-def test_the_runner_follows_the_definition(tmp_path: Any) -> None:
-    from trajlake.rollout.runner import RolloutConfig, run_rollout
-
-    cfg = RolloutConfig(lake=str(tmp_path / "lake"), run_id="h", env="mini-swe", policy="heuristic", split="dev",
-                        seeds=(0,), commit_every_s=0)
-    s = run_rollout(cfg)
-    assert s.written == 14
-    assert _check_lake_agrees(cfg.lake) == 14
-    con = connect(cfg.lake)
+def test_the_runner_follows_the_definition(dev_rollout: Callable[[str], tuple[Path, int]]) -> None:
+    lake, written = dev_rollout("heuristic")  # the runner's heuristic run on the dev tasks (shared, read only)
+    assert written == 14
+    assert _check_lake_agrees(lake, "heuristic") == 14
+    con = connect(lake)
     # sandboxed test runs take real time, and the tool price turns it into cost
-    assert con.execute("select min(tool_seconds) > 0, min(cost_usd) > 0 from episodes").fetchone() == (True, True)
+    assert con.execute("select min(tool_seconds) > 0, min(cost_usd) > 0 from episodes where run_id = 'heuristic'"
+                       ).fetchone() == (True, True)
     assert con.execute("select count(*) from turns where action_schema = 'run_tests' and actor = 'env' "
-                       "and tool_seconds <= 0").fetchone() == (0,)
+                       "and tool_seconds <= 0 and run_id = 'heuristic'").fetchone() == (0,)
 
 
 def test_the_runner_follows_the_definition_on_a_small_environment(tmp_path: Any) -> None:

@@ -354,7 +354,9 @@ def test_cli_group_rollout_b0_b2_and_eval(tiny: Path, tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny, tmp_path / "models" / "tiny")  # where the shipped configs expect the tiny model
     cfg = REPO / "configs"
-    small = ["--tasks", TASK, "--policy-arg", "max_new_tokens=8"]
+    # one task, short answers, and episodes cut at 4 steps (the task's own budget is 30): a tiny random model
+    # never submits, so the length of its episodes is only time
+    small = ["--tasks", TASK, "--policy-arg", "max_new_tokens=8", "--env-arg", 'budget={"max_steps": 4}']
     code, out, err = run_cli(capsys, "--lake", "lake", "rollout", "--config", str(cfg / "agent-tiny.toml"), *small)
     assert code == 0, err
     # The shipped B2 config (N = 4 there), with 2 attempts on one task to keep the test short.

@@ -4,6 +4,7 @@ defence (hand counts through the runner and ``trajlake eval``)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -130,11 +131,19 @@ def test_runner_and_eval_count_mini_swe_attacks_by_hand(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_oracle_solves_every_injected_dev_task(tmp_path: Path) -> None:
-    env = MiniSWEEnv("dev", injection="tool_knowledge", workdir=tmp_path)
-    try:
-        assert len(env.tasks) == 2 * sum(1 for t in TASKS if t["split"] == "dev")
-        for t in env.tasks:
-            rewards, _ = play(env, "oracle", t["task_id"])
-            assert rewards["resolved"] == 1.0 and env.injection_attempted and env.attack_success is False, t["task_id"]
-    finally:
-        env.close()
+    def play_share(share: int) -> int:
+        # each thread its own env (an env plays one episode at a time); the time goes to the graders' pytest
+        # processes, so two shares use both cores
+        env = MiniSWEEnv("dev", injection="tool_knowledge", workdir=tmp_path / f"share{share}")
+        try:
+            for t in env.tasks[share::2]:
+                rewards, _ = play(env, "oracle", t["task_id"])
+                assert rewards["resolved"] == 1.0 and env.injection_attempted and env.attack_success is False, \
+                    t["task_id"]
+            return len(env.tasks)
+        finally:
+            env.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        n_tasks, _ = pool.map(play_share, (0, 1))
+    assert n_tasks == 2 * sum(1 for t in TASKS if t["split"] == "dev")

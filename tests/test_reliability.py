@@ -26,19 +26,44 @@ def acked(out: str) -> set[str]:
     return {line.split()[1] for line in out.splitlines() if line.startswith("ACK ")}
 
 
+def spawn_waiting(lake: Lake, prefix: str, n: int, per_flush: int) -> subprocess.Popen[str]:
+    """A writer that imports, prints READY and starts writing only when told (``go``)."""
+    return subprocess.Popen([sys.executable, "-m", "tests.writer_proc", "--wait-for-go", str(lake.root), prefix,
+                             str(n), str(per_flush)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def go(p: subprocess.Popen[str]) -> None:
+    assert p.stdin is not None and p.stdout is not None
+    assert p.stdout.readline().strip() == "READY", p.communicate()[1][-2000:]
+    p.stdin.write("go\n")
+    p.stdin.flush()
+
+
 @pytest.mark.slow
 def test_kill_9_at_random_moments_loses_no_acknowledged_episode(lake: Lake) -> None:
     rng = random.Random(1234)
     all_acked: set[str] = set()
     trials = 30
-    for trial in range(trials):
-        p = spawn(lake, f"k{trial}", n=400, per_flush=rng.choice([1, 3, 10]))
-        time.sleep(rng.uniform(0.6, 2.5))
-        os.kill(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        all_acked |= acked(out)
-        rep = verify(lake)
-        assert rep.ok, f"trial {trial}: {rep.problems[:3]}"
+    # Each writer is killed a random time after it starts writing (not after the interpreter starts: under load
+    # the start-up alone took longer than the old sleep). The next writer starts up while this one writes.
+    nxt = spawn_waiting(lake, "k0", n=400, per_flush=rng.choice([1, 3, 10]))
+    try:
+        for trial in range(trials):
+            p = nxt
+            go(p)
+            if trial + 1 < trials:
+                nxt = spawn_waiting(lake, f"k{trial + 1}", n=400, per_flush=rng.choice([1, 3, 10]))
+            time.sleep(rng.uniform(0.05, 1.2))
+            os.kill(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            all_acked |= acked(out)
+            rep = verify(lake)
+            assert rep.ok, f"trial {trial}: {rep.problems[:3]}"
+    finally:
+        if nxt.poll() is None:  # a failed trial leaves the next writer waiting: it must not write after the test
+            nxt.kill()
+            nxt.communicate()
     con = connect(lake)
     present = {r[0] for r in con.execute("select episode_id from episodes").fetchall()}
     assert all_acked <= present, f"lost acknowledged episodes: {sorted(all_acked - present)[:5]}"

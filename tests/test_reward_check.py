@@ -4,6 +4,7 @@ does, and the perturbations do what their names say (issue 14)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +141,10 @@ def test_cli(lake: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 
 @pytest.mark.slow
-def test_on_mini_swe_rollouts(tmp_path: Path) -> None:
+def test_on_mini_swe_rollouts(dev_rollout: Callable[[str], tuple[Path, int]]) -> None:
     """The same verdicts on real Mini SWE trajectories (oracle and heuristic, dev split)."""
-    from trajlake.rollout.runner import RolloutConfig, run_rollout
-
     for policy in ("oracle", "heuristic"):
-        run_rollout(RolloutConfig(lake=str(tmp_path / "lake"), run_id=policy, env="mini-swe", policy=policy,
-                                  split="dev", seeds=(0,), workers=1))
-        assert check_reward(tmp_path / "lake", policy, SOUND)["hackable_under"] == []
-        assert "fabricated_progress" in check_reward(tmp_path / "lake", policy, HACKABLE)["hackable_under"]
+        lake, written = dev_rollout(policy)
+        assert written == 14
+        assert check_reward(lake, policy, SOUND)["hackable_under"] == []
+        assert "fabricated_progress" in check_reward(lake, policy, HACKABLE)["hackable_under"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,26 +137,35 @@ tasks = ["mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0
 """
 
 
+@pytest.fixture(scope="module")
+def dp_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny model and a lake of the oracle's B1 data, built once for both aggregations (each run trains on a
+    copy of the lake, so every run reads the very same episodes)."""
+    from trajlake.policies.tiny import build_tiny_model
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+
+    base = tmp_path_factory.mktemp("dp")
+    model = build_tiny_model(base / "model", max_positions=16384)
+    run_rollout(RolloutConfig(lake=str(base / "lake"), run_id="B1-data", env="mini-swe", policy="oracle",
+                              split="train", seeds=(0,), label="B1", task_ids=(
+                                  "mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0",
+                                  "mini-swe/rangeset/drop_guard/0", "mini-swe/textkit/flip_boolean/0")))
+    return model, base / "lake"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-def test_two_gloo_processes_train_like_one(tmp_path: Path, aggregation: str) -> None:
+def test_two_gloo_processes_train_like_one(tmp_path: Path, aggregation: str, dp_inputs: tuple[Path, Path]) -> None:
     """torchrun with 2 CPU processes (gloo): each rank reads half of every global batch; the global normaliser
     (policy tokens, or sequences for the seq-mean modes) and the summed gradients give the same losses and
     weights as one process on the whole batch."""
     import torch
 
-    from trajlake.policies.tiny import build_tiny_model
-    from trajlake.rollout.runner import RolloutConfig, run_rollout
-
-    model = build_tiny_model(tmp_path / "model", max_positions=16384)
+    model, data_lake = dp_inputs
     outs, losses, norms = {}, {}, {}
     for world in (1, 2):
         lake = tmp_path / f"lake{world}"
-        # the same oracle data in both lakes, played before training so both read identical episodes
-        run_rollout(RolloutConfig(lake=str(lake), run_id="B1-data", env="mini-swe", policy="oracle", split="train",
-                                  seeds=(0,), label="B1", task_ids=(
-                                      "mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0",
-                                      "mini-swe/rangeset/drop_guard/0", "mini-swe/textkit/flip_boolean/0")))
+        shutil.copytree(data_lake, lake)  # the same oracle episodes in both lakes
         cfg = tmp_path / f"dp{world}.toml"
         cfg.write_text(SFT_ONLY.format(out=tmp_path / f"out{world}", model=model, aggregation=aggregation))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",

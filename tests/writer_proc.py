@@ -1,4 +1,8 @@
-"""A writer process for the reliability tests: writes episodes and prints `ACK <id>` after each committed flush."""
+"""A writer process for the reliability tests: writes episodes and prints `ACK <id>` after each committed flush.
+
+With ``--wait-for-go`` first, it prints ``READY`` once imported and waits for a line on stdin before it opens the
+lake, so a test can start the next writer while the current one runs and time its kill from the writer's start,
+not from the interpreter's."""
 
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ def main() -> None:
     if sys.argv[1] == "--buffer-then-wait":
         buffer_then_wait()
         return
+    if sys.argv[1] == "--wait-for-go":
+        del sys.argv[1]
+        print("READY", flush=True)
+        sys.stdin.readline()
     lake_path, prefix, n, per_flush = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     shared = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     lake = open_lake(lake_path)
