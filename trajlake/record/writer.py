@@ -620,26 +620,37 @@ class LakeWriter:
         now = utcnow()
         t = _set_column(t, "written_at", pa.array([now] * t.num_rows, pa.timestamp("us", tz="UTC")))
         pk = ["run_id"] if name == "runs" else ["task_id", "task_version"]
+        new_keys = list(zip(*(t[c].to_pylist() for c in pk), strict=True))
+        new_hashes = hash_rows(t, name)
         with _commit_lock(self.lake):
-            existing: dict[tuple[Any, ...], str] = {}
-            for _, old in self.lake.iter_tables(name):
-                for k, h in zip(zip(*(old[c].to_pylist() for c in pk), strict=True), hash_rows(old, name), strict=True):
-                    existing[k] = h
-            new_keys = list(zip(*(t[c].to_pylist() for c in pk), strict=True))
-            new_hashes = hash_rows(t, name)
-            keep = []
-            seen: set[tuple[Any, ...]] = set()
-            for i, (k, h) in enumerate(zip(new_keys, new_hashes, strict=True)):
-                if k in existing or k in seen:
-                    if name == "runs" and existing.get(k, h) != h:
-                        raise ConflictError(f"runs: run {k[0]!r} already exists with a different definition")
-                    continue
-                seen.add(k)
-                keep.append(i)
-            if not keep:
-                return 0
-            self.lake.append(name, t.take(keep))
-            return len(keep)
+            # The same compare-and-swap as episodes: the rows are committed as the version after the one checked,
+            # or checked again (tasks and runs are small: the whole table is re-read).
+            for _ in range(_EPISODE_COMMIT_ATTEMPTS):
+                version, _acts = self.lake.latest_snapshot(name)
+                existing: dict[tuple[Any, ...], str] = {}
+                for _f, old in self.lake.iter_tables(name, version):
+                    for k, h in zip(zip(*(old[c].to_pylist() for c in pk), strict=True), hash_rows(old, name),
+                                    strict=True):
+                        existing[k] = h
+                keep = []
+                seen: set[tuple[Any, ...]] = set()
+                for i, (k, h) in enumerate(zip(new_keys, new_hashes, strict=True)):
+                    if k in existing or k in seen:
+                        if name == "runs" and existing.get(k, h) != h:
+                            raise ConflictError(f"runs: run {k[0]!r} already exists with a different definition")
+                        continue
+                    seen.add(k)
+                    keep.append(i)
+                if not keep:
+                    return 0
+                actions = self.lake.write_files(name, t.take(keep))
+                if self.lake.commit_if_unchanged(name, actions, version) is not None:
+                    return len(keep)
+                for a in actions:
+                    self.lake.remove_file(name, a.path)
+                time.sleep(random.uniform(0, 0.02))
+            raise TrajlakeError(f"{name}: could not commit after {_EPISODE_COMMIT_ATTEMPTS} attempts (other writers "
+                                f"kept committing first)")
 
 
 class EpisodeRecorder:
