@@ -181,6 +181,7 @@ def test_s3_four_writer_processes_with_overlapping_ids_commit_each_once(s3_lake_
         assert not mine_acked & mine_dups
         acks.update(mine_acked)
         dups.update(mine_dups)
+        print(out.replace("\n", " | "))  # shown with -s: where the duplicates were found and the races lost
     shared = [f"shared-{i}" for i in range(6)]
     own = [f"w{k}-{i}" for k in range(4) for i in range(4)]
     # each shared id: committed by exactly one writer, reported as a duplicate to the three others
