@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ def worker(lake_uri: str, prefix: str, start_at: float, seconds: float, per_comm
         time.sleep(0.005)
     flush_seconds: list[float] = []
     i = 0
+    cpu0 = time.process_time()
     while time.time() < start_at + seconds:
         eps, turns = [], []
         for _ in range(per_commit):
@@ -90,8 +92,9 @@ def worker(lake_uri: str, prefix: str, start_at: float, seconds: float, per_comm
         t0 = time.perf_counter()
         w.flush()
         flush_seconds.append(time.perf_counter() - t0)
+    cpu = time.process_time() - cpu0
     w.close()
-    Path(out).write_text(json.dumps({"records": records, "failed": failed, "flushes": flush_seconds,
+    Path(out).write_text(json.dumps({"records": records, "failed": failed, "flushes": flush_seconds, "cpu_s": cpu,
                                      "episodes": i, "lost_cas": w.commit_conflicts}))
 
 
@@ -119,7 +122,7 @@ def run_mode(mode: str, lake_uri: str, env: dict[str, str], writers: int, second
 
     Lake.init(lake_uri)
     start_at = time.time() + 4.0 + 0.6 * writers  # every process imported and waiting before the start
-    outs = [tmp / f"{mode}-{episodes_commit}-{k}.json" for k in range(writers)]
+    outs = [tmp / f"{mode}-{uuid.uuid4().hex[:8]}-{k}.json" for k in range(writers)]
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", lake_uri, f"{mode}{k}", str(start_at),
                                str(seconds), str(per_commit), str(outs[k]), episodes_commit], cwd=REPO, env=env)
              for k in range(writers)]
@@ -138,7 +141,10 @@ def run_mode(mode: str, lake_uri: str, env: dict[str, str], writers: int, second
                              "episodes": sum(r["episodes"] for r in results), "flushes": len(flushes),
                              "flush_p50_s": statistics.median(flushes),
                              "flush_p99_s": sorted(flushes)[int(0.99 * (len(flushes) - 1))],
-                             "lost_cas": sum(r["lost_cas"] for r in results), "tables": {}}
+                             "lost_cas": sum(r["lost_cas"] for r in results),
+                             # the writers' own CPU per flush (write_batch + flush): less swayed by other load
+                             "cpu_ms_per_flush": 1000 * sum(r["cpu_s"] for r in results) / max(1, len(flushes)),
+                             "tables": {}}
     for table in ("turns", "episodes"):
         where = log_versions(lake_uri, table)
         recs = [x for r in results for x in r["records"] if x["table"] == table and x["path"] in where]
@@ -171,8 +177,8 @@ def main() -> None:
     variants = args.episodes_commit.split(",")
     for mode in args.mode.split(","):
         if mode == "local":
-            for v in variants:
-                all_stats.append(run_mode("local", str(tmp / f"lake-{v}"), env, args.writers, args.seconds,
+            for i, v in enumerate(variants):
+                all_stats.append(run_mode("local", str(tmp / f"lake-{i}-{v}"), env, args.writers, args.seconds,
                                           args.episodes_per_commit, tmp, v))
         elif mode == "s3":
             from tests.s3_server import start_moto
@@ -180,9 +186,9 @@ def main() -> None:
             with start_moto() as server:
                 s3_env = {**env, **server.env()}
                 os.environ.update(server.env())
-                for v in variants:
-                    server.client().create_bucket(Bucket=f"fleet-{v}")  # type: ignore[attr-defined]
-                    all_stats.append(run_mode("s3", f"s3://fleet-{v}/lake", s3_env, args.writers, args.seconds,
+                for i, v in enumerate(variants):
+                    server.client().create_bucket(Bucket=f"fleet-{i}-{v}")  # type: ignore[attr-defined]
+                    all_stats.append(run_mode("s3", f"s3://fleet-{i}-{v}/lake", s3_env, args.writers, args.seconds,
                                               args.episodes_per_commit, tmp, v))
         else:
             raise SystemExit(f"unknown mode {mode!r}")
@@ -197,7 +203,8 @@ def main() -> None:
             print(f"  {table}: {ts['commits']} commits = {ts['commits_per_s']:.1f}/s; conflicts {ts['conflicts']} "
                   f"({ts['commits_with_conflict']} commits lost at least one race, at most "
                   f"{ts['max_conflicts_one_commit']} in one); trajlake-level retries {ts['retries']}")
-        print(f"  episodes compare-and-swap races lost and retried: {s['lost_cas']}")
+        print(f"  episodes compare-and-swap races lost and retried: {s['lost_cas']}; writer CPU per flush "
+              f"{s['cpu_ms_per_flush']:.0f} ms")
         rate = min(c, t["commits_per_s"])
         print(f"  commit interval at utilisation 0.5 of {rate:.1f} commits/s: "
               + ", ".join(f"N={n}: >= {n / (0.5 * rate):.1f} s" for n in fleet))

@@ -62,10 +62,10 @@ def _race_before_episodes_commit(monkeypatch: pytest.MonkeyPatch, loser: LakeWri
     original = loser.lake.commit_if_unchanged
     results: list[int] = []
 
-    def hooked(name: str, actions: Any, read_version: int) -> int | None:
+    def hooked(name: str, actions: Any, read_version: int, refresh: bool = True) -> int | None:
         if name == "episodes" and not results:
             intruder()
-        got = original(name, actions, read_version)
+        got = original(name, actions, read_version, refresh)
         results.append(-1 if got is None else got)
         return got
 
@@ -148,11 +148,11 @@ def test_lost_race_on_runs_skips_the_row_another_writer_added(tmp_path: Path,
     results: list[int] = []
     original = b.lake.commit_if_unchanged
 
-    def first_for_runs(name: str, actions: Any, read_version: int) -> int | None:
+    def first_for_runs(name: str, actions: Any, read_version: int, refresh: bool = True) -> int | None:
         if name == "runs" and not results:
             intruder()
             results.append(0)
-        return original(name, actions, read_version)
+        return original(name, actions, read_version, refresh)
 
     monkeypatch.setattr(b.lake, "commit_if_unchanged", first_for_runs)
     assert b.write_runs([run]) == 0  # lost the race; the retry finds the identical row and adds nothing
@@ -242,3 +242,33 @@ def test_s3_policy_versions_read_the_old_single_object_first(s3_lake_uri: str) -
     # the old object is never rewritten: an older reader still sees what it saw
     assert json.loads(lake.storage.read_bytes("_trajlake", "policies", "pol.json"))["versions"] == ["a", "b"]
     assert PolicyVersions(s3_lake_uri, "other").latest_label() == "other-v0"
+
+
+def test_duplicate_committed_while_turns_commit_is_caught_before_the_episodes_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The other writer commits ep-1 after b's first check, while b commits its turns: b's re-check right before
+    # its episodes commit finds it, so b never even tries to commit it.
+    monkeypatch.setattr(writer_mod, "_commit_lock", lambda lake: _no_commit_lock())
+    lake = open_lake(tmp_path / "lake", create=True)
+    other = Lake.open(lake.location)
+    b = LakeWriter(lake, handle_signals=False)
+    original = b.lake.commit
+    tried: list[str] = []
+
+    def commit(name: str, actions: Any, *args: Any, **kwargs: Any) -> int:
+        if name == "turns" and not tried:
+            tried.append(name)
+            with LakeWriter(other, handle_signals=False) as a:
+                a.write_batch(*_batch("ep-1"))
+        return original(name, actions, *args, **kwargs)
+
+    monkeypatch.setattr(b.lake, "commit", commit)
+    b.write_batch(*_batch("ep-1", "ep-2"), check_existing=False)
+    assert b.flush() == ["ep-2"]
+    b.close()
+    assert tried == ["turns"] and b.late_duplicates == ["ep-1"] and b.commit_conflicts == 0
+    con = connect(Lake.open(lake.location))
+    assert con.execute("select episode_id, count(*) from turns group by 1 order by 1").fetchall() == [
+        ("ep-1", 5), ("ep-2", 5)]
+    rep = verify(Lake.open(lake.location), strict=True)
+    assert rep.ok, rep.problems

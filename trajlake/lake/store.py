@@ -523,17 +523,21 @@ class Lake:
             time.sleep(min(0.5, 0.01 * (attempt + 1)))
         raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {one_line(last) if last else ''}")
 
-    def commit_if_unchanged(self, name: str, actions: Sequence[AddAction | RemoveAction], read_version: int) -> int | None:
+    def commit_if_unchanged(self, name: str, actions: Sequence[AddAction | RemoveAction], read_version: int,
+                            refresh: bool = True) -> int | None:
         """Commit ``actions`` as version ``read_version + 1`` or not at all: an optimistic compare-and-swap on the
         Delta log. Returns the new version, or None when the table moved past ``read_version`` (another writer
         committed since the caller's check): the caller re-checks what was added and tries again.
 
         delta-rs creates the log entry ``<read_version + 1>.json`` only if it does not exist (a conditional put,
         If-None-Match: * on object storage; a no-replace rename locally), and ``max_commit_retries=0`` stops it
-        from rebasing onto a newer version by itself."""
+        from rebasing onto a newer version by itself. ``refresh=False`` skips looking for newer versions first
+        (the caller's ``latest_snapshot`` just did): a newer one then makes the put fail, which is as safe."""
         td = table_def(name)
         with self._commit_tables_lock:
-            d = self._latest(name)
+            d = self._commit_tables.get(name) if not refresh else None
+            if d is None:
+                d = self._latest(name)
             if d.version() != read_version:
                 return None
             try:

@@ -68,7 +68,7 @@ _TRIM_EVERY_BYTES = 64 * 1024 * 1024
 _REFRESH_SECONDS = 1.0
 # Tries of the episodes compare-and-swap: each loss means another writer committed, so the lake progresses;
 # with jittered backoff a writer among 16 racing ones wins within a few dozen tries.
-_EPISODE_COMMIT_ATTEMPTS = 200
+_CAS_ATTEMPTS = 200
 _SIGNALS_INSTALLED = False
 
 
@@ -206,7 +206,7 @@ class LakeWriter:
         columns are filled. Raises ValidationError only for structural problems (unknown or missing columns).
         With ``dry_run`` everything is checked (against the lake too) but nothing is buffered.
         ``check_existing=False`` skips the early look-up of committed ids (for writers that know their ids are
-        new, like a resumed rollout); the flush still drops duplicates exactly, under the commit lock."""
+        new, like a resumed rollout); the flush still drops duplicates exactly (see ``_commit_checked``)."""
         ep = conform(to_table(episodes, "episodes"), "episodes", source)
         tu = conform(to_table(turns, "turns"), "turns", source)
         ev = conform(to_table(gateway_events, "gateway_events"), "gateway_events", source)
@@ -455,7 +455,7 @@ class LakeWriter:
 
     def _commit_streaming(self, batch: _Batch) -> list[str]:
         """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events,
-        then, under the commit lock, re-check the ids against the lake and commit turns, events, episodes."""
+        then re-check the ids against the lake and commit turns, events, episodes (``_commit_checked``)."""
         now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
         bad: dict[str, list[Issue]] = {}
         turn_keys: list[pa.Table] = []
@@ -512,14 +512,15 @@ class LakeWriter:
 
     def _commit_checked(self, ep: pa.Table, turn_actions: list[AddAction], event_actions: list[AddAction],
                         ep_actions: list[AddAction], bad: list[str]) -> list[str]:
-        """Check the ids against the lake, commit turns and events, then the episode rows as the next version
-        of the episodes table after the one checked (``Lake.commit_if_unchanged``). Another writer committing
-        episodes in between makes that fail: the ids are re-checked against only what it added, any found are
-        dropped (and their turns and events, already committed, retracted), and the commit is tried again.
+        """Check the ids against the lake, commit turns and events, re-check the ids against only what other
+        writers added meanwhile, then commit the episode rows as the next version of the episodes table after
+        the one checked (``Lake.commit_if_unchanged``). Another writer committing episodes in between makes that
+        fail: the ids are re-checked against only what it added, any found are dropped (and their turns and
+        events, already committed, retracted), and the commit is tried again.
         So two writers racing with one id commit it once, on object storage as on a local lake (where the
         commit lock serialises writers of one machine, and the compare-and-swap catches everyone else)."""
         run_ids = ep["run_id"].to_pylist()
-        version, acts = self.lake.latest_snapshot("episodes")
+        _, acts = self.lake.latest_snapshot("episodes")
         seen = set(acts["path"].to_pylist())
         existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=_file_ranges(acts))
         late = self._late(ep, existing) if existing else []
@@ -549,30 +550,31 @@ class LakeWriter:
             raise
         # From here turns and events are committed: a failure leaves them as orphans (invisible; compact
         # removes them), never as partial episodes.
-        for attempt in range(_EPISODE_COMMIT_ATTEMPTS):
-            if self.lake.commit_if_unchanged("episodes", ep_actions, version) is not None:
-                self.commit_conflicts += attempt
-                return list(ep["episode_id"].to_pylist())
-            # Lost the race: what did the winners add? (A compaction's rewrites show up too; they hold no id
-            # of ours, since ours were not in the lake at the last check.)
+        for attempt in range(_CAS_ATTEMPTS):
+            # What did other writers add since the last check (those of the turns and events commits just made,
+            # or the winners of a lost race)? A compaction's rewrites show up too; they hold no id of ours,
+            # since ours were not in the lake at the last check. Checking right before the commit keeps the
+            # window a concurrent commit can fall into to this snapshot's age.
             version, acts = self.lake.latest_snapshot("episodes")
-            paths = acts["path"].to_pylist()
             added = [f for f in _file_ranges(acts) if f[1] not in seen]
-            seen.update(paths)
-            existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=added)
+            seen.update(f[1] for f in added)
+            existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=added) if added else {}
             if existing:
                 drop = self._late(ep, existing)
                 ep = _drop(ep, drop)
                 turn_actions = self._retract("turns", turn_actions, drop)
                 event_actions = self._retract("gateway_events", event_actions, drop)
                 _remove_uncommitted(self.lake, [], [], ep_actions)
+                ep_actions = []  # (for the clean-up below, should the rewrite fail)
                 ep_actions = self.lake.write_files("episodes", ep) if ep.num_rows else []
                 if ep.num_rows == 0:
-                    self.commit_conflicts += attempt + 1
                     return []
+            if self.lake.commit_if_unchanged("episodes", ep_actions, version, refresh=False) is not None:
+                return list(ep["episode_id"].to_pylist())
+            self.commit_conflicts += 1  # lost the race: another writer created that version first
             time.sleep(random.uniform(0, min(0.25, 0.004 * 2 ** min(attempt, 6))))  # jitter: spread the racers
         _remove_uncommitted(self.lake, [], [], ep_actions)
-        raise TrajlakeError(f"episodes: could not commit after {_EPISODE_COMMIT_ATTEMPTS} attempts (other writers "
+        raise TrajlakeError(f"episodes: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
                             f"kept committing first); the turns and events of {ep.num_rows} episode(s) are "
                             f"committed orphans that `trajlake compact` removes")
 
@@ -625,7 +627,7 @@ class LakeWriter:
         with _commit_lock(self.lake):
             # The same compare-and-swap as episodes: the rows are committed as the version after the one checked,
             # or checked again (tasks and runs are small: the whole table is re-read).
-            for _ in range(_EPISODE_COMMIT_ATTEMPTS):
+            for _ in range(_CAS_ATTEMPTS):
                 version, _acts = self.lake.latest_snapshot(name)
                 existing: dict[tuple[Any, ...], str] = {}
                 for _f, old in self.lake.iter_tables(name, version):
@@ -649,7 +651,7 @@ class LakeWriter:
                 for a in actions:
                     self.lake.remove_file(name, a.path)
                 time.sleep(random.uniform(0, 0.02))
-            raise TrajlakeError(f"{name}: could not commit after {_EPISODE_COMMIT_ATTEMPTS} attempts (other writers "
+            raise TrajlakeError(f"{name}: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
                                 f"kept committing first)")
 
 
@@ -950,9 +952,10 @@ def _remove_uncommitted(lake: Lake, *action_lists: Sequence[Any]) -> None:
 
 @contextlib.contextmanager
 def _commit_lock(lake: Lake) -> Iterator[None]:
-    """Serialise check-and-commit across processes on one machine (local lakes). Object storage has no lock:
-    a race of two writers over the same episode id can commit it twice (identical content: ``compact`` removes
-    the copy, ``verify`` reports it); writers of distinct ids, the normal case, need none."""
+    """Serialise check-and-commit across processes on one machine (local lakes): they then never race, so never
+    redo a check. Object storage has no lock and needs none for correctness: the episodes commit is a
+    compare-and-swap on the Delta log (``LakeWriter._commit_checked``), which also covers writers on several
+    machines sharing a local-looking folder."""
     if not lake.is_local:
         yield
         return
