@@ -56,15 +56,19 @@ def any_lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lake:
     return Lake.init(uri)
 
 
-def _race_before_episodes_commit(monkeypatch: pytest.MonkeyPatch, loser: LakeWriter, intruder: Any) -> list[int]:
+def _race_before_episodes_commit(monkeypatch: pytest.MonkeyPatch, loser: LakeWriter, intruder: Any,
+                                 lose_the_put: bool = False) -> list[int]:
     """Make ``intruder()`` run once between ``loser``'s duplicate check and its episodes commit (the window a
-    writer on another machine can commit in); returns the loser's commit_if_unchanged results, in order."""
+    writer on another machine can commit in); returns the loser's commit_if_unchanged results, in order.
+    ``lose_the_put``: the loser's first try does not refresh the table (as if the intruder committed between
+    its refresh and its put), so it is the conditional put of the log entry that fails."""
     original = loser.lake.commit_if_unchanged
     results: list[int] = []
 
     def hooked(name: str, actions: Any, read_version: int, refresh: bool = True) -> int | None:
         if name == "episodes" and not results:
             intruder()
+            refresh = refresh and not lose_the_put
         got = original(name, actions, read_version, refresh)
         results.append(-1 if got is None else got)
         return got
@@ -73,8 +77,9 @@ def _race_before_episodes_commit(monkeypatch: pytest.MonkeyPatch, loser: LakeWri
     return results
 
 
+@pytest.mark.parametrize("lose_the_put", [False, True], ids=["table-moved", "put-lost"])
 def test_lost_episodes_race_drops_late_duplicates_and_retracts_their_turns(
-        any_lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+        any_lake: Lake, monkeypatch: pytest.MonkeyPatch, lose_the_put: bool) -> None:
     # Writers on different machines share no file lock: take it away, so only the compare-and-swap protects.
     monkeypatch.setattr(writer_mod, "_commit_lock", lambda lake: _no_commit_lock())
     lake = any_lake
@@ -89,7 +94,7 @@ def test_lost_episodes_race_drops_late_duplicates_and_retracts_their_turns(
     b = LakeWriter(lake, handle_signals=False)
     # b does not look ids up early: only the commit path can find ep-1 and ep-3 committed by the intruder
     assert b.write_batch(*_batch("ep-1", "ep-2", "ep-3"), check_existing=False).accepted == ["ep-1", "ep-2", "ep-3"]
-    results = _race_before_episodes_commit(monkeypatch, b, intruder)
+    results = _race_before_episodes_commit(monkeypatch, b, intruder, lose_the_put)
     assert b.flush() == ["ep-2"]
     with pytest.raises(ConflictError, match=r"ep-3: episodes\.content_hash: episode id was committed concurrently"):
         b.close()  # as on a local lake where the lock serialised the two
@@ -124,7 +129,7 @@ def test_lost_race_with_only_duplicates_commits_nothing_and_leaves_no_turns(
     results = _race_before_episodes_commit(monkeypatch, b, intruder)
     assert b.flush() == []
     b.close()
-    assert results == [-1] and sorted(b.late_duplicates) == ["ep-1", "ep-2"]
+    assert results == [-1] and sorted(b.late_duplicates) == ["ep-1", "ep-2"] and b.commit_conflicts == 1
     con = connect(Lake.open(lake.location))
     assert con.execute("select count(*) from turns").fetchone() == (10,)
     assert con.execute("select count(*) from gateway_events").fetchone() == (4,)
@@ -244,10 +249,10 @@ def test_s3_policy_versions_read_the_old_single_object_first(s3_lake_uri: str) -
     assert PolicyVersions(s3_lake_uri, "other").latest_label() == "other-v0"
 
 
-def test_duplicate_committed_while_turns_commit_is_caught_before_the_episodes_commit(
+def test_duplicate_committed_while_turns_commit_is_caught_by_the_first_commit_try(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The other writer commits ep-1 after b's first check, while b commits its turns: b's re-check right before
-    # its episodes commit finds it, so b never even tries to commit it.
+    # The other writer commits ep-1 after b's first check, while b commits its turns: b's first episodes commit
+    # try sees the table moved (no put), re-checks, and commits without ep-1.
     monkeypatch.setattr(writer_mod, "_commit_lock", lambda lake: _no_commit_lock())
     lake = open_lake(tmp_path / "lake", create=True)
     other = Lake.open(lake.location)
@@ -266,7 +271,7 @@ def test_duplicate_committed_while_turns_commit_is_caught_before_the_episodes_co
     b.write_batch(*_batch("ep-1", "ep-2"), check_existing=False)
     assert b.flush() == ["ep-2"]
     b.close()
-    assert tried == ["turns"] and b.late_duplicates == ["ep-1"] and b.commit_conflicts == 0
+    assert tried == ["turns"] and b.late_duplicates == ["ep-1"] and b.commit_conflicts == 1
     con = connect(Lake.open(lake.location))
     assert con.execute("select episode_id, count(*) from turns group by 1 order by 1").fetchall() == [
         ("ep-1", 5), ("ep-2", 5)]

@@ -155,8 +155,8 @@ class LakeWriter:
         self._id_bounds: dict[str, tuple[str | None, str | None]] = {}  # data file -> its own episode_id range
         self._refreshed = 0.0
         self.late_duplicates: list[str] = []
-        # episodes commits this writer lost to another writer's and retried (its compare-and-swap; see
-        # ``_commit_checked``)
+        # times an episodes commit found the table moved since its check (another writer's commit) and
+        # re-checked before trying again (its compare-and-swap; see ``_commit_checked``)
         self.commit_conflicts = 0
         self._bg: threading.Thread | None = None
         self._bg_error: BaseException | None = None
@@ -512,15 +512,14 @@ class LakeWriter:
 
     def _commit_checked(self, ep: pa.Table, turn_actions: list[AddAction], event_actions: list[AddAction],
                         ep_actions: list[AddAction], bad: list[str]) -> list[str]:
-        """Check the ids against the lake, commit turns and events, re-check the ids against only what other
-        writers added meanwhile, then commit the episode rows as the next version of the episodes table after
-        the one checked (``Lake.commit_if_unchanged``). Another writer committing episodes in between makes that
-        fail: the ids are re-checked against only what it added, any found are dropped (and their turns and
-        events, already committed, retracted), and the commit is tried again.
+        """Check the ids against the lake, commit turns and events, then the episode rows as the next version
+        of the episodes table after the one checked (``Lake.commit_if_unchanged``). Another writer committing
+        episodes in between makes that fail: the ids are re-checked against only what it added, any found are
+        dropped (and their turns and events, already committed, retracted), and the commit is tried again.
         So two writers racing with one id commit it once, on object storage as on a local lake (where the
         commit lock serialises writers of one machine, and the compare-and-swap catches everyone else)."""
         run_ids = ep["run_id"].to_pylist()
-        _, acts = self.lake.latest_snapshot("episodes")
+        version, acts = self.lake.latest_snapshot("episodes")
         seen = set(acts["path"].to_pylist())
         existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=_file_ranges(acts))
         late = self._late(ep, existing) if existing else []
@@ -551,10 +550,16 @@ class LakeWriter:
         # From here turns and events are committed: a failure leaves them as orphans (invisible; compact
         # removes them), never as partial episodes.
         for attempt in range(_CAS_ATTEMPTS):
-            # What did other writers add since the last check (those of the turns and events commits just made,
-            # or the winners of a lost race)? A compaction's rewrites show up too; they hold no id of ours,
-            # since ours were not in the lake at the last check. Checking right before the commit keeps the
-            # window a concurrent commit can fall into to this snapshot's age.
+            # The first try refreshes the table and commits only if nothing was committed since the check (the
+            # common case on a local lake, whose writers take turns under the lock); later tries commit on the
+            # snapshot just re-checked, so a commit in between makes the conditional put fail.
+            if self.lake.commit_if_unchanged("episodes", ep_actions, version, refresh=attempt == 0) is not None:
+                return list(ep["episode_id"].to_pylist())
+            self.commit_conflicts += 1
+            if attempt:  # lost a put to another writer: spread the racers
+                time.sleep(random.uniform(0, min(0.25, 0.004 * 2 ** min(attempt, 6))))
+            # What did other writers add since the last check? A compaction's rewrites show up too; they hold no
+            # id of ours, since ours were not in the lake at the last check.
             version, acts = self.lake.latest_snapshot("episodes")
             added = [f for f in _file_ranges(acts) if f[1] not in seen]
             seen.update(f[1] for f in added)
@@ -569,10 +574,6 @@ class LakeWriter:
                 ep_actions = self.lake.write_files("episodes", ep) if ep.num_rows else []
                 if ep.num_rows == 0:
                     return []
-            if self.lake.commit_if_unchanged("episodes", ep_actions, version, refresh=False) is not None:
-                return list(ep["episode_id"].to_pylist())
-            self.commit_conflicts += 1  # lost the race: another writer created that version first
-            time.sleep(random.uniform(0, min(0.25, 0.004 * 2 ** min(attempt, 6))))  # jitter: spread the racers
         _remove_uncommitted(self.lake, [], [], ep_actions)
         raise TrajlakeError(f"episodes: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
                             f"kept committing first); the turns and events of {ep.num_rows} episode(s) are "
