@@ -66,8 +66,8 @@ _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
 DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 _TRIM_EVERY_BYTES = 64 * 1024 * 1024
 _REFRESH_SECONDS = 1.0
-# Tries of the episodes compare-and-swap: each loss means another writer committed, so the lake progresses;
-# with jittered backoff a writer among 16 racing ones wins within a few dozen tries.
+# Tries of the episodes (and runs/tasks) compare-and-swap: each loss means another writer committed, so the lake
+# as a whole progresses; the bound only ends one writer's run of bad luck (with jittered backoff between tries).
 _CAS_ATTEMPTS = 200
 _SIGNALS_INSTALLED = False
 
