@@ -548,7 +548,7 @@ class Lake:
                 return None  # another writer created that version first
             d.update_incremental()
             self._record_commits(name, read_version + 1, d.version())
-            return d.version()
+            return read_version + 1  # ours (d may already show a later writer's version too)
 
     def _record_commits(self, name: str, first: int, last: int) -> None:
         """Record the sha256 of log entries ``first..last`` (see COMMIT_RECORDS): the log alone cannot show
