@@ -402,8 +402,14 @@ class Lake:
     def latest_add_actions(self, name: str) -> pa.Table:
         """The live files of ``name`` at its newest version (``DeltaTable.get_add_actions(flatten=True)``), from
         the incrementally refreshed table of the commit path."""
+        return self.latest_snapshot(name)[1]
+
+    def latest_snapshot(self, name: str) -> tuple[int, pa.Table]:
+        """(newest version, its live files as ``latest_add_actions``): the read version a ``commit_if_unchanged``
+        of a check made against these files must name."""
         with self._commit_tables_lock:
-            return pa.table(self._latest(name).get_add_actions(flatten=True))
+            d = self._latest(name)
+            return d.version(), pa.table(d.get_add_actions(flatten=True))
 
     def files(self, name: str, version: int | None = None,
               partition_filters: list[tuple[str, str, Any]] | None = None) -> list[DataFile]:
@@ -463,9 +469,11 @@ class Lake:
         groups right away), ``close`` for the Add actions to commit."""
         return DataFileSink(self, name)
 
-    def drop_rows(self, name: str, actions: Sequence[AddAction], column: str, values: Sequence[str]) -> list[AddAction]:
-        """Rewrite uncommitted data files without the rows whose ``column`` is in ``values`` (a row group at a
-        time); removes the old files and returns the new files' Add actions."""
+    def drop_rows(self, name: str, actions: Sequence[AddAction], column: str, values: Sequence[str],
+                  delete_old: bool = True) -> list[AddAction]:
+        """Rewrite data files without the rows whose ``column`` is in ``values`` (a row group at a time); returns
+        the new files' Add actions. The old files are deleted (``delete_old``, for uncommitted files) or kept (for
+        committed ones: readers of older versions still need them until vacuum)."""
         drop = pa.array(sorted(set(values)), pa.string())
         with self.open_sink(name) as sink:
             for a in actions:
@@ -478,8 +486,9 @@ class Lake:
                     sink.write(t.filter(pc.invert(pc.is_in(t[column], value_set=drop))))
                 pf.close()
             new = sink.close()
-        for a in actions:
-            self.remove_file(name, a.path)
+        if delete_old:
+            for a in actions:
+                self.remove_file(name, a.path)
         return new
 
     def commit(self, name: str, actions: Sequence[AddAction | RemoveAction], retries: int = 200,
@@ -513,6 +522,33 @@ class Lake:
                     last = e
             time.sleep(min(0.5, 0.01 * (attempt + 1)))
         raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {one_line(last) if last else ''}")
+
+    def commit_if_unchanged(self, name: str, actions: Sequence[AddAction | RemoveAction], read_version: int,
+                            refresh: bool = True) -> int | None:
+        """Commit ``actions`` as version ``read_version + 1`` or not at all: an optimistic compare-and-swap on the
+        Delta log. Returns the new version, or None when the table moved past ``read_version`` (another writer
+        committed since the caller's check): the caller re-checks what was added and tries again.
+
+        delta-rs creates the log entry ``<read_version + 1>.json`` only if it does not exist (a conditional put,
+        If-None-Match: * on object storage; a no-replace rename locally), and ``max_commit_retries=0`` stops it
+        from rebasing onto a newer version by itself. ``refresh=False`` skips looking for newer versions first
+        (the caller's ``latest_snapshot`` just did): a newer one then makes the put fail, which is as safe."""
+        td = table_def(name)
+        with self._commit_tables_lock:
+            d = self._commit_tables.get(name) if not refresh else None
+            if d is None:
+                d = self._latest(name)
+            if d.version() != read_version:
+                return None
+            try:
+                d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
+                                           partition_by=list(td.partition_by) or None,
+                                           commit_properties=deltalake.CommitProperties(max_commit_retries=0))
+            except CommitFailedError:
+                return None  # another writer created that version first
+            d.update_incremental()
+            self._record_commits(name, read_version + 1, d.version())
+            return read_version + 1  # ours (d may already show a later writer's version too)
 
     def _record_commits(self, name: str, first: int, last: int) -> None:
         """Record the sha256 of log entries ``first..last`` (see COMMIT_RECORDS): the log alone cannot show

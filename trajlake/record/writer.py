@@ -29,7 +29,9 @@ import ctypes.util
 import datetime as dt
 import fcntl
 import functools
+import json
 import os
+import random
 import signal
 import threading
 import time
@@ -47,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
+from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
@@ -63,6 +66,9 @@ _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
 DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 _TRIM_EVERY_BYTES = 64 * 1024 * 1024
 _REFRESH_SECONDS = 1.0
+# Tries of the episodes (and runs/tasks) compare-and-swap: each loss means another writer committed, so the lake
+# as a whole progresses; the bound only ends one writer's run of bad luck (with jittered backoff between tries).
+_CAS_ATTEMPTS = 200
 _SIGNALS_INSTALLED = False
 
 
@@ -149,6 +155,9 @@ class LakeWriter:
         self._id_bounds: dict[str, tuple[str | None, str | None]] = {}  # data file -> its own episode_id range
         self._refreshed = 0.0
         self.late_duplicates: list[str] = []
+        # times an episodes commit found the table moved since its check (another writer's commit) and
+        # re-checked before trying again (its compare-and-swap; see ``_commit_checked``)
+        self.commit_conflicts = 0
         self._bg: threading.Thread | None = None
         self._bg_error: BaseException | None = None
         self._bg_committed: list[str] = []
@@ -197,7 +206,7 @@ class LakeWriter:
         columns are filled. Raises ValidationError only for structural problems (unknown or missing columns).
         With ``dry_run`` everything is checked (against the lake too) but nothing is buffered.
         ``check_existing=False`` skips the early look-up of committed ids (for writers that know their ids are
-        new, like a resumed rollout); the flush still drops duplicates exactly, under the commit lock."""
+        new, like a resumed rollout); the flush still drops duplicates exactly (see ``_commit_checked``)."""
         ep = conform(to_table(episodes, "episodes"), "episodes", source)
         tu = conform(to_table(turns, "turns"), "turns", source)
         ev = conform(to_table(gateway_events, "gateway_events"), "gateway_events", source)
@@ -300,17 +309,16 @@ class LakeWriter:
 
     # -- committing ------------------------------------------------------------------------------------------
     def _existing(self, ids: list[str], run_ids: list[str], refresh: bool = True,
-                  own_snapshot: bool = False) -> dict[str, str]:
-        """content_hash of those ``ids`` already committed in the lake.
+                  files: list[tuple[str | None, str, str | None, str | None]] | None = None) -> dict[str, str]:
+        """content_hash of those ``ids`` already committed in the lake (or in ``files``, given by the commit path:
+        an exact snapshot of the episodes table, or the files a concurrent writer added since one).
 
         Only files of the ids' run partitions whose episode_id min/max statistics can contain one of the ids
         are read (two columns each); time-ordered ids (``new_episode_id``) make that a handful of recent files.
         Memory stays bounded by the batch, not by the lake."""
         if not ids:
             return {}
-        if own_snapshot:  # the commit path (maybe a background thread): the lake's newest version, exactly
-            files = _file_ranges(self.lake.latest_add_actions("episodes"))
-        else:
+        if files is None:
             if self._episodes_delta is None:
                 self._episodes_delta = self.lake.delta("episodes")
                 self._refreshed = time.monotonic()
@@ -447,7 +455,7 @@ class LakeWriter:
 
     def _commit_streaming(self, batch: _Batch) -> list[str]:
         """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events,
-        then, under the commit lock, re-check the ids against the lake and commit turns, events, episodes."""
+        then re-check the ids against the lake and commit turns, events, episodes (``_commit_checked``)."""
         now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
         bad: dict[str, list[Issue]] = {}
         turn_keys: list[pa.Table] = []
@@ -478,39 +486,118 @@ class LakeWriter:
         except BaseException:
             _remove_uncommitted(self.lake, turn_actions)
             raise
+        try:
+            ep = _drop(ep, list(bad))
+            # written before the check, so that the window between the check and the commit holds only commits
+            ep_actions = self.lake.write_files("episodes", ep)
+        except BaseException:
+            _remove_uncommitted(self.lake, turn_actions, event_actions)
+            raise
         with _commit_lock(self.lake):
-            # Re-check under the lock: another process may have committed some ids since they were buffered.
-            ids = ep["episode_id"].to_pylist()
-            existing = self._existing(ids, ep["run_id"].to_pylist(), own_snapshot=True)
-            if existing:
-                mine = dict(zip(ids, ep["content_hash"].to_pylist(), strict=True))
-                for e, h in existing.items():
-                    if h == mine[e]:
-                        self.late_duplicates.append(e)
-                    else:
-                        self.late_conflicts[e] = [Issue("episodes", e, None, "content_hash",
-                                                        "episode id was committed concurrently with different "
-                                                        "content")]
-            drop = [*bad, *existing]
-            if drop:
-                # the buffer is gone (released as it was written): filter the written files instead
-                ep = _drop(ep, drop)
-                try:
-                    turn_actions = self.lake.drop_rows("turns", turn_actions, "episode_id", drop)
-                    event_actions = self.lake.drop_rows("gateway_events", event_actions, "episode_id", drop)
-                except BaseException:
-                    _remove_uncommitted(self.lake, turn_actions, event_actions)
-                    raise
-                if ep.num_rows == 0:
-                    _remove_uncommitted(self.lake, turn_actions, event_actions)
-                    return []
+            committed = self._commit_checked(ep, turn_actions, event_actions, ep_actions, list(bad))
+        self.committed += len(committed)
+        return committed
+
+    def _late(self, ep: pa.Table, existing: dict[str, str]) -> list[str]:
+        """Sort ids another writer committed first into late duplicates (same content) and late conflicts;
+        returns them (to drop)."""
+        mine = dict(zip(ep["episode_id"].to_pylist(), ep["content_hash"].to_pylist(), strict=True))
+        for e, h in existing.items():
+            if h == mine[e]:
+                self.late_duplicates.append(e)
+            else:
+                self.late_conflicts[e] = [Issue("episodes", e, None, "content_hash",
+                                                "episode id was committed concurrently with different content")]
+        return list(existing)
+
+    def _commit_checked(self, ep: pa.Table, turn_actions: list[AddAction], event_actions: list[AddAction],
+                        ep_actions: list[AddAction], bad: list[str]) -> list[str]:
+        """Check the ids against the lake, commit turns and events, then the episode rows as the next version
+        of the episodes table after the one checked (``Lake.commit_if_unchanged``). Another writer committing
+        episodes in between makes that fail: the ids are re-checked against only what it added, any found are
+        dropped (and their turns and events, already committed, retracted), and the commit is tried again.
+        So two writers racing with one id commit it once, on object storage as on a local lake (where the
+        commit lock serialises writers of one machine, and the compare-and-swap catches everyone else)."""
+        run_ids = ep["run_id"].to_pylist()
+        version, acts = self.lake.latest_snapshot("episodes")
+        seen = set(acts["path"].to_pylist())
+        existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=_file_ranges(acts))
+        late = self._late(ep, existing) if existing else []
+        try:
+            if bad or late:
+                # not committed yet: filter the written files (the buffer is gone, released as it was written);
+                # the turn files still hold the turns of episodes whose hashes were bad
+                turn_actions = self.lake.drop_rows("turns", turn_actions, "episode_id", [*bad, *late])
+            if late:
+                event_actions = self.lake.drop_rows("gateway_events", event_actions, "episode_id", late)
+                ep = _drop(ep, late)
+                _remove_uncommitted(self.lake, [], [], ep_actions)
+                ep_actions = []  # (for the clean-up below, should the rewrite fail)
+                ep_actions = self.lake.write_files("episodes", ep) if ep.num_rows else []
+        except BaseException:
+            _remove_uncommitted(self.lake, turn_actions, event_actions, ep_actions)
+            raise
+        if ep.num_rows == 0:
+            _remove_uncommitted(self.lake, turn_actions, event_actions, ep_actions)
+            return []
+        try:
             self.lake.commit("turns", list(turn_actions))
             if event_actions:
                 self.lake.commit("gateway_events", list(event_actions))
-            self.lake.append("episodes", ep)
-        committed: list[str] = ep["episode_id"].to_pylist()
-        self.committed += len(committed)
-        return committed
+        except BaseException:
+            _remove_uncommitted(self.lake, [], [], ep_actions)
+            raise
+        # From here turns and events are committed: a failure leaves them as orphans (invisible; compact
+        # removes them), never as partial episodes.
+        for attempt in range(_CAS_ATTEMPTS):
+            # The first try refreshes the table and commits only if nothing was committed since the check (the
+            # common case on a local lake, whose writers take turns under the lock); later tries commit on the
+            # snapshot just re-checked, so a commit in between makes the conditional put fail.
+            if self.lake.commit_if_unchanged("episodes", ep_actions, version, refresh=attempt == 0) is not None:
+                return list(ep["episode_id"].to_pylist())
+            self.commit_conflicts += 1
+            if attempt:  # lost a put to another writer: spread the racers
+                time.sleep(random.uniform(0, min(0.25, 0.004 * 2 ** min(attempt, 6))))
+            # What did other writers add since the last check? A compaction's rewrites show up too; they hold no
+            # id of ours, since ours were not in the lake at the last check.
+            version, acts = self.lake.latest_snapshot("episodes")
+            added = [f for f in _file_ranges(acts) if f[1] not in seen]
+            seen.update(f[1] for f in added)
+            existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=added) if added else {}
+            if existing:
+                drop = self._late(ep, existing)
+                ep = _drop(ep, drop)
+                turn_actions = self._retract("turns", turn_actions, drop)
+                event_actions = self._retract("gateway_events", event_actions, drop)
+                _remove_uncommitted(self.lake, [], [], ep_actions)
+                ep_actions = []  # (for the clean-up below, should the rewrite fail)
+                ep_actions = self.lake.write_files("episodes", ep) if ep.num_rows else []
+                if ep.num_rows == 0:
+                    return []
+        _remove_uncommitted(self.lake, [], [], ep_actions)
+        raise TrajlakeError(f"episodes: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
+                            f"kept committing first); the turns and events of {ep.num_rows} episode(s) are "
+                            f"committed orphans that `trajlake compact` removes")
+
+    def _retract(self, name: str, actions: list[AddAction], ids: list[str]) -> list[AddAction]:
+        """Take the rows of ``ids`` out of this writer's committed files of ``name`` (their episodes turned out
+        to be another writer's): one transaction removes the files that hold them and adds them rewritten
+        without. Returns the writer's files of ``name`` now live."""
+        wanted = sorted(ids)
+        hit = [a for a in actions if _may_hold(a, wanted)]
+        if not hit:
+            return actions
+        new = self.lake.drop_rows(name, hit, "episode_id", ids, delete_old=False)
+        now = int(time.time() * 1000)
+        removes = [RemoveAction(a.path, True, now, a.size, dict(a.partition_values)) for a in hit]
+        try:
+            self.lake.commit(name, [*removes, *new], expect_present=[a.path for a in hit])
+        except BaseException:
+            for a in new:
+                self.lake.remove_file(name, a.path)
+            raise
+        gone = {a.path for a in hit}
+        return [a for a in actions if a.path not in gone] + new
 
     # -- tasks and runs --------------------------------------------------------------------------------------
     def write_tasks(self, tasks: pa.Table | Sequence[Mapping[str, Any]]) -> int:
@@ -536,26 +623,37 @@ class LakeWriter:
         now = utcnow()
         t = _set_column(t, "written_at", pa.array([now] * t.num_rows, pa.timestamp("us", tz="UTC")))
         pk = ["run_id"] if name == "runs" else ["task_id", "task_version"]
+        new_keys = list(zip(*(t[c].to_pylist() for c in pk), strict=True))
+        new_hashes = hash_rows(t, name)
         with _commit_lock(self.lake):
-            existing: dict[tuple[Any, ...], str] = {}
-            for _, old in self.lake.iter_tables(name):
-                for k, h in zip(zip(*(old[c].to_pylist() for c in pk), strict=True), hash_rows(old, name), strict=True):
-                    existing[k] = h
-            new_keys = list(zip(*(t[c].to_pylist() for c in pk), strict=True))
-            new_hashes = hash_rows(t, name)
-            keep = []
-            seen: set[tuple[Any, ...]] = set()
-            for i, (k, h) in enumerate(zip(new_keys, new_hashes, strict=True)):
-                if k in existing or k in seen:
-                    if name == "runs" and existing.get(k, h) != h:
-                        raise ConflictError(f"runs: run {k[0]!r} already exists with a different definition")
-                    continue
-                seen.add(k)
-                keep.append(i)
-            if not keep:
-                return 0
-            self.lake.append(name, t.take(keep))
-            return len(keep)
+            # The same compare-and-swap as episodes: the rows are committed as the version after the one checked,
+            # or checked again (tasks and runs are small: the whole table is re-read).
+            for _ in range(_CAS_ATTEMPTS):
+                version, _acts = self.lake.latest_snapshot(name)
+                existing: dict[tuple[Any, ...], str] = {}
+                for _f, old in self.lake.iter_tables(name, version):
+                    for k, h in zip(zip(*(old[c].to_pylist() for c in pk), strict=True), hash_rows(old, name),
+                                    strict=True):
+                        existing[k] = h
+                keep = []
+                seen: set[tuple[Any, ...]] = set()
+                for i, (k, h) in enumerate(zip(new_keys, new_hashes, strict=True)):
+                    if k in existing or k in seen:
+                        if name == "runs" and existing.get(k, h) != h:
+                            raise ConflictError(f"runs: run {k[0]!r} already exists with a different definition")
+                        continue
+                    seen.add(k)
+                    keep.append(i)
+                if not keep:
+                    return 0
+                actions = self.lake.write_files(name, t.take(keep))
+                if self.lake.commit_if_unchanged(name, actions, version) is not None:
+                    return len(keep)
+                for a in actions:
+                    self.lake.remove_file(name, a.path)
+                time.sleep(random.uniform(0, 0.02))
+            raise TrajlakeError(f"{name}: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
+                                f"kept committing first)")
 
 
 class EpisodeRecorder:
@@ -754,6 +852,17 @@ def _file_ranges(acts: pa.Table) -> list[tuple[str | None, str, str | None, str 
     return list(zip(col("partition.run_id"), col("path"), col("min.episode_id"), col("max.episode_id"), strict=True))
 
 
+def _may_hold(action: AddAction, wanted: list[str]) -> bool:
+    """Whether a data file this writer wrote may hold one of the ``wanted`` (sorted) episode ids, by the
+    episode_id range in its statistics (its own, just computed: not read back from a log)."""
+    try:
+        stats = json.loads(action.stats or "{}")
+        lo, hi = stats["minValues"]["episode_id"], stats["maxValues"]["episode_id"]
+    except (KeyError, TypeError, ValueError):
+        return True
+    return bisect.bisect_left(wanted, lo) < bisect.bisect_right(wanted, hi)
+
+
 def _row_groups(turns: deque[tuple[pa.Table, int]], max_bytes: int) -> Iterator[tuple[pa.Table, int]]:
     """The buffered turn tables as row-group-sized tables (no copy) with their buffered bytes, taking each
     buffered table off the queue (the caller releases the bytes once the group is written)."""
@@ -836,16 +945,18 @@ def _return_free_memory() -> None:
 
 
 def _remove_uncommitted(lake: Lake, *action_lists: Sequence[Any]) -> None:
-    for actions, name in zip(action_lists, ("turns", "gateway_events"), strict=False):
+    """Delete uncommitted data files: turns, then gateway_events, then episodes (in that order)."""
+    for actions, name in zip(action_lists, ("turns", "gateway_events", "episodes"), strict=False):
         for a in actions:
             lake.remove_file(name, a.path)
 
 
 @contextlib.contextmanager
 def _commit_lock(lake: Lake) -> Iterator[None]:
-    """Serialise check-and-commit across processes on one machine (local lakes). Object storage has no lock:
-    a race of two writers over the same episode id can commit it twice (identical content: ``compact`` removes
-    the copy, ``verify`` reports it); writers of distinct ids, the normal case, need none."""
+    """Serialise check-and-commit across processes on one machine (local lakes): they then never race, so never
+    redo a check. Object storage has no lock and needs none for correctness: the episodes commit is a
+    compare-and-swap on the Delta log (``LakeWriter._commit_checked``), which also covers writers on several
+    machines sharing a local-looking folder."""
     if not lake.is_local:
         yield
         return
