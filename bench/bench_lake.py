@@ -117,10 +117,13 @@ def dir_bytes(p: Path) -> int:
 
 
 def child_memory(rows: int, tokens: int, append_rows: int, out: Path, buffer_bytes: int | None = None
-                 ) -> tuple[float, float]:
-    """(peak RSS, RSS after imports and opening the lake) in MB of a fresh process writing ``rows`` turn rows
-    generated on the fly. VmHWM belongs to the child's own address space (``ru_maxrss`` would include the pages
-    of the parent it was forked from)."""
+                 ) -> tuple[float, float, float]:
+    """(peak RSS, RSS after imports and opening the lake, code pages mapped since) in MB of a fresh process
+    writing ``rows`` turn rows generated on the fly. VmHWM belongs to the child's own address space
+    (``ru_maxrss`` would include the pages of the parent it was forked from). The third figure is the growth of
+    the file-backed RSS (RssFile): the shared libraries' code the first commit pages in (Parquet encoder, zstd,
+    delta-rs's commit path); it stays mapped, and the page cache shares it between all writer processes of a
+    machine, so it is an import cost rather than memory the writer holds."""
     # with a buffer given, the row-count trigger is lifted so that the byte budget is what binds
     settings = "" if buffer_bytes is None else f", max_buffer_bytes={buffer_bytes}, max_turn_rows=10**9"
     code = f"""
@@ -128,24 +131,27 @@ import numpy as np, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from bench_lake import make_batch
 from trajlake import LakeWriter, open_lake
+def status(field):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":")) / 1024
 def hwm():
-    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
+    return status("VmHWM")
 lake = open_lake({str(out)!r}, create=True)
 rng = np.random.default_rng(1)
 eps_per_append = max(1, {append_rows} // 20)
 base = hwm()
+file_base = status("RssFile")
 with LakeWriter(lake, handle_signals=False{settings}) as w:
     for k in range(0, {rows} // 20, eps_per_append):
         ep, tu = make_batch(rng, k, eps_per_append, {tokens})
         r = w.write_batch(ep, tu)
         assert not r.rejected, r.rejected
-print(hwm(), base)
+print(hwm(), base, status("RssFile") - file_base)
 """
     shutil.rmtree(out, ignore_errors=True)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     shutil.rmtree(out, ignore_errors=True)
-    peak, base = r.stdout.strip().splitlines()[-1].split()
-    return float(peak), float(base)
+    peak, base, code = r.stdout.strip().splitlines()[-1].split()
+    return float(peak), float(base), float(code)
 
 
 def write_lake(out: Path, episodes: pa.Table, turns: pa.Table, eps_per_append: int) -> tuple[float, float]:
@@ -247,22 +253,24 @@ def main() -> None:
     print(f"| aggregate query (s), vs DuckDB read_parquet | {tq_lake:.3f} | {tq_plain:.3f} | "
           f"{tq_lake / tq_plain:.2f}x | <= 1.3x |")
     if not a.skip_memory:
-        half, _ = child_memory(a.rows // 2, a.tokens, a.append_rows, out / "mem")
-        full, _ = child_memory(a.rows, a.tokens, a.append_rows, out / "mem")
+        half, _, _ = child_memory(a.rows // 2, a.tokens, a.append_rows, out / "mem")
+        full, _, _ = child_memory(a.rows, a.tokens, a.append_rows, out / "mem")
         print(f"| writer peak RSS (MB), default settings, {a.rows} rows vs {a.rows // 2} rows | {full:.0f} | "
               f"{half:.0f} | {full / half:.2f}x | <= 512 MB; ~1x (no growth with the lake) |")
     if not a.skip_memory and not a.skip_configs:
         mib = 2**20
-        print("\n| buffer (max_buffer_bytes; max_turn_rows lifted) | tokens/row | rows | peak RSS (MB) | after imports (MB) | writer's share "
-              "(MB) | share / buffer |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("\n| buffer (max_buffer_bytes; max_turn_rows lifted) | tokens/row | rows | peak RSS (MB) | after imports "
+              "(MB) | writer's share (MB) | share / buffer | of the share, code paged in by the first commit (MB) | "
+              "share without it / buffer |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for buffer in (64 * mib, DEFAULT_BUFFER_BYTES):
             for tokens in (100, 400, 2000):
                 # enough rows for two buffers of this row size (~9.4 bytes per token in memory), at least 20,000
                 rows = max(20_000, int(2 * buffer / (tokens * 9.4 + 300)) // 400 * 400)
-                peak, base = child_memory(rows, tokens, a.append_rows, out / "mem", buffer)
+                peak, base, code = child_memory(rows, tokens, a.append_rows, out / "mem", buffer)
                 print(f"| {buffer // mib} MiB | {tokens} | {rows} | {peak:.0f} | {base:.0f} | {peak - base:.0f} | "
-                      f"{(peak - base) / (buffer / 1e6):.2f}x |", flush=True)
+                      f"{(peak - base) / (buffer / 1e6):.2f}x | {code:.0f} | "
+                      f"{(peak - base - code) / (buffer / 1e6):.2f}x |", flush=True)
     print(f"\nversions: {lake.versions()}; python {sys.version.split()[0]}, duckdb {duckdb.__version__}, "
           f"pyarrow {pa.__version__}, {os.cpu_count()} cpus")
 
