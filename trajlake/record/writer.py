@@ -106,6 +106,11 @@ def _loose(name: str) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in s], metadata=s.metadata)
 
 
+@functools.cache
+def _empty(name: str) -> pa.Table:
+    return _loose(name).empty_table()  # tables are immutable: one per table name serves every call
+
+
 def _set_column(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
     return t.set_column(t.schema.get_field_index(name), name, values)
 
@@ -671,7 +676,7 @@ def to_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> 
     recorder passes arrays; converting Python lists costs ~60 ns per element, most of a step's recording cost).
     """
     if data is None:
-        return pa.table({f.name: pa.array([], f.type) for f in _loose(name)}, schema=_loose(name))
+        return _empty(name)
     if isinstance(data, pa.Table):
         return data
     rows = list(data)
