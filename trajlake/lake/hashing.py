@@ -59,10 +59,12 @@ def _arr(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     return col
 
 
-def _validity(arr: pa.Array) -> pa.Buffer | None:
+def _validity(arr: pa.Array | pa.ChunkedArray) -> pa.Buffer | None:
     """A validity bitmap (offset 0) for ``arr``'s rows, or None when it has no nulls."""
     if not arr.null_count:
         return None
+    if isinstance(arr, pa.ChunkedArray):
+        return _validity_of(np.asarray(arr.is_valid().to_numpy(), dtype=bool))
     valid = arr.is_valid()
     if valid.offset:
         valid = pa.concat_arrays([valid])
@@ -156,8 +158,10 @@ def _validity_of(valid: np.ndarray) -> pa.Buffer:
     return pa.py_buffer(np.packbits(valid, bitorder="little"))
 
 
-def _encode_parts(arr: pa.Array, t: pa.DataType) -> list[pa.Array]:
-    """Pieces whose row-wise concatenation is ``encode(value)``; every piece is null where the value is."""
+def _encode_parts(arr: pa.Array | pa.ChunkedArray, t: pa.DataType) -> list[pa.Array | pa.ChunkedArray]:
+    """Pieces whose row-wise concatenation is ``encode(value)``; every piece is null where the value is.
+    Strings, numbers and numeric lists may come chunked (their values are then not gathered); other types
+    must be one array."""
     n = len(arr)
     if pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS:
         return _numeric_list_parts(arr, t)
@@ -223,14 +227,16 @@ def _name_part(arr: pa.Array | pa.ChunkedArray, name: bytes) -> pa.Array | pa.Sc
         validity, pa.py_buffer(np.arange(len(arr) + 1, dtype=np.int64) * len(name)), pa.py_buffer(name * len(arr))])
 
 
-def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array | pa.ChunkedArray:
-    """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``), as large_binary.
+_CHUNKED_OK = (pa.types.is_string, pa.types.is_large_string, pa.types.is_boolean, pa.types.is_integer,
+               pa.types.is_timestamp, pa.types.is_floating)
 
-    One concatenation builds every row: per column the name and the value's pieces, all null (and so skipped)
-    where the value is null. The big numeric lists enter it chunk by chunk straight from their Arrow buffers
-    (then the result is chunked like them); only the small columns are gathered into one array first."""
-    if table.num_rows == 0:
-        return pa.array([], pa.large_binary())
+
+def _row_parts(table: pa.Table, table_name: str) -> list[pa.Array | pa.ChunkedArray | pa.Scalar]:
+    """Pieces (each null where its column is) whose row-wise concatenation is every row's canonical bytes.
+
+    Per column the name and the value's pieces, all null (and so skipped) where the value is null. Strings and
+    the big numeric lists are read in place from their Arrow buffers, chunk by chunk; only the bytes before
+    them (names, tags, lengths, fixed-width values) are built, once for all rows, as few wide parts."""
     parts: list[pa.Array | pa.ChunkedArray | pa.Scalar] = [
         pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())]
     for c in table_def(table_name).columns:
@@ -241,14 +247,20 @@ def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array | pa.ChunkedAr
             continue  # omitted entirely
         name = c.name.encode() + b"\x00"
         t = c.arrow_type
-        if pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS:  # the big ones: not gathered, chunk by chunk
-            parts += [_name_part(col, name), *_numeric_list_parts(col, t)]
-            continue
-        arr = _arr(col)
+        chunked_ok = (pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS) or any(f(t) for f in _CHUNKED_OK)
+        arr = col if chunked_ok else _arr(col)
         parts += [_name_part(arr, name), *_encode_parts(arr, t)]
     if len(parts) == 1:
         parts.append(pa.array([b""] * table.num_rows, pa.large_binary()))
-    return _join(*_merge_fixed(parts, table.num_rows), skip_nulls=True)
+    return _merge_fixed(parts, table.num_rows)
+
+
+def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array | pa.ChunkedArray:
+    """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``), as large_binary
+    (chunked like the table's big columns): one row-wise concatenation of ``_row_parts``."""
+    if table.num_rows == 0:
+        return pa.array([], pa.large_binary())
+    return _join(*_row_parts(table, table_name), skip_nulls=True)
 
 
 def _fixed_view(part: pa.Array | pa.ChunkedArray | pa.Scalar, n: int) -> np.ndarray | None:
@@ -337,10 +349,17 @@ def _slices(table: pa.Table, max_bytes: int) -> list[tuple[int, int]]:
 
 
 def hash_rows(table: pa.Table, table_name: str) -> list[str]:
-    """sha256 hex digest of each row's canonical encoding (``row_bytes_array``), a slice of rows at a time."""
+    """sha256 hex digest of each row's canonical encoding (``row_bytes_array``), a slice of rows at a time.
+
+    The pieces are prepared once for all rows (they copy only the small columns); each slice joins its share
+    of them (copying a slice of rows) and hashes it, so the bytes hashed are still warm in the cache."""
+    if table.num_rows == 0:
+        return []
+    parts = _row_parts(table, table_name)
     out: list[str] = []
     for start, length in _slices(table, HASH_SLICE_BYTES):
-        out += sha256_each(row_bytes_array(table.slice(start, length), table_name))
+        out += sha256_each(_join(*(p if isinstance(p, pa.Scalar) else p.slice(start, length) for p in parts),
+                                 skip_nulls=True))
     return out
 
 
