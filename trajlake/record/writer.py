@@ -265,13 +265,14 @@ class LakeWriter:
                 return result
             # Otherwise hashing waits for the flush, where it runs once, vectorised, over the whole buffer.
             if ep.num_rows:
-                size = ep.nbytes + tu.nbytes + ev.nbytes
+                tu_bytes = tu.nbytes  # (walks every column's buffers: once per append)
+                size = ep.nbytes + tu_bytes + (ev.nbytes if ev.num_rows else 0)
                 if self._eps and self._bytes + size > self.max_buffer_bytes:
                     self._flush_background()  # the batch does not fit: commit what is buffered first
                 self._wait_for_room(size)
                 self._eps.append(ep)
                 self._turns.append(tu)
-                self._turn_bytes.append(tu.nbytes)
+                self._turn_bytes.append(tu_bytes)
                 if ev.num_rows:
                     self._events.append(ev)
                 for e in ep["episode_id"].to_pylist():
