@@ -217,12 +217,9 @@ def _encode_nested(arr: pa.Array, t: pa.DataType) -> pa.Array:
 
 def _name_part(arr: pa.Array | pa.ChunkedArray, name: bytes) -> pa.Array | pa.Scalar:
     """The column's ``name + NUL`` per row, null where the value is null (then the whole column is skipped)."""
-    if not arr.null_count:
+    validity = _validity(arr)
+    if validity is None:
         return pa.scalar(name, pa.large_binary())
-    if isinstance(arr, pa.ChunkedArray):
-        validity = _validity_of(np.asarray(arr.is_valid().to_numpy(), dtype=bool))
-    else:
-        validity = _validity(arr)
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(arr), [
         validity, pa.py_buffer(np.arange(len(arr) + 1, dtype=np.int64) * len(name)), pa.py_buffer(name * len(arr))])
 
