@@ -323,14 +323,19 @@ def sha256_each(data: pa.Array | pa.ChunkedArray) -> list[str]:
     view = memoryview(data_buf) if data_buf is not None else memoryview(b"")
     sha = hashlib.sha256
     bounds = offsets.tolist()
-    if len(bounds) < 2 or max(b - a for a, b in itertools.pairwise(bounds)) < _GIL_FREE_BYTES:
+    if len(bounds) < 2 or int(np.diff(offsets).max()) < _GIL_FREE_BYTES:
         return [sha(view[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
     out = []
     step = _GIL_FREE_BYTES - 1
     for a, b in itertools.pairwise(bounds):
-        h = sha(view[a:min(b, a + step)])
-        for c in range(a + step, b, step):
+        if b - a <= step:
+            out.append(sha(view[a:b]).hexdigest())
+            continue
+        h = sha(view[a:a + step])
+        c = a + step
+        while c < b:
             h.update(view[c:min(b, c + step)])
+            c += step
         out.append(h.hexdigest())
     return out
 
