@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import subprocess
 import sys
+from unittest import mock
 
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trajlake.lake import hashing
 from trajlake.lake.hashing import episode_hash, hash_rows, row_bytes
 from trajlake.record.validate import conform
 from trajlake.record.writer import to_table
@@ -229,6 +232,21 @@ def test_bulk_hashes_equal_the_documented_encoding_built_by_hand(rows: list[dict
     # the same rows arriving as several chunks (as a commit's buffer does) hash the same
     cut = min(cut, t.num_rows)
     assert hash_rows(pa.concat_tables([t.slice(0, cut), t.slice(cut)]), "turns") == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(_turn_row, min_size=1, max_size=6), cuts=st.lists(st.integers(0, 6), max_size=3))
+def test_hashing_in_slices_across_chunks_equals_the_documented_encoding(rows: list[dict], cuts: list[int]) -> None:
+    # hash_rows prepares the pieces of all rows once and joins them a slice at a time: slices of one row, cut
+    # anywhere across the chunks of the buffered batches, must still give each row its documented hash
+    full = [base_turn(**r) for r in rows]
+    for r in full:
+        r["ended_at"] = r["started_at"]
+    t = turn_table(full)
+    bounds = sorted({0, t.num_rows, *(min(c, t.num_rows) for c in cuts)})
+    chunked = pa.concat_tables([t.slice(a, b - a) for a, b in itertools.pairwise(bounds)])
+    with mock.patch.object(hashing, "HASH_SLICE_BYTES", 1):
+        assert hash_rows(chunked, "turns") == [_doc_row_hash(r, "turns") for r in full]
 
 
 @settings(max_examples=60, deadline=None)

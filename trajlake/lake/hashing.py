@@ -54,13 +54,17 @@ HASH_SLICE_BYTES = 8 * 1024 * 1024
 
 # -- bulk byte-string building ----------------------------------------------------------------------------------
 def _arr(col: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return col.combine_chunks(memory_pool=SCRATCH_POOL) if isinstance(col, pa.ChunkedArray) else col
+    if isinstance(col, pa.ChunkedArray):
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks(memory_pool=SCRATCH_POOL)
+    return col
 
 
-def _validity(arr: pa.Array) -> pa.Buffer | None:
+def _validity(arr: pa.Array | pa.ChunkedArray) -> pa.Buffer | None:
     """A validity bitmap (offset 0) for ``arr``'s rows, or None when it has no nulls."""
     if not arr.null_count:
         return None
+    if isinstance(arr, pa.ChunkedArray):
+        return _validity_of(np.asarray(arr.is_valid().to_numpy(), dtype=bool))
     valid = arr.is_valid()
     if valid.offset:
         valid = pa.concat_arrays([valid])
@@ -123,29 +127,41 @@ def _live_children(arr: pa.ListArray | pa.MapArray) -> tuple[np.ndarray, np.ndar
 _NUMERIC_LISTS = {pa.int32(): ("<i4", b"Li"), pa.int8(): ("i1", b"Lb"), pa.float32(): ("<f4", b"Lf")}
 
 
-def _numeric_list_parts(arr: pa.ListArray, t: pa.DataType) -> list[pa.Array]:
+def _numeric_list_parts(col: pa.ListArray | pa.ChunkedArray, t: pa.DataType) -> list[pa.Array | pa.ChunkedArray]:
     """``Lx + count`` and the raw little-endian values of each list, both null on a null slot. The values are
-    read in place from the child buffer (no copy unless a cast or a NaN needs one)."""
+    read in place from the child buffers, chunk by chunk (no copy unless a cast or a NaN needs one); the header
+    is one array over all chunks, so that it merges with its neighbours (``_merge_fixed``)."""
     dtype, tag = _NUMERIC_LISTS[t.value_type]
-    offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    base = int(offsets[0])
-    values = arr.values.slice(base, int(offsets[-1]) - base)  # child values, also under null list slots
-    flat = np.asarray((values.fill_null(0) if values.null_count else values).to_numpy(zero_copy_only=False))
-    flat = np.ascontiguousarray(flat.astype(dtype, copy=False))
-    if dtype == "<f4":
-        nan = np.isnan(flat)
-        if nan.any():
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    counts, raws, valid = [], [], []
+    for ch in chunks:
+        offsets = np.asarray(ch.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        base = int(offsets[0])
+        values = ch.values.slice(base, int(offsets[-1]) - base)  # child values, also under null list slots
+        flat = np.asarray((values.fill_null(0) if values.null_count else values).to_numpy(zero_copy_only=False))
+        flat = np.ascontiguousarray(flat.astype(dtype, copy=False))
+        if dtype == "<f4" and flat.shape[0] and np.isnan(flat.min()):  # min propagates NaN: one pass
             flat = flat.copy()
-            flat[nan] = np.frombuffer(_NAN32, dtype="<f4")[0]
-    validity = _validity(arr)
-    header = _fixed(tag, _le_bytes(np.diff(offsets), "<u8"), validity)
-    raw = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(arr), [
-        validity, pa.py_buffer((offsets - base) * np.dtype(dtype).itemsize), pa.py_buffer(flat)])
-    return [header, raw]
+            flat[np.isnan(flat)] = np.frombuffer(_NAN32, dtype="<f4")[0]
+        counts.append(np.diff(offsets))
+        raws.append(pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(ch), [
+            _validity(ch), pa.py_buffer((offsets - base) * np.dtype(dtype).itemsize), pa.py_buffer(flat)]))
+        valid.append(np.asarray(ch.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if ch.null_count
+                     else np.ones(len(ch), dtype=bool))
+    validity = _validity_of(np.concatenate(valid)) if col.null_count else None
+    header = _fixed(tag, _le_bytes(np.concatenate(counts), "<u8"), validity)
+    return [header, raws[0] if len(raws) == 1 else pa.chunked_array(raws, pa.large_binary())]
 
 
-def _encode_parts(arr: pa.Array, t: pa.DataType) -> list[pa.Array]:
-    """Pieces whose row-wise concatenation is ``encode(value)``; every piece is null where the value is."""
+def _validity_of(valid: np.ndarray) -> pa.Buffer:
+    """A validity bitmap (Arrow's bit order) from a bool array."""
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _encode_parts(arr: pa.Array | pa.ChunkedArray, t: pa.DataType) -> list[pa.Array | pa.ChunkedArray]:
+    """Pieces whose row-wise concatenation is ``encode(value)``; every piece is null where the value is.
+    Strings, numbers and numeric lists may come chunked (their values are then not gathered); other types
+    must be one array."""
     n = len(arr)
     if pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS:
         return _numeric_list_parts(arr, t)
@@ -199,7 +215,7 @@ def _encode_nested(arr: pa.Array, t: pa.DataType) -> pa.Array:
     return out.fill_null(_N) if out.null_count else out
 
 
-def _name_part(arr: pa.Array, name: bytes) -> pa.Array | pa.Scalar:
+def _name_part(arr: pa.Array | pa.ChunkedArray, name: bytes) -> pa.Array | pa.Scalar:
     """The column's ``name + NUL`` per row, null where the value is null (then the whole column is skipped)."""
     validity = _validity(arr)
     if validity is None:
@@ -208,24 +224,16 @@ def _name_part(arr: pa.Array, name: bytes) -> pa.Array | pa.Scalar:
         validity, pa.py_buffer(np.arange(len(arr) + 1, dtype=np.int64) * len(name)), pa.py_buffer(name * len(arr))])
 
 
-def _chunked(parts_per_chunk: list[list[pa.Array | pa.Scalar]]) -> list[pa.ChunkedArray]:
-    """Per-chunk lists of pieces -> one chunked array per piece (scalars become arrays)."""
-    out = []
-    for pieces in zip(*parts_per_chunk, strict=True):
-        arrays = [p if isinstance(p, pa.Array) else pa.array([p.as_py()] * n, pa.large_binary())
-                  for p, n in zip(pieces, [len(c[-1]) for c in parts_per_chunk], strict=True)]
-        out.append(pa.chunked_array(arrays, pa.large_binary()))
-    return out
+_CHUNKED_OK = (pa.types.is_string, pa.types.is_large_string, pa.types.is_boolean, pa.types.is_integer,
+               pa.types.is_timestamp, pa.types.is_floating)
 
 
-def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array | pa.ChunkedArray:
-    """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``), as large_binary.
+def _row_parts(table: pa.Table, table_name: str) -> list[pa.Array | pa.ChunkedArray | pa.Scalar]:
+    """Pieces (each null where its column is) whose row-wise concatenation is every row's canonical bytes.
 
-    One concatenation builds every row: per column the name and the value's pieces, all null (and so skipped)
-    where the value is null. The big numeric lists enter it chunk by chunk straight from their Arrow buffers
-    (then the result is chunked like them); only the small columns are gathered into one array first."""
-    if table.num_rows == 0:
-        return pa.array([], pa.large_binary())
+    Per column the name and the value's pieces, all null (and so skipped) where the value is null. Strings and
+    the big numeric lists are read in place from their Arrow buffers, chunk by chunk; only the bytes before
+    them (names, tags, lengths, fixed-width values) are built, once for all rows, as few wide parts."""
     parts: list[pa.Array | pa.ChunkedArray | pa.Scalar] = [
         pa.scalar(b"trajlake/1/" + table_name.encode() + b"\n", pa.large_binary())]
     for c in table_def(table_name).columns:
@@ -236,15 +244,66 @@ def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array | pa.ChunkedAr
             continue  # omitted entirely
         name = c.name.encode() + b"\x00"
         t = c.arrow_type
-        if pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS and isinstance(col, pa.ChunkedArray) \
-                and col.num_chunks > 1:
-            parts += _chunked([[_name_part(ch, name), *_numeric_list_parts(ch, t)] for ch in col.chunks])
-            continue
-        arr = _arr(col)
+        chunked_ok = (pa.types.is_list(t) and t.value_type in _NUMERIC_LISTS) or any(f(t) for f in _CHUNKED_OK)
+        arr = col if chunked_ok else _arr(col)
         parts += [_name_part(arr, name), *_encode_parts(arr, t)]
     if len(parts) == 1:
         parts.append(pa.array([b""] * table.num_rows, pa.large_binary()))
-    return _join(*parts, skip_nulls=True)
+    return _merge_fixed(parts, table.num_rows)
+
+
+def row_bytes_array(table: pa.Table, table_name: str) -> pa.Array | pa.ChunkedArray:
+    """Canonical byte encoding of every row of ``table`` (a table of schema ``table_name``), as large_binary
+    (chunked like the table's big columns): one row-wise concatenation of ``_row_parts``."""
+    if table.num_rows == 0:
+        return pa.array([], pa.large_binary())
+    return _join(*_row_parts(table, table_name), skip_nulls=True)
+
+
+def _fixed_view(part: pa.Array | pa.ChunkedArray | pa.Scalar, n: int) -> np.ndarray | None:
+    """An (n, width) uint8 view of a part whose every row has the same width (a scalar, a name or a
+    fixed-width value), else None."""
+    if isinstance(part, pa.Scalar):
+        b = part.as_py()
+        return np.broadcast_to(np.frombuffer(b, dtype=np.uint8), (n, len(b)))
+    if isinstance(part, pa.ChunkedArray) or len(part) != n or n == 0:
+        return None
+    offsets, data = _binary_parts(part)
+    width = int(offsets[1] - offsets[0])
+    if data is None or int(offsets[-1] - offsets[0]) != n * width or (np.diff(offsets) != width).any():
+        return None
+    return np.frombuffer(data, dtype=np.uint8)[int(offsets[0]): int(offsets[-1])].reshape(n, width)
+
+
+def _merge_fixed(parts: list[pa.Array | pa.ChunkedArray | pa.Scalar], n: int
+                 ) -> list[pa.Array | pa.ChunkedArray | pa.Scalar]:
+    """Neighbouring fixed-width parts with the same nulls (the table's prefix, column names, tags, lengths and
+    fixed-width values) as one part: the row-wise join costs per part and row, so fewer, wider parts are
+    cheaper (the bytes are the same)."""
+    out: list[pa.Array | pa.ChunkedArray | pa.Scalar] = []
+    run: list[np.ndarray] = []
+    run_valid: pa.Buffer | None = None
+
+    def close() -> None:
+        if run:
+            out.append(_fixed(b"", run[0] if len(run) == 1 else np.hstack(run), run_valid))
+            run.clear()
+
+    for part in parts:
+        view = _fixed_view(part, n)
+        if view is None:
+            close()
+            out.append(part)
+            continue
+        valid = None if isinstance(part, pa.Scalar) else _validity(part)
+        same = (valid is None and run_valid is None) or (
+            valid is not None and run_valid is not None and valid.equals(run_valid))
+        if run and not same:
+            close()
+        run_valid = valid
+        run.append(view)
+    close()
+    return out
 
 
 def row_bytes(table: pa.Table, table_name: str) -> list[bytes]:
@@ -264,14 +323,19 @@ def sha256_each(data: pa.Array | pa.ChunkedArray) -> list[str]:
     view = memoryview(data_buf) if data_buf is not None else memoryview(b"")
     sha = hashlib.sha256
     bounds = offsets.tolist()
-    if len(bounds) < 2 or max(b - a for a, b in itertools.pairwise(bounds)) < _GIL_FREE_BYTES:
+    if len(bounds) < 2 or int(np.diff(offsets).max()) < _GIL_FREE_BYTES:
         return [sha(view[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
     out = []
     step = _GIL_FREE_BYTES - 1
     for a, b in itertools.pairwise(bounds):
-        h = sha(view[a:min(b, a + step)])
-        for c in range(a + step, b, step):
+        if b - a <= step:
+            out.append(sha(view[a:b]).hexdigest())
+            continue
+        h = sha(view[a:a + step])
+        c = a + step
+        while c < b:
             h.update(view[c:min(b, c + step)])
+            c += step
         out.append(h.hexdigest())
     return out
 
@@ -287,10 +351,17 @@ def _slices(table: pa.Table, max_bytes: int) -> list[tuple[int, int]]:
 
 
 def hash_rows(table: pa.Table, table_name: str) -> list[str]:
-    """sha256 hex digest of each row's canonical encoding (``row_bytes_array``), a slice of rows at a time."""
+    """sha256 hex digest of each row's canonical encoding (``row_bytes_array``), a slice of rows at a time.
+
+    The pieces are prepared once for all rows (they copy only the small columns); each slice joins its share
+    of them (copying a slice of rows) and hashes it, so the bytes hashed are still warm in the cache."""
+    if table.num_rows == 0:
+        return []
+    parts = _row_parts(table, table_name)
     out: list[str] = []
     for start, length in _slices(table, HASH_SLICE_BYTES):
-        out += sha256_each(row_bytes_array(table.slice(start, length), table_name))
+        out += sha256_each(_join(*(p if isinstance(p, pa.Scalar) else p.slice(start, length) for p in parts),
+                                 skip_nulls=True))
     return out
 
 

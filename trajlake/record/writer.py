@@ -112,6 +112,11 @@ def _loose(name: str) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in s], metadata=s.metadata)
 
 
+@functools.cache
+def _empty(name: str) -> pa.Table:
+    return _loose(name).empty_table()  # tables are immutable: one per table name serves every call
+
+
 def _set_column(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
     return t.set_column(t.schema.get_field_index(name), name, values)
 
@@ -269,13 +274,14 @@ class LakeWriter:
                 return result
             # Otherwise hashing waits for the flush, where it runs once, vectorised, over the whole buffer.
             if ep.num_rows:
-                size = ep.nbytes + tu.nbytes + ev.nbytes
+                tu_bytes = tu.nbytes  # (walks every column's buffers: once per append)
+                size = ep.nbytes + tu_bytes + (ev.nbytes if ev.num_rows else 0)
                 if self._eps and self._bytes + size > self.max_buffer_bytes:
                     self._flush_background()  # the batch does not fit: commit what is buffered first
                 self._wait_for_room(size)
                 self._eps.append(ep)
                 self._turns.append(tu)
-                self._turn_bytes.append(tu.nbytes)
+                self._turn_bytes.append(tu_bytes)
                 if ev.num_rows:
                     self._events.append(ev)
                 for e in ep["episode_id"].to_pylist():
@@ -769,7 +775,7 @@ def to_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> 
     recorder passes arrays; converting Python lists costs ~60 ns per element, most of a step's recording cost).
     """
     if data is None:
-        return pa.table({f.name: pa.array([], f.type) for f in _loose(name)}, schema=_loose(name))
+        return _empty(name)
     if isinstance(data, pa.Table):
         return data
     rows = list(data)
