@@ -545,7 +545,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     summary = RolloutSummary(planned=len(items), skipped_existing=len(items) - len(todo))
     results: Iterable[tuple[str, bool, str | None]]
     if engine == "ray":
-        results = _run_ray(cfg, todo, summary.worker_stats, summary)
+        results = _run_ray(cfg, todo, summary)
     elif cfg.workers <= 1:
         _init_worker(cfg)
         results = (_run_item(it) for it in todo)
@@ -576,8 +576,8 @@ def _run_pool(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, b
         pool.join()
 
 
-def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], worker_stats: list[dict[str, float]] | None = None,
-             summary: RolloutSummary | None = None) -> Iterator[tuple[str, bool, str | None]]:
+def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], summary: RolloutSummary | None = None
+             ) -> Iterator[tuple[str, bool, str | None]]:
     """Play ``todo`` on ``cfg.workers`` Ray actors, one item in flight per actor, on the cluster the caller's
     ``ray.init`` connected to, else the one ``cfg.ray_address`` or ``$RAY_ADDRESS`` names, else a new local one.
     An actor that dies (its node lost, the process killed) fails its item and the rest of the run goes on with
@@ -627,10 +627,10 @@ def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], worker_stats: list[dict[s
         except RayActorError:
             continue  # died after its last item: its uncommitted episodes are counted as not written
         node = stats.pop("node_id", None)
-        if summary is not None and isinstance(node, str) and node not in summary.ray_nodes:
-            summary.ray_nodes.append(node)
-        if worker_stats is not None:
-            worker_stats.append(stats)
+        if summary is not None:
+            if isinstance(node, str) and node not in summary.ray_nodes:
+                summary.ray_nodes.append(node)
+            summary.worker_stats.append(stats)
 
 
 def _connect_ray(ray: Any, cfg: RolloutConfig) -> None:
