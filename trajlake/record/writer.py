@@ -537,9 +537,7 @@ class LakeWriter:
             if late:
                 event_actions = self.lake.drop_rows("gateway_events", event_actions, "episode_id", late)
                 ep = _drop(ep, late)
-                _remove_uncommitted(self.lake, [], [], ep_actions)
-                ep_actions = []  # (for the clean-up below, should the rewrite fail)
-                ep_actions = self.lake.write_files("episodes", ep) if ep.num_rows else []
+                ep_actions = self._rewrite_episodes(ep, ep_actions)
         except BaseException:
             _remove_uncommitted(self.lake, turn_actions, event_actions, ep_actions)
             raise
@@ -575,15 +573,19 @@ class LakeWriter:
                 ep = _drop(ep, drop)
                 turn_actions = self._retract("turns", turn_actions, drop)
                 event_actions = self._retract("gateway_events", event_actions, drop)
-                _remove_uncommitted(self.lake, [], [], ep_actions)
-                ep_actions = []  # (for the clean-up below, should the rewrite fail)
-                ep_actions = self.lake.write_files("episodes", ep) if ep.num_rows else []
+                ep_actions = self._rewrite_episodes(ep, ep_actions)
                 if ep.num_rows == 0:
                     return []
         _remove_uncommitted(self.lake, [], [], ep_actions)
         raise TrajlakeError(f"episodes: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
                             f"kept committing first); the turns and events of {ep.num_rows} episode(s) are "
                             f"committed orphans that `trajlake compact` removes")
+
+    def _rewrite_episodes(self, ep: pa.Table, old: list[AddAction]) -> list[AddAction]:
+        """Replace this flush's uncommitted episodes files by ones holding ``ep`` (late ids dropped). The old
+        files go first; should the write fail, a clean-up of ``old`` finds them gone, which is no error."""
+        _remove_uncommitted(self.lake, [], [], old)
+        return self.lake.write_files("episodes", ep) if ep.num_rows else []
 
     def _retract(self, name: str, actions: list[AddAction], ids: list[str]) -> list[AddAction]:
         """Take the rows of ``ids`` out of this writer's committed files of ``name`` (their episodes turned out
