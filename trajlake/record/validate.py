@@ -57,7 +57,7 @@ def conform(table: pa.Table, name: str, source: str | None = None) -> pa.Table:
             cols.append(_nulls(f.type, n))
     if issues:
         raise ValidationError(issues)
-    return pa.Table.from_arrays(cols, schema=_loose_schema(name))
+    return pa.Table.from_arrays(cols, schema=loose_schema(name))
 
 
 _Plan = list[tuple[pa.Field, int, bool]]
@@ -97,7 +97,7 @@ def _plan(name: str, given: pa.Schema) -> _Plan | None:
 
 
 @cache
-def _loose_schema(name: str) -> pa.Schema:
+def loose_schema(name: str) -> pa.Schema:
     """The table's schema without the non-null flags: missing required values are reported per row by
     validate_batch."""
     schema = arrow_schema(name)

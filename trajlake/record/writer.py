@@ -56,8 +56,8 @@ from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
 from trajlake.lake.hashing import episode_hashes, hash_rows, hash_rows_array
 from trajlake.lake.store import ROW_GROUP_BYTES, ROW_GROUP_ROWS, DataFileSink, Lake
 from trajlake.record.episode import build_episode, group_id_for
-from trajlake.record.validate import conform, validate_batch
-from trajlake.schema import SCHEMA_VERSION, arrow_schema
+from trajlake.record.validate import conform, loose_schema, validate_batch
+from trajlake.schema import SCHEMA_VERSION
 from trajlake.schemas.vocab import Actor, Role, Status
 
 _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
@@ -107,14 +107,8 @@ class WriteResult:
 
 
 @functools.cache
-def _loose(name: str) -> pa.Schema:
-    s = arrow_schema(name)
-    return pa.schema([f.with_nullable(True) for f in s], metadata=s.metadata)
-
-
-@functools.cache
 def _empty(name: str) -> pa.Table:
-    return _loose(name).empty_table()  # tables are immutable: one per table name serves every call
+    return loose_schema(name).empty_table()  # tables are immutable: one per table name serves every call
 
 
 def _set_column(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
@@ -783,7 +777,7 @@ def to_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> 
     rows = list(data)
     if not rows:
         return to_table(None, name)
-    loose = _loose(name)
+    loose = loose_schema(name)
     names = list(dict.fromkeys(k for r in rows for k in r))
     unknown = [n for n in names if n not in loose.names]
     if unknown:
