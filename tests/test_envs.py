@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium
@@ -231,34 +230,3 @@ def test_quickstart_main_job(tmp_path: Path, capsys) -> None:
     assert "quickstart-heuristic vs quickstart-random" in text or "Comparison" in text
     html = out.read_text()
     assert "<svg" in html and "quickstart-heuristic" in html and "http://" not in html.replace("http://www.w3.org", "")
-
-
-@pytest.mark.slow
-def test_oracle_policy_solves_every_task() -> None:
-    """Oracle replay of every task succeeds (a task whose oracle fails would be ENV_BUG and must not ship): resolved,
-    terminated by the submit, in a sandbox."""
-
-    def play_share(share: int) -> tuple[int, list[str]]:
-        # each thread its own env (an env plays one episode at a time); the time goes to the graders' pytest
-        # processes, so two shares use both cores
-        e = make_env("mini-swe", split=None)
-        try:
-            oracle = make_policy("mini-swe", "oracle", "oracle-v1")
-            view = task_view_fn(e, oracle=True)
-            failed = []
-            for task in e.tasks[share::2]:
-                rec = play_episode(e, oracle, run_id="all", task_id=task["task_id"],
-                                   task_version=task["task_version"], seed=0, task_view=view)
-                ep = rec.episode
-                if not (ep["success"] and ep["error_class"] is None and ep["terminated"]
-                        and ep["termination_reason"] == "success" and ep["reward_components"]["resolved"] == 1.0
-                        and ep["sandbox"] in ("bwrap", "rlimit")):
-                    failed.append(f"{task['task_id']}: success={ep['success']} error={ep['error_class']} "
-                                  f"reason={ep['termination_reason']} sandbox={ep['sandbox']}")
-            return len(e.tasks), failed
-        finally:
-            e.close()
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        (n_tasks, failed_even), (_, failed_odd) = pool.map(play_share, (0, 1))
-    assert n_tasks == 80 and failed_even + failed_odd == []
