@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import time
@@ -244,3 +245,53 @@ def test_background_commit_failure_surfaces(lake: Lake, monkeypatch) -> None:
         w.flush()
     monkeypatch.undo()
     assert connect(lake).execute("select count(*) from episodes").fetchone() == (0,)
+
+
+def test_expired_log_entries_are_cleaned_up_with_checkpoints_only(lake: Lake, monkeypatch) -> None:
+    # delta-rs's clean-up lists the whole log, so trajlake asks for it only where a checkpoint is written; with a
+    # zero retention every entry a checkpoint covers must still go then (and the table stay readable)
+    import deltalake
+
+    lake.delta("runs").alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds",
+                                                   "delta.checkpointInterval": "5"})
+    hooks: list[tuple[int, bool]] = []
+    original = deltalake.DeltaTable.create_write_transaction
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hooks.append((self.version() + 1, kwargs["post_commithook_properties"].cleanup_expired_logs))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(deltalake.DeltaTable, "create_write_transaction", spy)
+    log = lake.root / "runs" / "_delta_log"
+    with LakeWriter(lake, handle_signals=False) as w:
+        for i in range(11):  # versions 2..12: compare-and-swap commits, and plain ones through Lake.commit
+            if i % 2 == 0:
+                w.write_runs([{"run_id": f"r{i}", "created_at": dt.datetime(2026, 3, 1, tzinfo=dt.UTC),
+                               "label": "r", "policy_name": "p", "policy_version": "1"}])
+            else:
+                _f, stored = next(iter(lake.iter_tables("runs")))
+                row = stored.slice(0, 1).set_column(stored.schema.get_field_index("run_id"), "run_id",
+                                                    pa.array([f"r{i}"]))
+                lake.commit("runs", lake.write_files("runs", row))
+            entries = sorted(int(p.name[:20]) for p in log.glob("*.json"))
+            v = lake.versions()["runs"]
+            if v >= 4:  # the checkpoint of version 4 (and 9) covers every older entry: they are gone
+                assert entries[0] == (v + 1) // 5 * 5 - 1, (v, entries)
+    assert [v for v, cleanup in hooks if cleanup] == [4, 9]
+    assert sorted(v for v, _ in hooks) == list(range(2, 13))
+    assert (log / f"{9:020d}.checkpoint.parquet").exists()
+    assert connect(lake).execute("select count(*) from runs").fetchone() == (11,)
+
+
+def test_commit_path_sees_another_lake_objects_commits(lake: Lake) -> None:
+    # the commit path skips refreshing its cached table while the next log entry does not exist (a stat instead
+    # of a listing): a commit by anyone else must still be seen, and a compare-and-swap on the old version fail
+    other = Lake.open(lake.location)
+    version, _ = lake.latest_snapshot("episodes")
+    assert lake.latest_snapshot("episodes")[0] == version  # nothing new: no refresh needed, same answer
+    write(Lake.open(lake.location), make_episode("x"))
+    assert other.latest_snapshot("episodes")[0] == version + 1
+    newer, acts = lake.latest_snapshot("episodes")
+    assert newer == version + 1 and acts.num_rows == 1
+    ep = conform(to_table([make_episode("y")[0]], "episodes"), "episodes")
+    assert lake.commit_if_unchanged("episodes", lake.write_files("episodes", ep), version) is None
