@@ -13,6 +13,11 @@
    of the child's own address space, so a parent's pages never count): default settings at ROWS and ROWS/2
    rows, then buffers of 64 MiB and the default with rows of 100, 400 and 2,000 tokens. Printed against the
    configured buffer: the whole process and the writer's share (peak minus the RSS after imports and opening).
+4. With ``--commits N`` (alone: ``--commits 2000 --skip-write``): the CPU of one commit as the lake grows. A writer
+   flushes after every 1-episode append (a commit per flush, the worst case for per-commit costs) N times; the
+   CPU per flush of the first and the last 100 flushes, then of 100 flushes after ``compact``.
+   ``--commits-delta-defaults`` runs it with delta-rs's own post-commit hooks (expired-log clean-up after every
+   commit) for comparison.
 """
 
 from __future__ import annotations
@@ -154,6 +159,46 @@ print(hwm(), base, status("RssFile") - file_base)
     return float(peak), float(base), float(code)
 
 
+def commit_growth(out: Path, commits: int, delta_defaults: bool) -> None:
+    """CPU per flush (1 episode of 20 turns x 50 tokens, flushed alone) at the start, after COMMITS commits, and
+    after ``compact``: what grows with the lake is the per-commit work, not the rows."""
+    import deltalake
+
+    from trajlake.lake import store
+    from trajlake.lake.maintenance import compact
+
+    if delta_defaults:
+        store._post_commit_hooks = lambda d: deltalake.PostCommitHookProperties()  # type: ignore[assignment]
+    shutil.rmtree(out, ignore_errors=True)
+    lake = open_lake(out, create=True)
+    rng = np.random.default_rng(2)
+    batches = [make_batch(rng, k, 1, 50) for k in range(100)]
+
+    def flushes(w: LakeWriter, first: int, n: int) -> float:
+        cpu = time.process_time()
+        for k in range(first, first + n):
+            ep, tu = batches[k % 100]
+            ep = ep.set_column(0, "episode_id", pa.array([f"c-{k:09d}"]))
+            tu = tu.set_column(0, "episode_id", pa.array([f"c-{k:09d}"] * tu.num_rows))
+            w.write_batch(ep, tu)
+            w.flush()
+        return (time.process_time() - cpu) / n * 1000
+
+    with LakeWriter(lake, handle_signals=False) as w:
+        first = flushes(w, 0, 100)
+        flushes(w, 100, commits - 200)
+        last = flushes(w, commits - 100, 100)
+    files = len(lake.files("episodes")) + len(lake.files("turns"))
+    compact(lake, vacuum=False)
+    with LakeWriter(lake, handle_signals=False) as w:
+        after = flushes(w, commits, 100)
+    print(f"\n| commits (tiny flushes{', delta-rs default hooks' if delta_defaults else ''}) | CPU per flush, "
+          f"first 100 (ms) | last 100 (ms) | last / first | after compact (ms) | after / first |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"| {commits} ({files} live files in episodes + turns before compact) | {first:.1f} | {last:.1f} | "
+          f"{last / first:.2f}x | {after:.1f} | {after / first:.2f}x |")
+
+
 def write_lake(out: Path, episodes: pa.Table, turns: pa.Table, eps_per_append: int) -> tuple[float, float]:
     """(wall seconds, process CPU seconds) of writing the rows through the batch writer."""
     shutil.rmtree(out, ignore_errors=True)
@@ -187,8 +232,17 @@ def main() -> None:
     ap.add_argument("--skip-jsonl", action="store_true", help="skip the JSONL comparison (slow at millions of rows)")
     ap.add_argument("--skip-configs", action="store_true",
                     help="memory: only default settings at ROWS and ROWS/2, not the buffer x row-size table")
+    ap.add_argument("--commits", type=int, default=0, help="also measure the CPU per commit over this many commits")
+    ap.add_argument("--commits-delta-defaults", action="store_true",
+                    help="--commits with delta-rs's default post-commit hooks (the comparison)")
+    ap.add_argument("--skip-write", action="store_true", help="only the --commits measurement")
     a = ap.parse_args()
     out = a.out
+    if a.commits:
+        assert a.commits >= 300, "--commits: at least 300"
+        commit_growth(out / "commits", a.commits, a.commits_delta_defaults)
+        if a.skip_write:
+            return
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     rng = np.random.default_rng(0)
