@@ -121,18 +121,21 @@ def dir_bytes(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
-def child_memory(rows: int, tokens: int, append_rows: int, out: Path, buffer_bytes: int | None = None
-                 ) -> tuple[float, float, float]:
+def child_memory(rows: int, tokens: int, append_rows: int, out: Path, buffer_bytes: int | None = None,
+                 eager: bool | None = None) -> tuple[float, float, float, float]:
     """(peak RSS, RSS after imports and opening the lake, code pages mapped since) in MB of a fresh process
     writing ``rows`` turn rows generated on the fly. VmHWM belongs to the child's own address space
     (``ru_maxrss`` would include the pages of the parent it was forked from). The third figure is the growth of
     the file-backed RSS (RssFile): the shared libraries' code the first commit pages in (Parquet encoder, zstd,
     delta-rs's commit path); it stays mapped, and the page cache shares it between all writer processes of a
-    machine, so it is an import cost rather than memory the writer holds."""
+    machine, so it is an import cost rather than memory the writer holds. The fourth figure is the CPU seconds
+    of the writing (the process's, less generating the data). ``eager`` is the writer's
+    ``release_memory_eagerly`` (None: its default)."""
     # with a buffer given, the row-count trigger is lifted so that the byte budget is what binds
     settings = "" if buffer_bytes is None else f", max_buffer_bytes={buffer_bytes}, max_turn_rows=10**9"
+    settings += f", release_memory_eagerly={eager}"
     code = f"""
-import numpy as np, sys
+import numpy as np, sys, time
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from bench_lake import make_batch
 from trajlake import LakeWriter, open_lake
@@ -145,18 +148,21 @@ rng = np.random.default_rng(1)
 eps_per_append = max(1, {append_rows} // 20)
 base = hwm()
 file_base = status("RssFile")
+cpu, gen = time.process_time(), 0.0
 with LakeWriter(lake, handle_signals=False{settings}) as w:
     for k in range(0, {rows} // 20, eps_per_append):
+        t = time.process_time()
         ep, tu = make_batch(rng, k, eps_per_append, {tokens})
+        gen += time.process_time() - t
         r = w.write_batch(ep, tu)
         assert not r.rejected, r.rejected
-print(hwm(), base, status("RssFile") - file_base)
+print(hwm(), base, status("RssFile") - file_base, time.process_time() - cpu - gen)
 """
     shutil.rmtree(out, ignore_errors=True)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     shutil.rmtree(out, ignore_errors=True)
-    peak, base, code = r.stdout.strip().splitlines()[-1].split()
-    return float(peak), float(base), float(code)
+    peak, base, code, writer_cpu = r.stdout.strip().splitlines()[-1].split()
+    return float(peak), float(base), float(code), float(writer_cpu)
 
 
 def commit_growth(out: Path, commits: int, delta_defaults: bool) -> None:
@@ -313,24 +319,30 @@ def main() -> None:
     print(f"| aggregate query (s), vs DuckDB read_parquet | {tq_lake:.3f} | {tq_plain:.3f} | "
           f"{tq_lake / tq_plain:.2f}x | <= 1.3x |")
     if not a.skip_memory:
-        half, _, _ = child_memory(a.rows // 2, a.tokens, a.append_rows, out / "mem")
-        full, _, _ = child_memory(a.rows, a.tokens, a.append_rows, out / "mem")
+        half, _, _, _ = child_memory(a.rows // 2, a.tokens, a.append_rows, out / "mem")
+        full, _, _, _ = child_memory(a.rows, a.tokens, a.append_rows, out / "mem")
         print(f"| writer peak RSS (MB), default settings, {a.rows} rows vs {a.rows // 2} rows | {full:.0f} | "
               f"{half:.0f} | {full / half:.2f}x | <= 512 MB; ~1x (no growth with the lake) |")
     if not a.skip_memory and not a.skip_configs:
         mib = 2**20
-        print("\n| buffer (max_buffer_bytes; max_turn_rows lifted) | tokens/row | rows | peak RSS (MB) | after imports "
-              "(MB) | writer's share (MB) | share / buffer | of the share, code paged in by the first commit (MB) | "
-              "share without it / buffer |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("\n| buffer (max_buffer_bytes; max_turn_rows lifted) | release_memory_eagerly | tokens/row | rows | peak "
+              "RSS (MB) | after imports (MB) | writer's share (MB) | share / buffer | of the share, code paged in by "
+              "the first commit (MB) | share without it / buffer | writer CPU-s per 100k rows |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        configs: list[tuple[int, bool | None, int, int]] = []
         for buffer in (64 * mib, DEFAULT_BUFFER_BYTES):
             for tokens in (100, 400, 2000):
                 # enough rows for two buffers of this row size (~9.4 bytes per token in memory), at least 20,000
-                rows = max(20_000, int(2 * buffer / (tokens * 9.4 + 300)) // 400 * 400)
-                peak, base, code = child_memory(rows, tokens, a.append_rows, out / "mem", buffer)
-                print(f"| {buffer // mib} MiB | {tokens} | {rows} | {peak:.0f} | {base:.0f} | {peak - base:.0f} | "
-                      f"{(peak - base) / (buffer / 1e6):.2f}x | {code:.0f} | "
-                      f"{(peak - base - code) / (buffer / 1e6):.2f}x |", flush=True)
+                configs.append((buffer, None, tokens, max(20_000, int(2 * buffer / (tokens * 9.4 + 300)) // 400 * 400)))
+        # many commits of a small buffer (17 of 64 MiB), with and without releasing memory eagerly: what the
+        # allocator keeps grows with the commits
+        configs += [(64 * mib, True, 2000, 60_000), (64 * mib, False, 2000, 60_000)]
+        for buffer, eager, tokens, rows in configs:
+            peak, base, code, cpu = child_memory(rows, tokens, a.append_rows, out / "mem", buffer, eager)
+            shown = {None: "default", True: "on", False: "off"}[eager]
+            print(f"| {buffer // mib} MiB | {shown} | {tokens} | {rows} | {peak:.0f} | {base:.0f} | {peak - base:.0f} | "
+                  f"{(peak - base) / (buffer / 1e6):.2f}x | {code:.0f} | "
+                  f"{(peak - base - code) / (buffer / 1e6):.2f}x | {cpu / rows * 1e5:.2f} |", flush=True)
     print(f"\nversions: {lake.versions()}; python {sys.version.split()[0]}, duckdb {duckdb.__version__}, "
           f"pyarrow {pa.__version__}, {os.cpu_count()} cpus")
 

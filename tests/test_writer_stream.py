@@ -41,7 +41,8 @@ def test_commit_streams_row_groups_and_holds_at_most_the_budget(lake: Lake, monk
     one = sum(t.nbytes for t in (conform(to_table(eps, "episodes"), "episodes"), conform(to_table(turns, "turns"),
                                                                                            "turns")))
     budget = 3 * one
-    w = LakeWriter(lake, max_buffer_bytes=budget, max_age_seconds=3600, handle_signals=False)
+    w = LakeWriter(lake, max_buffer_bytes=budget, max_age_seconds=3600, handle_signals=False,
+                   release_memory_eagerly=False)  # (the pytest process keeps glibc's defaults)
     released: list[int] = []
     real_release = w._release
 
@@ -115,3 +116,41 @@ def test_sink_splits_partitions_rolls_files_and_records_stats(lake: Lake, monkey
     # no episode rows were committed, so the rows are visible only in the raw view, partition column restored
     got = connect(lake).execute("select run_id, count(*) from _turns_all group by 1 order by 1").fetchall()
     assert got == [("run-a", len(turns)), ("run-b", len(turns_b))]
+
+
+def test_small_buffers_release_memory_eagerly_by_default(lake: Lake, monkeypatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(writer_mod, "_release_large_allocations_eagerly", lambda: calls.append(1))
+    LakeWriter(lake, handle_signals=False).close()  # the default buffer: glibc's defaults
+    LakeWriter(lake, max_buffer_bytes=64 << 20, handle_signals=False, release_memory_eagerly=False).close()
+    assert calls == []
+    LakeWriter(lake, max_buffer_bytes=64 << 20, handle_signals=False).close()
+    LakeWriter(lake, handle_signals=False, release_memory_eagerly=True).close()
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("user_setting", [None, "262144"])
+def test_eager_release_sets_glibcs_mmap_threshold_unless_the_user_did(user_setting: str | None) -> None:
+    # in a child process: the setting is process-wide. A 2 MiB block must come from its own mapping (it shows in
+    # /proc/self/maps as a new anonymous mapping) after the setting, even once glibc's dynamic threshold was raised
+    import subprocess
+    import sys
+
+    code = """
+import ctypes, sys
+from trajlake.record.writer import _release_large_allocations_eagerly
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free(libc.malloc(8 << 20))  # freeing an mmapped block raises the dynamic threshold to 8 MiB
+def mapped(p):
+    return any(int(lo, 16) <= p < int(hi, 16) and len(line.split()) == 5
+               for line in open("/proc/self/maps") for lo, hi in [line.split()[0].split("-")])
+print(_release_large_allocations_eagerly(), mapped(libc.malloc(2 << 20)))
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    if user_setting:
+        env["MALLOC_MMAP_THRESHOLD_"] = user_setting
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    # set by trajlake: the block is its own mapping; the user's 256 KiB: also one (and trajlake left it alone)
+    assert out.split() == (["True", "True"] if user_setting is None else ["False", "True"])
