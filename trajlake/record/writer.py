@@ -16,7 +16,9 @@ streams: it hashes and encodes the turns a row group at a time (``ROW_GROUP_BYTE
 of the buffer once it is in the file, so ``max_buffer_bytes`` bounds what the writer holds in all, the buffer
 being filled plus what the commit has not written yet (an append waits for room). Past that, a commit works in
 ~90-100 MB (two row groups in flight, the Parquet encoder's scratch, memory freed since the last trim), measured
-by bench/bench_lake.py.
+by bench/bench_lake.py. Below the default buffer the writer also has glibc hand large freed blocks straight back
+(``release_memory_eagerly``): otherwise the heap keeps the freed arrays of earlier appends, which a small buffer
+pays more than its own size for.
 """
 
 from __future__ import annotations
