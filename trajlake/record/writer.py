@@ -136,8 +136,8 @@ class LakeWriter:
         process's allocations of 1 MiB or more from their own pages, handed back to the OS when freed (glibc's
         ``M_MMAP_THRESHOLD``; process-wide, never over ``MALLOC_MMAP_THRESHOLD_`` set by the user). Otherwise
         glibc keeps the freed arrays of earlier appends in its heap, which costs a small buffer more than its
-        own size (bench/bench_lake.py: 2.5-3.1x of a 64 MiB buffer with 2,000-token rows, ~2x with it); the
-        price is ~15% more CPU on large allocations."""
+        own size (bench/bench_lake.py: 2.6x of a 64 MiB buffer with 2,000-token rows, 2.0x with it); the
+        price is CPU (~20% more of the writer's at 2,000-token rows), so pass ``False`` where memory is ample."""
         self.lake = lake
         if release_memory_eagerly or (release_memory_eagerly is None and max_buffer_bytes < DEFAULT_BUFFER_BYTES):
             _release_large_allocations_eagerly()
