@@ -134,7 +134,7 @@ class LakeWriter:
                  release_memory_eagerly: bool | None = None):
         """``release_memory_eagerly`` (default: on when ``max_buffer_bytes`` is below the default) serves the
         process's allocations of 1 MiB or more from their own pages, handed back to the OS when freed (glibc's
-        ``M_MMAP_THRESHOLD``; process-wide, never over ``MALLOC_MMAP_THRESHOLD_`` set by the user). Otherwise
+        ``M_MMAP_THRESHOLD``; process-wide, left alone when the user set ``MALLOC_MMAP_THRESHOLD_``). Otherwise
         glibc keeps the freed arrays of earlier appends in its heap, which costs a small buffer more than its
         own size (bench/bench_lake.py: 2.6x of a 64 MiB buffer with 2,000-token rows, 2.0x with it); the
         price is CPU (~20% more of the writer's at 2,000-token rows), so pass ``False`` where memory is ample."""
