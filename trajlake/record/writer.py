@@ -940,9 +940,10 @@ def _hash(ep: pa.Table, tu: pa.Table, ev: pa.Table, source: str | None
 
 
 @functools.cache
-def _malloc_trim() -> Any:
+def _glibc_function(name: str) -> Any:
+    """The C library's ``name`` (``malloc_trim``, ``mallopt``), or None where the C library is not glibc."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):  # not glibc
         return None
 
@@ -952,7 +953,7 @@ def _return_free_memory() -> None:
     numpy and the buffered batches, mimalloc for pyarrow): measured, ~100 MB more peak RSS per writer, which a
     fleet of writers per machine pays many times. Costs a few ms per commit."""
     pa.default_memory_pool().release_unused()
-    trim = _malloc_trim()
+    trim = _glibc_function("malloc_trim")
     if trim is not None:
         trim(0)
 
@@ -969,11 +970,8 @@ def _release_large_allocations_eagerly() -> bool:
     that no live allocation pins)."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False  # the user's own setting
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, EAGER_MMAP_THRESHOLD))
-    except (OSError, AttributeError):  # not glibc
-        return False
+    mallopt = _glibc_function("mallopt")
+    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, EAGER_MMAP_THRESHOLD))
 
 
 def _remove_uncommitted(lake: Lake, *action_lists: Sequence[Any]) -> None:
