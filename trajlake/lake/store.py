@@ -103,7 +103,9 @@ def _post_commit_hooks(d: deltalake.DeltaTable) -> deltalake.PostCommitHookPrope
     entries (bench/bench_lake.py --commits)."""
     interval = max(1, int(d.metadata().configuration.get("delta.checkpointInterval") or CHECKPOINT_INTERVAL))
     new_version = d.version() + 1
-    # delta-rs checkpoints version v when v + 1 is a multiple of the interval (99, 199, ...)
+    # delta-rs checkpoints version v when v + 1 is a multiple of the interval (99, 199, ...). A commit that delta-rs
+    # retries past another writer's lands later than new_version: the clean-up then waits for the next checkpoint
+    # (it deletes only entries a checkpoint covers, whenever it runs)
     return deltalake.PostCommitHookProperties(create_checkpoint=True,
                                               cleanup_expired_logs=(new_version + 1) % interval == 0)
 
@@ -234,7 +236,7 @@ class Lake:
         d = self._commit_tables.get(name)
         if d is None:
             d = self._commit_tables[name] = self.delta(name)
-        elif not self.is_local or (Path(self.table_uri(name)) / "_delta_log" / f"{d.version() + 1:020d}.json").exists():
+        elif not self.is_local or self.storage.exists(name, "_delta_log", f"{d.version() + 1:020d}.json"):
             # Locally, a stat of the next log entry tells whether anything was committed since: versions are
             # contiguous, and an entry exists once committed. A refresh lists the whole `_delta_log` directory
             # (delta-rs's local store has no listing from an offset), a cost that grows with the log.
