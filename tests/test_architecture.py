@@ -26,11 +26,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lake", ("trajlake.lake",)),
     ("record/query", ("trajlake.record", "trajlake.query")),
     ("io/evaluators/train-data", ("trajlake.io", "trajlake.evaluators", "trajlake.demo", "trajlake.train.math",
-                                  "trajlake.train.data", "trajlake.train.estimators", "trajlake.train.dataset",
+                                  "trajlake.train.data",
                                   # rendering, parsing and exactness checks of LM turns, which the trainer's
                                   # reader re-renders text-only episodes with (they import no policy)
-                                  "trajlake.policies.chat", "trajlake.policies.toolcall",
-                                  "trajlake.policies.exactness")),
+                                  "trajlake.render")),
     ("rollout", ("trajlake.rollout", "trajlake.policies")),
     ("train-loop", ("trajlake.train",)),
     ("cli", ("trajlake.cli", "trajlake.__main__")),

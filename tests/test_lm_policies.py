@@ -22,12 +22,12 @@ from trajlake.envs import Budget, list_tasks, task_view_fn
 from trajlake.envs.mini_swe.env import TOOL_DOCS, MiniSWEEnv
 
 from trajlake.errors import TrajlakeError
-from trajlake.policies.chat import ChatRenderer
-from trajlake.policies.exactness import check_drift, model_contexts
 from trajlake.policies.hf import HFPolicy, score_tokens
 from trajlake.policies.lm import Generation, LMPolicy
 from trajlake.policies.settings import LMSettings, parse_policy_args
-from trajlake.policies.toolcall import format_call, parse_tool_call
+from trajlake.render.chat import ChatRenderer
+from trajlake.render.exactness import check_drift, model_contexts
+from trajlake.render.toolcall import format_call, parse_tool_call
 from trajlake.rollout.runner import play_episode
 
 TASK = "mini-swe/durations/drop_branch/0"

@@ -25,12 +25,12 @@ from trajlake.envs.mini_swe.env import TOOL_DOCS, MiniSWEEnv
 
 from trajlake import Lake, LakeWriter, open_lake
 from trajlake.errors import TrajlakeError
-from trajlake.policies.chat import ChatRenderer, system_prompt
-from trajlake.policies.exactness import model_contexts
 from trajlake.policies.lm import Generation, LMPolicy
 from trajlake.policies.settings import LMSettings
-from trajlake.policies.toolcall import format_call, parse_tool_call
 from trajlake.record.writer import to_table
+from trajlake.render.chat import ChatRenderer, system_prompt
+from trajlake.render.exactness import model_contexts
+from trajlake.render.toolcall import format_call, parse_tool_call
 from trajlake.rollout.runner import play_episode
 from trajlake.train.data import (
     EPISODE_COLUMNS,
@@ -403,7 +403,7 @@ def test_episode_spanning_row_groups_gets_its_text_when_re_rendered(lake: Lake, 
     from transformers import AutoTokenizer
 
     import trajlake.lake.store as store
-    from trajlake.policies.chat import tokenizer_fingerprint
+    from trajlake.render.chat import tokenizer_fingerprint
 
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     r = ChatRenderer(tok, "t")
@@ -535,9 +535,9 @@ def test_pack_restarts_positions_per_sample() -> None:
 def test_tiny_hf_policy_episodes_exact_and_trimmed(tmp_path: Path) -> None:
     """Episodes of the tiny hf: model: used token for token; with a trimmed window, one sample per policy turn
     holding exactly the context the model saw plus its sampled ids."""
-    from trajlake.policies.exactness import model_contexts
     from trajlake.policies.hf import HFPolicy
     from trajlake.policies.tiny import build_tiny_model
+    from trajlake.render.exactness import model_contexts
 
     tiny = build_tiny_model(tmp_path / "tiny")
     lake = open_lake(tmp_path / "lake", create=True)

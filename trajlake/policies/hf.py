@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.errors import TrajlakeError
-from trajlake.policies.chat import ChatRenderer
 from trajlake.policies.lm import Generation, LMPolicy
 from trajlake.policies.settings import LMSettings
+from trajlake.render.chat import ChatRenderer
 
 
 def _torch() -> Any:

@@ -1,7 +1,7 @@
 """The shared part of the language-model policies: a token-exact context built from pieces, trimming, parsing.
 
 A subclass supplies ``generate(context_ids, max_new_tokens)``; this class renders the observations (see
-``trajlake.policies.chat``), keeps the context as one piece per turn of the episode, trims it by a named strategy
+``trajlake.render.chat``), keeps the context as one piece per turn of the episode, trims it by a named strategy
 when it would overflow the window, parses the tool call and fills the ``PolicyOutput`` fields the runner records.
 """
 
@@ -16,9 +16,9 @@ import numpy as np
 
 from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 from trajlake.errors import TrajlakeError
-from trajlake.policies.chat import ChatRenderer, dropped_hash, system_prompt
 from trajlake.policies.settings import LMSettings
-from trajlake.policies.toolcall import parse_tool_call
+from trajlake.render.chat import ChatRenderer, dropped_hash, system_prompt
+from trajlake.render.toolcall import parse_tool_call
 from trajlake.schemas.vocab import Status
 
 

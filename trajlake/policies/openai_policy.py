@@ -30,10 +30,10 @@ import numpy as np
 
 from trajlake.envs.policy import PolicyOutput, TaskView
 from trajlake.errors import TrajlakeError
-from trajlake.policies.chat import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, ChatRenderer
 from trajlake.policies.lm import Generation, LMPolicy, ModelServerError, dropped_hash
 from trajlake.policies.settings import LMSettings
-from trajlake.policies.toolcall import parse_tool_call
+from trajlake.render.chat import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, ChatRenderer
+from trajlake.render.toolcall import parse_tool_call
 
 _warned_text_only = False
 

@@ -24,7 +24,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def _corpus() -> Iterator[str]:
     from trajlake.envs.mini_swe.env import TOOL_DOCS
-    from trajlake.policies.chat import system_prompt
+    from trajlake.render.chat import system_prompt
 
     yield system_prompt(TOOL_DOCS)
     import trajlake.envs.mini_swe as mini_swe

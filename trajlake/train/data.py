@@ -169,7 +169,7 @@ def _fingerprint_key(tokenizer_id: str) -> tuple[str, str] | None:
     """(tok, tmpl) hashes of a policy-recorded fingerprint; None for other ids (byte tokens, imports, demo)."""
     if "|tok:" not in tokenizer_id:
         return None
-    from trajlake.policies.chat import split_fingerprint
+    from trajlake.render.chat import split_fingerprint
 
     parts = split_fingerprint(tokenizer_id)
     return parts.get("tok", ""), parts.get("tmpl", "")
@@ -329,7 +329,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
         self.tokenizer_name = ""
         self.tokenizer_key: tuple[str, str] | None = None
         if tokenizer is not None:
-            from trajlake.policies.chat import tokenizer_fingerprint
+            from trajlake.render.chat import tokenizer_fingerprint
 
             self.tokenizer, self.tokenizer_name = _load_tokenizer(tokenizer)
             self.tokenizer_key = _fingerprint_key(tokenizer_fingerprint(self.tokenizer, self.tokenizer_name))
@@ -597,7 +597,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
     # -- trimmed contexts ----------------------------------------------------------------------------------------
     def _trimmed(self, eid: str, turns: Sequence[_Turn]) -> list[_Piece]:
         """One sample per policy turn with token ids: the context its model saw and what it sampled."""
-        from trajlake.policies.exactness import model_contexts
+        from trajlake.render.exactness import model_contexts
 
         self._fill_raw(eid, turns)
         rows = [{"turn_idx": t.idx, "actor": t.actor, "token_ids": t.ids, "tokenizer_id": t.tokenizer_id,
@@ -666,7 +666,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
     def renderer(self) -> Any:
         """The ``ChatRenderer`` of the trainer's tokenizer (built on first use)."""
         if self._renderer is None:
-            from trajlake.policies.chat import ChatRenderer, TemplateError
+            from trajlake.render.chat import ChatRenderer, TemplateError
 
             try:
                 self._renderer = ChatRenderer(self.tokenizer, self.tokenizer_name)
@@ -676,8 +676,8 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
 
     def _rerender(self, eid: str, env_id: str, turns: Sequence[_Turn]) -> _Piece:
         """The episode as an ``hf:`` policy with the trainer's tokenizer would have seen it, with the prefix check."""
-        from trajlake.policies.chat import system_prompt
-        from trajlake.policies.toolcall import format_call, parse_tool_call
+        from trajlake.render.chat import system_prompt
+        from trajlake.render.toolcall import format_call, parse_tool_call
 
         assert self.tokenizer is not None, "_exact raised the text-only error"
         self._fill_raw(eid, turns)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trajlake.policies.chat import ChatRenderer, dropped_hash, split_fingerprint, system_prompt
+from trajlake.render.chat import ChatRenderer, dropped_hash, split_fingerprint, system_prompt
 
 
 @dataclass(frozen=True)

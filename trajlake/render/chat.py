@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trajlake.policies.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_call
+from trajlake.render.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_call
 
 _OBS_MARK = "@@TRAJLAKE_OBSERVATION@@"
 _ASSISTANT_MARK = "@@TRAJLAKE_ASSISTANT@@"
@@ -51,7 +51,7 @@ def system_prompt(tools: Mapping[str, Mapping[str, Any]]) -> str:
 
 def dropped_hash(turns: Sequence[tuple[int, str]]) -> str:
     """``context_dropped_hash``: sha256 over the dropped turns' ``[turn_idx, raw_content]`` list (canonical JSON).
-    ``trajlake.policies.exactness.model_contexts`` finds the dropped range of a stored episode from it. (Here,
+    ``trajlake.render.exactness.model_contexts`` finds the dropped range of a stored episode from it. (Here,
     beside the rendering, so that readers below the rollout layer, such as the trainer's, need no policy.)"""
     blob = json.dumps([[i, r] for i, r in turns], ensure_ascii=False, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()
