@@ -23,6 +23,17 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
+def test_import_and_help_load_neither_torch_nor_the_loop() -> None:
+    """The loop imports torch at its top, so nothing outside ``trajlake train`` may import it: ``import trajlake``
+    and ``trajlake --help`` load no torch (train_cmd checks torch, then imports the loop inside the command)."""
+    for args in (["-c", "import trajlake"], ["-m", "trajlake", "--help"]):
+        res = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True,
+                             timeout=120, check=True)
+        loaded = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
+        assert "trajlake" in loaded  # the import-time log was read
+        assert not {m for m in loaded if m.split(".")[0] == "torch" or m.startswith("trajlake.train.loop")}, args
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     from typer.testing import CliRunner
