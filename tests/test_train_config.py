@@ -29,7 +29,7 @@ def test_smoke_config_runs_b1_then_r1() -> None:
     cfg = load_config(ROOT / "configs" / "smoke.toml")
     assert [(s.name, s.kind) for s in cfg.stages] == [("B1", "sft"), ("R1", "rl")]
     r1 = cfg.stages[1]
-    assert r1.algo == "rloo" and r1.rollout.attempts >= 2 and r1.max_policy_lag == 1
+    assert r1.algo == "rloo" and r1.rollout.attempts >= 2 and r1.max_staleness == 1
     assert cfg.model.build_tiny and cfg.model.path is None
 
 
@@ -82,3 +82,37 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("name = \n")
     with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
         load_config(bad)
+
+
+# -- renamed keys (docs/names.md) -------------------------------------------------------------------------------
+
+def _rl_stage(**keys: object) -> dict:
+    return {**MINIMAL, "stages": [{"name": "R1", "kind": "rl", "rollout": {"attempts": 2}, **keys}]}
+
+
+def test_max_policy_lag_is_read_as_max_staleness_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = parse_config(_rl_stage(max_policy_lag=2), "c.toml")
+    assert cfg.stages[0].max_staleness == 2
+    err = capsys.readouterr().err
+    assert err == "c.toml: stages[0].max_policy_lag is deprecated, read as max_staleness (rename it; " \
+                  "docs/names.md)\n"
+    assert parse_config(_rl_stage(max_staleness=3), "c.toml").stages[0].max_staleness == 3
+    assert capsys.readouterr().err == ""  # the new name: no note
+    assert parse_config(_rl_stage(), "c.toml").stages[0].max_staleness == 0  # the default is unchanged
+
+
+def test_max_policy_lag_and_max_staleness_together(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_config(_rl_stage(max_policy_lag=1, max_staleness=1), "c.toml").stages[0].max_staleness == 1
+    assert "deprecated" in capsys.readouterr().err
+    with pytest.raises(ConfigError) as e:
+        parse_config(_rl_stage(max_policy_lag=1, max_staleness=2), "c.toml")
+    assert str(e.value) == ("c.toml: stages[0].max_policy_lag = 1 and stages[0].max_staleness = 2 differ: "
+                            "max_policy_lag is the deprecated name of max_staleness, give only max_staleness")
+
+
+def test_a_deprecated_key_in_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "old.toml"
+    f.write_text((ROOT / "configs" / "smoke.toml").read_text().replace("max_staleness = 1", "max_policy_lag = 1"))
+    assert "max_policy_lag" in f.read_text()
+    assert load_config(f).stages[1].max_staleness == 1
+    assert capsys.readouterr().err.startswith(f"{f}: stages[1].max_policy_lag is deprecated")

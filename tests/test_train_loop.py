@@ -99,7 +99,7 @@ def test_smoke_episodes_carry_pinned_versions_and_lag(smoke: tuple[Path, Path, s
 def test_smoke_sft_loss_goes_down_and_log_has_the_named_columns(smoke: tuple[Path, Path, str]) -> None:
     _, out, output = smoke
     log = pq.read_table(out / "train_log.parquet").to_pylist()
-    for col in ("step", "loss", "kl", "ratio_mean", "log_ratio_var", "entropy", "lr", "lag_max"):
+    for col in ("step", "loss", "kl", "ratio_mean", "log_ratio_var", "entropy", "lr", "staleness_max", "staleness_mean"):
         assert col in log[0]
     b1 = [r["loss"] for r in log if r["stage"] == "B1"]
     assert len(b1) == 12
@@ -107,8 +107,12 @@ def test_smoke_sft_loss_goes_down_and_log_has_the_named_columns(smoke: tuple[Pat
     r1 = [r for r in log if r["stage"] == "R1"]
     assert len(r1) == 4 and {r["iteration"] for r in r1} == {1, 2}
     assert all(r["ratio_mean"] is not None and r["kl"] is not None for r in r1)
-    # the second iteration also trains on the first's episodes (max_policy_lag = 1): lag 1 appears
-    assert max(r["lag_max"] for r in r1 if r["iteration"] == 2) == 1
+    # the second iteration also trains on the first's episodes (max_staleness = 1): staleness 1 appears (the
+    # first iteration's episodes are one version behind the learner), 0 in the first iteration
+    assert max(r["staleness_max"] for r in r1 if r["iteration"] == 2) == 1
+    assert max(r["staleness_max"] for r in r1 if r["iteration"] == 1) == 0
+    # the deprecated columns lag_max / lag_mean are still written, as copies (docs/names.md)
+    assert all(r["lag_max"] == r["staleness_max"] and r["lag_mean"] == r["staleness_mean"] for r in log)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert "B1: policy version smoke-B1" in output
 

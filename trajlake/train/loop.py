@@ -4,12 +4,13 @@ checkpoint that is registered in ``runs`` and played back into the lake through 
 Read :func:`train` first. The math lives in ``trajlake.train.math`` (pure, unit-tested), reading the lake in
 ``trajlake.train.data``; this module only wires them: which episodes, which advantages, which loss, when to save.
 
-Versions and lag. Every checkpoint is a policy version ``<experiment>-<stage>`` (an RL stage's intermediate
-iterations are ``<experiment>-<stage>.<k>``), published in order with ``PolicyVersions`` under the experiment's
-name. Rollouts pin the version they play (episode-sticky); the runner records each episode's ``policy_lag``
-against the published list. An RL iteration trains on the episodes of this stage's rollouts whose version is at
-most ``max_policy_lag`` versions behind the learner; the log records each step's lag, and episodes with lag > 0
-are weighted by the truncated trajectory ratio min(rho, c) (19.5).
+Versions, lag and staleness. Every checkpoint is a policy version ``<experiment>-<stage>`` (an RL stage's
+intermediate iterations are ``<experiment>-<stage>.<k>``), published in order with ``PolicyVersions`` under the
+experiment's name. Rollouts pin the version they play (episode-sticky); the runner records each episode's
+``policy_lag`` (versions behind the newest published one when the episode started). An RL iteration trains on
+the episodes of this stage's rollouts whose staleness (versions behind the learner now) is at most
+``max_staleness``; the log records each step's staleness, and episodes with staleness > 0 are weighted by the
+truncated trajectory ratio min(rho, c) (19.5).
 
 Data parallel. Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank reads its own shard of the episodes, the
 token-mean denominator is the global policy-token count (all-reduced), and gradients are summed across ranks
@@ -186,6 +187,11 @@ class Learner:
 
 
 # -- the training log ----------------------------------------------------------------------------------------
+#: Deprecated log columns still written to the Parquet log, as copies of their new ones: old -> new
+#: (docs/names.md).
+DEPRECATED_LOG_COLUMNS: dict[str, str] = {"lag_mean": "staleness_mean", "lag_max": "staleness_max"}
+
+
 @dataclass
 class TrainLog:
     """One row per optimizer step, written to ``<out_dir>/train_log.parquet`` (and TensorBoard when installed)."""
@@ -208,7 +214,7 @@ class TrainLog:
         return log
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
+        self.rows.append({**row, **{old: row[new] for old, new in DEPRECATED_LOG_COLUMNS.items() if new in row}})
         if self.tensorboard is not None:
             step = len(self.rows)
             for k, v in row.items():
@@ -422,8 +428,8 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
         tokens += int(n_tokens)
         train_log.add({"stage": stage.name, "iteration": 0, "step": step, "loss": value, "kl": None,
                        "entropy": entropy, "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
-                       "ratio_mean": None, "ratio_max": None, "log_ratio_var": None, "lag_mean": None,
-                       "lag_max": None, "reward_mean": None, "time": time.time()})
+                       "ratio_mean": None, "ratio_max": None, "log_ratio_var": None, "staleness_mean": None,
+                       "staleness_max": None, "reward_mean": None, "time": time.time()})
         if dist.main and (step % 10 == 0 or step == stage.steps - 1):
             log(f"  {stage.name} step {step}: loss {value:.4f} over {int(n_tokens)} policy tokens")
     return {"runs": runs, "steps": stage.steps, "first_loss": losses[0] if losses else None,
@@ -480,12 +486,12 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         runs.append(run)
         published = versions.all()
         learner_index = published.index(behaviour_version)
-        allowed = published[max(0, learner_index - stage.max_policy_lag):learner_index + 1]
+        allowed = published[max(0, learner_index - stage.max_staleness):learner_index + 1]
         selection = Selection(runs=runs, policy_versions=allowed, as_of=_pin(dist, lake))
         episodes = select_episodes(lake, selection)
         returns = _episode_returns(cfg, stage, lake, episodes)
         advantages = _advantages(stage, episodes, returns)
-        lag = {e: learner_index - published.index(v) for e, v in
+        staleness = {e: learner_index - published.index(v) for e, v in
                zip(episodes.column("episode_id").to_pylist(), episodes.column("policy_version_start").to_pylist(),
                    strict=True)}
         dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, advantages=advantages,
@@ -494,14 +500,15 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
         reward_mean = sum(returns.values()) / max(1, len(returns))
         for step in range(stage.steps):
-            row = _rl_step(cfg, stage, learner, dist, next(batches), lag, returns)
+            row = _rl_step(cfg, stage, learner, dist, next(batches), staleness, returns)
             row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time())
             train_log.add(row)
             losses.append(row["loss"])
             tokens += row["policy_tokens"]
             if dist.main:
                 log(f"  {stage.name} it {it} step {step}: loss {row['loss']:.4g}, kl {_fmt(row['kl'])}, ratio "
-                    f"mean {_fmt(row['ratio_mean'])}, lag max {row['lag_max']}, return mean {reward_mean:.4g}")
+                    f"mean {_fmt(row['ratio_mean'])}, staleness max {row['staleness_max']}, return mean "
+                    f"{reward_mean:.4g}")
         if it < stage.iterations:  # the next iteration plays the updated policy as a new version
             behaviour_version = f"{cfg.name}-{stage.name}.{it}"
             behaviour_folder = Path(cfg.resolve(cfg.out_dir)) / f"{stage.name}.{it}"
@@ -564,7 +571,7 @@ def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float]) ->
 
 
 def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist, batch: dict[str, Any],
-             lag: dict[str, int], returns: dict[str, float]) -> dict[str, Any]:
+             staleness: dict[str, int], returns: dict[str, float]) -> dict[str, Any]:
     n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
     denominator = _denominator(cfg, dist, batch, n_tokens)  # a collective: every rank, every step
     if n_tokens == 0:
@@ -574,7 +581,7 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
         grad_norm = learner.step(loss, cfg.grad_clip)
         return {"loss": _all_sum(dist, 0.0), "kl": None, "entropy": None, "lr": learner.lr, "grad_norm": grad_norm,
                 "policy_tokens": int(n_tokens), "ratio_mean": None, "ratio_max": None, "log_ratio_var": None,
-                "lag_mean": None, "lag_max": None}
+                "staleness_mean": None, "staleness_max": None}
     dev = learner.device
     out = learner.forward(batch, cfg.temperature)
     mask = batch["loss_mask"].to(dev)
@@ -582,11 +589,11 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
         raise TrainError(f"stage {stage.name}: an episode without behaviour log-probs reached the RL loss "
                          f"({[e for e, h in zip(batch['episode_id'], batch['has_behavior_logprobs'], strict=True) if not h][:1]})")
     old = batch["behavior_logprobs"].to(dev)
-    lags = torch.tensor([lag[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
+    stale = torch.tensor([staleness[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
     seq_log_ratio = tm.sequence_log_ratio(out["logp"].detach(), old, mask)
     lengths = mask.sum(-1)
     truncated = tm.truncated_importance_weights(seq_log_ratio, cfg.is_max_weight)
-    weights = truncated if cfg.policy_loss == "reinforce" else torch.where(lags > 0, truncated,
+    weights = truncated if cfg.policy_loss == "reinforce" else torch.where(stale > 0, truncated,
                                                                            torch.ones_like(seq_log_ratio))
     value_loss = None
     if stage.algo == "ppo":
@@ -614,7 +621,8 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
             "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
             "log_ratio_var": diag.get("log_ratio_var"), "log_ratio_var_slope": diag.get("log_ratio_var_slope"),
             "ess_frac": diag.get("ess_frac"), "frac_truncated": diag.get("frac_truncated"),
-            "lag_mean": float(lags.mean()), "lag_max": int(lags.max()), "clip_frac": stats.get("clip_frac"),
+            "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
+            "clip_frac": stats.get("clip_frac"),
             "value_loss": None if value_loss is None else float(value_loss.detach())}
 
 
