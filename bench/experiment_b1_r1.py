@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADLINE = ("success", "model_failure_rate", "error_rate_model_invalid_action", "steps", "tokens_out",
-            "policy_versions_behind")
+            "policy_lag_mean")
 
 
 def _run(args: list[str]) -> None:
