@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.train_configs import TWO_TASKS, rollout, tiny_config, write_config
 from trajlake.train.config import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def test_smoke_config_runs_b1_then_r1() -> None:
 def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
     f = tmp_path / "sub" / "c.toml"
     f.parent.mkdir()
-    f.write_text('name = "x"\nout_dir = "out"\n[model]\nbuild_tiny = true\n[[stages]]\nname = "B1"\nkind = "sft"\n')
+    write_config(f, tiny_config("x", [{"name": "B1", "kind": "sft"}], out="out"))
     cfg = load_config(f)
     assert cfg.resolve(cfg.out_dir) == f.parent / "out"
 
@@ -116,3 +117,22 @@ def test_a_deprecated_key_in_a_file(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "max_policy_lag" in f.read_text()
     assert load_config(f).stages[1].max_staleness == 1
     assert capsys.readouterr().err.startswith(f"{f}: stages[1].max_policy_lag is deprecated")
+
+
+def test_the_tests_config_writer_round_trips(tmp_path: Path) -> None:
+    """tests/train_configs.py writes what the tests' trainer configs need: tables, arrays of tables, nested and
+    inline values; the file reads back as the same config."""
+    data = tiny_config("w", [
+        {"name": "B1", "kind": "sft", "lr": 3e-3, "data": rollout(TWO_TASKS)},
+        {"name": "R1", "kind": "rl", "fault_rate_schedule": [0.0, 0.5], "success_only": False,
+         "rollout": rollout(TWO_TASKS[:1], attempts=2, max_new_tokens=16, max_steps=2,
+                            policy_args={"price_out": "100"})},
+    ], model=tmp_path / "m \\ \"q\"", out="out", lambda_cost=1.0)
+    f = write_config(tmp_path / "w.toml", data)
+    assert "[[stages]]" in f.read_text() and "[stages.rollout.env_args.budget]" in f.read_text()
+    cfg = load_config(f)
+    assert cfg == parse_config(data, str(f))
+    r1 = cfg.stages[1]
+    assert r1.rollout.policy_args == {"max_new_tokens": "16", "price_out": "100"}
+    assert r1.rollout.env_args == {"budget": {"max_steps": 2}} and r1.rollout.tasks == TWO_TASKS[:1]
+    assert cfg.model.path == str(tmp_path / "m \\ \"q\"") and cfg.stages[0].lr == 3e-3
