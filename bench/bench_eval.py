@@ -245,7 +245,7 @@ SELECT run_id, count(*) AS episodes, avg(success) AS success, avg(budgeted_succe
        avg(termination_success), avg(termination_submitted), avg(termination_gave_up),
        avg(termination_budget_steps), avg(termination_budget_tokens), avg(termination_budget_cost),
        avg(termination_timeout), avg(termination_safety_stop), avg(termination_env_failure),
-       avg(policy_lag) AS policy_lag_rate
+       avg(version_switched) AS version_switch_rate
 FROM m GROUP BY run_id ORDER BY run_id
 """
 

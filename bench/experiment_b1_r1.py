@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADLINE = ("success", "model_failure_rate", "error_rate_model_invalid_action", "steps", "tokens_out",
-            "policy_versions_behind")
+            "policy_lag_mean")
 
 
 def _run(args: list[str]) -> None:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"B1 loss: first {b1[0]:.3f}, last {b1[-1]:.3f} over {len(b1)} steps")
     for r in (r for r in log if r["stage"] == "R1"):
         print(f"R1 it {r['iteration']} step {r['step']}: loss {r['loss']:.4f} kl {r['kl']:.4g} ratio mean "
-              f"{r['ratio_mean']:.4g} lag max {r['lag_max']} reward mean {r['reward_mean']:.3f}")
+              f"{r['ratio_mean']:.4g} staleness max {r['staleness_max']} reward mean {r['reward_mean']:.3f}")
     return 0
 
 

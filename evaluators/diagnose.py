@@ -18,8 +18,9 @@ walk stops at the first node answered "yes", which is the diagnosis. The nodes, 
                           class, gateway denials) become more frequent? Yes: policy regression in action validity.
 5. ``behaviour``          did steps, the duplicate-action rate or P99 episode/tool latency rise? (Holm over the
                           four). Yes: the policy loops, dawdles or waits on slower tools.
-6. ``policy_lag``         did more episodes change policy version mid-episode (policy_version_start != end)?
-                          Yes: stale or mixed-policy rollouts.
+6. ``version_switch``     did more episodes change policy version mid-episode (policy_version_start != end)?
+                          Yes: stale or mixed-policy rollouts. (Formerly ``policy_lag``; its path entry keeps
+                          that name in ``formerly``, docs/names.md.)
 7. ``reward_drift``       did the reward definition drift: different component names, or a component's mean
                           among successful (or among failed) episodes shifted (clustered two-sample z, Holm)?
                           Conditioning on the outcome separates a changed reward from a changed success rate.
@@ -50,7 +51,7 @@ from trajlake.evaluators.stats import clustered_mean, holm_bonferroni, paired_di
 from trajlake.errors import TrajlakeError
 from trajlake.lake.store import Lake
 
-__all__ = ["DIAGNOSES", "NODES", "diagnose", "diagnose_data"]
+__all__ = ["DIAGNOSES", "NODES", "RENAMED_NODES", "diagnose", "diagnose_data"]
 
 #: node id -> question
 NODES: dict[str, str] = {
@@ -60,10 +61,14 @@ NODES: dict[str, str] = {
     "env_failures": "Did ENV_TRANSIENT / ENV_BUG episodes become more frequent?",
     "model_errors": "Did schema errors (MODEL_INVALID_ACTION) or safety blocks become more frequent?",
     "behaviour": "Did steps, duplicate actions or P99 latency rise?",
-    "policy_lag": "Did more episodes run with a policy version that changed mid-episode?",
+    "version_switch": "Did more episodes run with a policy version that changed mid-episode?",
     "reward_drift": "Did the reward definition drift (component names, or component means given the outcome)?",
     "contamination": "Are candidate tasks contaminated (seen in training)?",
 }
+
+#: Renamed nodes (their diagnosis ids too): new name -> the deprecated one, which the node's path entry carries
+#: as ``formerly`` (docs/names.md).
+RENAMED_NODES: dict[str, str] = {"version_switch": "policy_lag"}
 
 #: node id answered "yes" -> diagnosis id and sentence
 DIAGNOSES: dict[str, tuple[str, str]] = {
@@ -76,7 +81,7 @@ DIAGNOSES: dict[str, tuple[str, str]] = {
     "model_errors": ("policy_action_errors",
                      "schema errors or safety blocks rose: the policy emits invalid or unsafe actions"),
     "behaviour": ("policy_behaviour", "the policy takes more steps, loops or waits longer"),
-    "policy_lag": ("policy_lag", "more episodes mixed policy versions: stale or lagging rollouts"),
+    "version_switch": ("version_switch", "more episodes mixed policy versions: stale or lagging rollouts"),
     "reward_drift": ("reward_drift", "the reward drifted: the success signal may have changed meaning"),
     "contamination": ("contamination", "matched tasks are contaminated (seen in training): part of either run's "
                                        "score is memory; compare on the unflagged tasks"),
@@ -330,12 +335,13 @@ def diagnose_data(data: EvalData, baseline: str, candidate: str, settings: Setti
     if rose:
         return finish("behaviour")
 
-    t = _paired_rate(data, "policy_lag", b_idx, c_idx, conf)
-    lag = t["diff"] > 0 and math.isfinite(t["p_value"]) and t["p_value"] < alpha
-    path.append({"node": "policy_lag", "question": NODES["policy_lag"], "result": "yes" if lag else "no",
-                 "tests": [t], "evidence": [_evidence(t)]})
-    if lag:
-        return finish("policy_lag")
+    t = _paired_rate(data, "version_switched", b_idx, c_idx, conf)
+    switched = t["diff"] > 0 and math.isfinite(t["p_value"]) and t["p_value"] < alpha
+    path.append({"node": "version_switch", "formerly": RENAMED_NODES["version_switch"],
+                 "question": NODES["version_switch"], "result": "yes" if switched else "no", "tests": [t],
+                 "evidence": [_evidence(t)]})
+    if switched:
+        return finish("version_switch")
 
     path.append(_reward_node(data, b_idx, c_idx, baseline, candidate, settings))
     if path[-1]["result"] == "yes":

@@ -113,10 +113,10 @@
 --   benign                     1 when the episode is benign (see above), else 0
 --   attack_success             episodes.attack_success as 0/1: the attacker's goal was achieved by executed
 --                              effects; NULL when not attacked
---   policy_lag                 1 when policy_version_start and policy_version_end differ (both set), else 0
---   versions_behind            episodes.policy_lag: how many published versions the episode's policy was behind
---                              the learner's latest when it started; NULL when not recorded
---   has_versions_behind        1 when the episode records policy_lag, else 0
+--   version_switched           1 when policy_version_start and policy_version_end differ (both set), else 0
+--   policy_lag                 episodes.policy_lag: how many published versions the episode's policy was behind
+--                              the newest published one when it started; NULL when not recorded
+--   has_policy_lag             1 when the episode records policy_lag, else 0
 --   reward_total               total scalar reward
 -- Episode-level indicators (0/1), so every rate is a mean of a column:
 --   error_model_invalid_action, error_model_bad_plan, error_env_transient, error_env_bug,
@@ -484,9 +484,9 @@ SELECT
     (attack_success IS NOT NULL)::INTEGER AS attacked,
     (attack_success IS NULL AND NOT injection_attempted)::INTEGER AS benign,
     attack_success::INTEGER AS attack_success,
-    coalesce(policy_version_start <> policy_version_end, false)::INTEGER AS policy_lag,
-    recorded_policy_lag::DOUBLE AS versions_behind,
-    (recorded_policy_lag IS NOT NULL)::INTEGER AS has_versions_behind,
+    coalesce(policy_version_start <> policy_version_end, false)::INTEGER AS version_switched,
+    recorded_policy_lag::DOUBLE AS policy_lag,
+    (recorded_policy_lag IS NOT NULL)::INTEGER AS has_policy_lag,
     reward_total,
     coalesce(attributed_error_class = 'MODEL_INVALID_ACTION', false)::INTEGER AS error_model_invalid_action,
     coalesce(attributed_error_class = 'MODEL_BAD_PLAN', false)::INTEGER AS error_model_bad_plan,

@@ -52,6 +52,7 @@ from trajlake.evaluators.stats import (
 from trajlake.schemas.vocab import ErrorClass, FaultKind, TerminationReason
 
 __all__ = [
+    "DEPRECATED_METRICS",
     "ERROR_CLASSES",
     "METRICS",
     "PASS_K",
@@ -171,14 +172,27 @@ METRICS: tuple[MetricSpec, ...] = (
              f"{c}", "lower") for c in ERROR_CLASSES),
     *(_share(f"termination_rate_{r}", f"termination_{r}", f"share of episodes with termination_reason {r}")
       for r in TERMINATION_REASONS),
-    _share("policy_lag_rate", "policy_lag", "share of episodes whose policy version changed mid-episode",
-           "lower"),
-    _m("policy_versions_behind", "versions_behind", "published policy versions the episode's policy was behind "
-       "the learner's latest when it started (episodes.policy_lag), over the episodes that record it", "versions",
-       "lower", subset="has_versions_behind"),
+    _share("version_switch_rate", "version_switched", "share of episodes whose policy version changed "
+           "mid-episode (policy_version_start != policy_version_end)", "lower"),
+    _m("policy_lag_mean", "policy_lag", "published policy versions the episode's policy was behind the newest "
+       "published one when it started (episodes.policy_lag), over the episodes that record it", "versions",
+       "lower", subset="has_policy_lag"),
 )
 
 _SPECS: dict[str, MetricSpec] = {s.name: s for s in METRICS}
+
+#: Deprecated metric names still in every metric vector and comparison, as copies of their new metric marked
+#: ``"alias_of": NEW`` (after the other metrics, outside Holm's family): old name -> new name (docs/names.md).
+DEPRECATED_METRICS: dict[str, str] = {"policy_lag_rate": "version_switch_rate",
+                                      "policy_versions_behind": "policy_lag_mean"}
+
+
+def _with_deprecated_names(metrics: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``metrics`` with a copy of each renamed metric under its deprecated name (see DEPRECATED_METRICS)."""
+    for old, new in DEPRECATED_METRICS.items():
+        if new in metrics:
+            metrics[old] = {**metrics[new], "alias_of": new}
+    return metrics
 
 #: Metric names the JSON contract guarantees (docs/eval.md); never rename these.
 CONTRACT_METRICS: tuple[str, ...] = (
@@ -332,7 +346,7 @@ def metric_vector(ep: dict[str, FloatArray], idx: IntArray, tool_latency: FloatA
         spec = _SPECS.get(name)
         low, high = (spec.low, spec.high) if spec else (0.0, 1.0)  # pass@k / pass^k are shares
         _bounded(v, low, high, settings)
-    return out
+    return _with_deprecated_names(out)
 
 
 def bootstrap_p_value(replicates: FloatArray) -> float:
@@ -494,8 +508,8 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
         ordered[n]["p_holm"], ordered[n]["holm_family"] = float(p), True
     sb, sc = ep["success"][b_idx[graded]], ep["success"][c_idx[graded]]
     succ = paired_difference(sb, sc, codes[graded], confidence=conf)
-    return {"n_pairs": int(b_idx.shape[0]), "n_tasks": int(np.unique(codes).shape[0]), "metrics": ordered,
-            "power": power_line(succ.se, succ.n_clusters, settings)}
+    return {"n_pairs": int(b_idx.shape[0]), "n_tasks": int(np.unique(codes).shape[0]),
+            "metrics": _with_deprecated_names(ordered), "power": power_line(succ.se, succ.n_clusters, settings)}
 
 
 def power_line(se: float, n_clusters: int, settings: Settings) -> dict[str, Any]:

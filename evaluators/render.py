@@ -122,6 +122,8 @@ def report_tables(report: dict[str, Any]) -> list[TextTable]:
         alpha = report["settings"]["alpha"]
         crow = []
         for name, m in cmp["metrics"].items():
+            if "alias_of" in m:  # a deprecated name of a metric already shown
+                continue
             sig = "*" if m.get("p_holm") is not None and math.isfinite(m["p_holm"]) and m["p_holm"] < alpha else ""
             diff = cell(m, "diff")
             crow.append([name, num(m.get("baseline")), num(m.get("candidate")), diff, num(m["se"]),
@@ -266,6 +268,8 @@ def plots(report: dict[str, Any]) -> list[str]:
         alpha = report["settings"]["alpha"]
         crow = []
         for name, m in cmp["metrics"].items():
+            if "alias_of" in m:  # a deprecated name of a metric already shown
+                continue
             sig = m.get("p_holm") is not None and math.isfinite(m["p_holm"]) and m["p_holm"] < alpha
             crow.append((name, [_iv("diff" + (" *" if sig else "") + _mark(m), m, "#d62728" if sig else "#555",
                                     "diff")]))

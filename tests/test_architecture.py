@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lake", ("trajlake.lake",)),
     ("record/query", ("trajlake.record", "trajlake.query")),
     ("io/evaluators/train-data", ("trajlake.io", "trajlake.evaluators", "trajlake.demo", "trajlake.train.math",
-                                  "trajlake.train.data",
+                                  "trajlake.train.data",  # the reader's package: selection, stream, samples, collate
                                   # rendering, parsing and exactness checks of LM turns, which the trainer's
                                   # reader re-renders text-only episodes with (they import no policy)
                                   "trajlake.render")),

@@ -209,7 +209,7 @@ def diag_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
         + _run("cand_schema", fail={"error_class": "MODEL_INVALID_ACTION"},
                fail_steps=[Step("edit", "{oops", policy_status="MODEL_INVALID_ACTION"), *_tested()])
         + _run("cand_loop", fail=bad_plan, fail_steps=[read("src/a.py")] * 8)
-        + _run("cand_lag", fail=bad_plan, policy_end="p2")
+        + _run("cand_switch", fail=bad_plan, policy_end="p2")
         + _run("cand_reward", fail={**bad_plan, "reward": {"resolved": 0.0, "style": 0.2}})
         + _run("cand_plan", fail=bad_plan)
         # the gateway denied an out-of-workspace edit in every failing episode
@@ -232,7 +232,7 @@ def diag_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
     ("cand_v3", "distribution_shift", "distribution"),
     ("cand_schema", "policy_action_errors", "model_errors"),
     ("cand_loop", "policy_behaviour", "behaviour"),
-    ("cand_lag", "policy_lag", "policy_lag"),
+    ("cand_switch", "version_switch", "version_switch"),
     ("cand_reward", "reward_drift", "reward_drift"),
     ("cand_plan", "unexplained", "contamination"),
     ("cand_denied", "policy_action_errors", "model_errors"),
@@ -259,7 +259,7 @@ def test_diagnose_branches(capsys: pytest.CaptureFixture[str], diag_lake: Lake, 
     if candidate == "cand_v2":
         t = d["path"][1]["tests"][0]
         assert t["diff"] == pytest.approx(-N_FAIL / N_TASKS) and t["n_pairs"] == N_TASKS
-    if last_node in ("env_failures", "model_errors", "behaviour", "policy_lag", "reward_drift", "contamination"):
+    if last_node in ("env_failures", "model_errors", "behaviour", "version_switch", "reward_drift", "contamination"):
         assert results["oracle_suite"] == "not_applicable" and results["distribution"] == "no"
     if candidate == "cand_env":
         t = d["path"][3]["tests"][0]
@@ -270,9 +270,13 @@ def test_diagnose_branches(capsys: pytest.CaptureFixture[str], diag_lake: Lake, 
     if candidate == "cand_slow":  # fired by the tool-call P99 alone
         fired = {t["name"] for t in d["path"][-1]["tests"] if t.get("p_holm", 1.0) < 0.05}
         assert fired == {"tool_latency_p99"}, fired
+    if candidate == "cand_switch":  # the node was called policy_lag: its entry says so (docs/names.md)
+        node = d["path"][-1]
+        assert node["formerly"] == "policy_lag" and node["tests"][0]["name"] == "version_switched"
+        assert node["tests"][0]["diff"] == pytest.approx(1.0)  # every candidate episode switched, no baseline one
     if candidate == "cand_plan":
         assert d["path"][-1]["result"] == "not_checkable"
-        assert all(results[n] == "no" for n in ("env_failures", "model_errors", "behaviour", "policy_lag",
+        assert all(results[n] == "no" for n in ("env_failures", "model_errors", "behaviour", "version_switch",
                                                  "reward_drift"))
 
 

@@ -275,17 +275,50 @@ def test_enough_clusters_are_not_flagged(tmp_path: Path) -> None:
     assert FEW_CLUSTERS_MARK not in steps_row
 
 
-# ------------------------------------------------------------------------------------------------ policy lag
+# ------------------------------------------------------------------ policy lag and version switches (docs/names.md)
 
 
-def test_policy_versions_behind_is_the_recorded_lag_over_episodes_that_record_it(tmp_path: Path) -> None:
+def test_policy_lag_mean_is_the_recorded_lag_over_episodes_that_record_it(tmp_path: Path) -> None:
     eps = [episode(f"l{t}", task=f"t{t}") for t in range(4)]
     for e, lag in zip(eps, [0, 1, 2, None], strict=True):
         e[0]["policy_lag"] = lag
     report, r = _report(_lake(tmp_path, eps))
-    assert [r[f"l{t}"]["versions_behind"] for t in range(4)] == [0.0, 1.0, 2.0, None]
-    assert [r[f"l{t}"]["has_versions_behind"] for t in range(4)] == [1, 1, 1, 0]
-    m = report["runs"]["run-A"]["metrics"]["policy_versions_behind"]
-    assert m["n"] == 3 and m["estimate"] == pytest.approx(1.0)
+    assert [r[f"l{t}"]["policy_lag"] for t in range(4)] == [0.0, 1.0, 2.0, None]
+    assert [r[f"l{t}"]["has_policy_lag"] for t in range(4)] == [1, 1, 1, 0]
+    m = report["runs"]["run-A"]["metrics"]
+    assert m["policy_lag_mean"]["n"] == 3 and m["policy_lag_mean"]["estimate"] == pytest.approx(1.0)
     # a mid-episode version change is a different thing: none here
-    assert report["runs"]["run-A"]["metrics"]["policy_lag_rate"]["estimate"] == 0.0
+    assert [r[f"l{t}"]["version_switched"] for t in range(4)] == [0, 0, 0, 0]
+    assert m["version_switch_rate"]["estimate"] == 0.0
+
+
+def test_deprecated_lag_metric_names_carry_the_same_numbers(tmp_path: Path) -> None:
+    """policy_lag_rate and policy_versions_behind stay in the report (runs, breakdown, comparison, JSON) as
+    copies of version_switch_rate and policy_lag_mean, outside Holm's family and the rendered tables."""
+    eps = []
+    for t, (lag_a, lag_b, switch_b) in enumerate([(0, 1, True), (1, 1, True), (2, 3, False), (None, 3, False)]):
+        a, b = episode(f"a{t}", run="A", task=f"t{t}"), episode(f"b{t}", run="B", task=f"t{t}",
+                                                                  policy_end="p2" if switch_b else "p1")
+        a[0]["policy_lag"], b[0]["policy_lag"] = lag_a, lag_b
+        eps += [a, b]
+    report, _ = _report(_lake(tmp_path, eps), baseline="A", candidate="B")
+    a, b = report["runs"]["A"]["metrics"], report["runs"]["B"]["metrics"]
+    assert (a["policy_lag_mean"]["estimate"], a["policy_lag_mean"]["n"]) == (pytest.approx(1.0), 3)  # (0+1+2)/3
+    assert (b["policy_lag_mean"]["estimate"], b["policy_lag_mean"]["n"]) == (pytest.approx(2.0), 4)  # (1+1+3+3)/4
+    assert (a["version_switch_rate"]["estimate"], b["version_switch_rate"]["estimate"]) == (0.0, 0.5)
+    cmp = report["comparison"]["metrics"]
+    assert cmp["version_switch_rate"]["diff"] == pytest.approx(0.5)  # pairs t0..t3: (1+1+0+0)/4 - 0
+    # pairs where both sides record a lag: t0, t1, t2; differences 1, 0, 1
+    assert cmp["policy_lag_mean"]["diff"] == pytest.approx(2 / 3) and cmp["policy_lag_mean"]["n"] == 3
+    for metrics in (a, b, cmp, *(s["metrics"] for s in report["breakdown"])):
+        for old, new in (("policy_lag_rate", "version_switch_rate"), ("policy_versions_behind", "policy_lag_mean")):
+            assert metrics[old] == {**metrics[new], "alias_of": new}
+    assert b["policy_lag_rate"]["estimate"] == 0.5 and b["policy_versions_behind"]["estimate"] == pytest.approx(2.0)
+    assert cmp["policy_lag_rate"]["diff"] == pytest.approx(0.5)
+    assert cmp["policy_versions_behind"]["diff"] == pytest.approx(2 / 3)
+    js = json.loads(to_json(report))
+    assert js["runs"]["B"]["metrics"]["policy_lag_rate"]["estimate"] == 0.5
+    assert js["comparison"]["metrics"]["policy_versions_behind"]["alias_of"] == "policy_lag_mean"
+    md = render_markdown(report)
+    assert "| version_switch_rate |" in md and "| policy_lag_mean |" in md
+    assert "policy_lag_rate" not in md and "policy_versions_behind" not in md

@@ -185,7 +185,7 @@ def sem_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
         episode("inbudget", task="task-b", steps=[read("a.py"), read("b.py")]),
         episode("overbudget", task="task-b", steps=[read("a.py"), read("b.py"), read("c.py")]),
         episode("tokens", task="task-b", steps=[read("a.py")], tokens=(990, 20)),
-        episode("policylag", steps=[read("a.py")], policy_end="p2"),
+        episode("switched", steps=[read("a.py")], policy_end="p2"),
     ]
     write(lk, eps, tasks=[task_row("task-b", max_steps=2, max_tokens=1000, max_cost=0.05)])
     return lk
@@ -254,9 +254,9 @@ def test_budgeted_success(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> No
     assert r["loop"]["budgeted_success"] == 1  # task-1 has no task row: no budget to exceed
 
 
-def test_policy_lag_and_indicators(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
+def test_version_switch_and_indicators(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> None:
     _, r = sem
-    assert r["policylag"]["policy_lag"] == 1 and r["loop"]["policy_lag"] == 0
+    assert r["switched"]["version_switched"] == 1 and r["loop"]["version_switched"] == 0
     assert r["retry"]["model_failure"] == 1 and r["retry"]["error_model_bad_plan"] == 1
     assert r["retry"]["had_env_transient"] == 1 and r["retry"]["env_failure"] == 0
     assert r["loop"]["termination_success"] == 1 and r["retry"]["termination_submitted"] == 1

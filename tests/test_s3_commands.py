@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.counter_env import CounterEnv, CounterOracle, LazyPolicy
 from tests.s3_server import S3Server, new_s3_lake_uri
+from tests.train_configs import TWO_TASKS, rollout, tiny_config, write_config
 from trajlake import Lake, LakeWriter, connect, open_lake, verify
 
 REPO = Path(__file__).resolve().parents[1]
@@ -235,49 +236,16 @@ def test_quickstart_on_s3(s3_lake_uri: str, tmp_path: Path, capsys: pytest.Captu
         registry.unregister("counter-qs")
 
 
-TRAIN = """
-name = "s3t"
-env = "mini-swe"
-out_dir = "{out}"
-seed = 0
-device = "cpu"
-max_length = 16384
-lambda_cost = 1.0
-[model]
-path = "{model}"
-[[stages]]
-name = "B1"
-kind = "sft"
-data_policy = "oracle"
-steps = 2
-batch_size = 2
-lr = 3e-3
-[stages.data]
-split = "train"
-seeds = "0"
-tasks = ["mini-swe/durations/drop_guard/0", "mini-swe/rangeset/drop_guard/0"]
-[stages.eval]
-split = "train"
-seeds = "0"
-tasks = ["mini-swe/rangeset/drop_guard/0"]
-policy_args = {{ max_new_tokens = "16", max_context = "8192", price_out = "100" }}
-env_args = {{ budget = {{ max_steps = 2 }} }}
-[[stages]]
-name = "R1"
-kind = "rl"
-algo = "rloo"
-iterations = 1
-steps = 1
-batch_size = 2
-lr = 1e-3
-[stages.rollout]
-split = "train"
-seeds = "0"
-attempts = 2
-tasks = ["mini-swe/durations/drop_guard/0"]
-policy_args = {{ max_new_tokens = "16", max_context = "8192", price_out = "100" }}
-env_args = {{ budget = {{ max_steps = 2 }} }}
-"""
+def _train_config(out: Path, model: Path) -> dict[str, Any]:
+    """B1 on the oracle's episodes of two tasks (its checkpoint evaluated on one), then one R1 iteration."""
+    lm = {"max_context": "8192", "price_out": "100"}
+    return tiny_config("s3t", [
+        {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": 2, "batch_size": 2, "lr": 3e-3,
+         "data": rollout(TWO_TASKS),
+         "eval": rollout(TWO_TASKS[1:], max_new_tokens=16, max_steps=2, policy_args=lm)},
+        {"name": "R1", "kind": "rl", "algo": "rloo", "iterations": 1, "steps": 1, "batch_size": 2, "lr": 1e-3,
+         "rollout": rollout(TWO_TASKS[:1], attempts=2, max_new_tokens=16, max_steps=2, policy_args=lm)},
+    ], model=model, out=out, env="mini-swe", seed=0, max_length=16384, lambda_cost=1.0)
 
 
 @pytest.mark.slow
@@ -295,8 +263,7 @@ def test_train_on_s3(s3_lake_uri: str, tmp_path: Path, capsys: pytest.CaptureFix
     targets = {"local": str(tmp_path / "train-lake"), "s3": s3_lake_uri}
     runs, episodes, tokens, logs, versions = {}, {}, {}, {}, {}
     for kind, lake in targets.items():
-        cfg = tmp_path / f"{kind}.toml"
-        cfg.write_text(TRAIN.format(out=tmp_path / f"out-{kind}", model=model))
+        cfg = write_config(tmp_path / f"{kind}.toml", _train_config(tmp_path / f"out-{kind}", model))
         rc, out, err = run_cli(capsys, "train", "--config", str(cfg), "--lake", lake)
         assert rc == 0, out[-2000:] + err[-2000:]
         con = connect(lake)

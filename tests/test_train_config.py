@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.train_configs import TWO_TASKS, rollout, tiny_config, write_config
 from trajlake.train.config import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,14 +30,14 @@ def test_smoke_config_runs_b1_then_r1() -> None:
     cfg = load_config(ROOT / "configs" / "smoke.toml")
     assert [(s.name, s.kind) for s in cfg.stages] == [("B1", "sft"), ("R1", "rl")]
     r1 = cfg.stages[1]
-    assert r1.algo == "rloo" and r1.rollout.attempts >= 2 and r1.max_policy_lag == 1
+    assert r1.algo == "rloo" and r1.rollout.attempts >= 2 and r1.max_staleness == 1
     assert cfg.model.build_tiny and cfg.model.path is None
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
     f = tmp_path / "sub" / "c.toml"
     f.parent.mkdir()
-    f.write_text('name = "x"\nout_dir = "out"\n[model]\nbuild_tiny = true\n[[stages]]\nname = "B1"\nkind = "sft"\n')
+    write_config(f, tiny_config("x", [{"name": "B1", "kind": "sft"}], out="out"))
     cfg = load_config(f)
     assert cfg.resolve(cfg.out_dir) == f.parent / "out"
 
@@ -82,3 +83,56 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("name = \n")
     with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
         load_config(bad)
+
+
+# -- renamed keys (docs/names.md) -------------------------------------------------------------------------------
+
+def _rl_stage(**keys: object) -> dict:
+    return {**MINIMAL, "stages": [{"name": "R1", "kind": "rl", "rollout": {"attempts": 2}, **keys}]}
+
+
+def test_max_policy_lag_is_read_as_max_staleness_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = parse_config(_rl_stage(max_policy_lag=2), "c.toml")
+    assert cfg.stages[0].max_staleness == 2
+    err = capsys.readouterr().err
+    assert err == "c.toml: stages[0].max_policy_lag is deprecated, read as max_staleness (rename it; " \
+                  "docs/names.md)\n"
+    assert parse_config(_rl_stage(max_staleness=3), "c.toml").stages[0].max_staleness == 3
+    assert capsys.readouterr().err == ""  # the new name: no note
+    assert parse_config(_rl_stage(), "c.toml").stages[0].max_staleness == 0  # the default is unchanged
+
+
+def test_max_policy_lag_and_max_staleness_together(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_config(_rl_stage(max_policy_lag=1, max_staleness=1), "c.toml").stages[0].max_staleness == 1
+    assert "deprecated" in capsys.readouterr().err
+    with pytest.raises(ConfigError) as e:
+        parse_config(_rl_stage(max_policy_lag=1, max_staleness=2), "c.toml")
+    assert str(e.value) == ("c.toml: stages[0].max_policy_lag = 1 and stages[0].max_staleness = 2 differ: "
+                            "max_policy_lag is the deprecated name of max_staleness, give only max_staleness")
+
+
+def test_a_deprecated_key_in_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "old.toml"
+    f.write_text((ROOT / "configs" / "smoke.toml").read_text().replace("max_staleness = 1", "max_policy_lag = 1"))
+    assert "max_policy_lag" in f.read_text()
+    assert load_config(f).stages[1].max_staleness == 1
+    assert capsys.readouterr().err.startswith(f"{f}: stages[1].max_policy_lag is deprecated")
+
+
+def test_the_tests_config_writer_round_trips(tmp_path: Path) -> None:
+    """tests/train_configs.py writes what the tests' trainer configs need: tables, arrays of tables, nested and
+    inline values; the file reads back as the same config."""
+    data = tiny_config("w", [
+        {"name": "B1", "kind": "sft", "lr": 3e-3, "data": rollout(TWO_TASKS)},
+        {"name": "R1", "kind": "rl", "fault_rate_schedule": [0.0, 0.5], "success_only": False,
+         "rollout": rollout(TWO_TASKS[:1], attempts=2, max_new_tokens=16, max_steps=2,
+                            policy_args={"price_out": "100"})},
+    ], model=tmp_path / "m \\ \"q\"", out="out", lambda_cost=1.0)
+    f = write_config(tmp_path / "w.toml", data)
+    assert "[[stages]]" in f.read_text() and "[stages.rollout.env_args.budget]" in f.read_text()
+    cfg = load_config(f)
+    assert cfg == parse_config(data, str(f))
+    r1 = cfg.stages[1]
+    assert r1.rollout.policy_args == {"max_new_tokens": "16", "price_out": "100"}
+    assert r1.rollout.env_args == {"budget": {"max_steps": 2}} and r1.rollout.tasks == TWO_TASKS[:1]
+    assert cfg.model.path == str(tmp_path / "m \\ \"q\"") and cfg.stages[0].lr == 3e-3

@@ -16,11 +16,23 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.train_configs import TWO_TASKS, rollout, tiny_config, write_config
 from trajlake.query import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+
+def test_import_and_help_load_neither_torch_nor_the_loop() -> None:
+    """The loop imports torch at its top, so nothing outside ``trajlake train`` may import it: ``import trajlake``
+    and ``trajlake --help`` load no torch (train_cmd checks torch, then imports the loop inside the command)."""
+    for args in (["-c", "import trajlake"], ["-m", "trajlake", "--help"]):
+        res = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True,
+                             timeout=120, check=True)
+        loaded = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
+        assert "trajlake" in loaded  # the import-time log was read
+        assert not {m for m in loaded if m.split(".")[0] == "torch" or m.startswith("trajlake.train.loop")}, args
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +100,7 @@ def test_smoke_episodes_carry_pinned_versions_and_lag(smoke: tuple[Path, Path, s
 def test_smoke_sft_loss_goes_down_and_log_has_the_named_columns(smoke: tuple[Path, Path, str]) -> None:
     _, out, output = smoke
     log = pq.read_table(out / "train_log.parquet").to_pylist()
-    for col in ("step", "loss", "kl", "ratio_mean", "log_ratio_var", "entropy", "lr", "lag_max"):
+    for col in ("step", "loss", "kl", "ratio_mean", "log_ratio_var", "entropy", "lr", "staleness_max", "staleness_mean"):
         assert col in log[0]
     b1 = [r["loss"] for r in log if r["stage"] == "B1"]
     assert len(b1) == 12
@@ -96,8 +108,12 @@ def test_smoke_sft_loss_goes_down_and_log_has_the_named_columns(smoke: tuple[Pat
     r1 = [r for r in log if r["stage"] == "R1"]
     assert len(r1) == 4 and {r["iteration"] for r in r1} == {1, 2}
     assert all(r["ratio_mean"] is not None and r["kl"] is not None for r in r1)
-    # the second iteration also trains on the first's episodes (max_policy_lag = 1): lag 1 appears
-    assert max(r["lag_max"] for r in r1 if r["iteration"] == 2) == 1
+    # the second iteration also trains on the first's episodes (max_staleness = 1): staleness 1 appears (the
+    # first iteration's episodes are one version behind the learner), 0 in the first iteration
+    assert max(r["staleness_max"] for r in r1 if r["iteration"] == 2) == 1
+    assert max(r["staleness_max"] for r in r1 if r["iteration"] == 1) == 0
+    # the deprecated columns lag_max / lag_mean are still written, as copies (docs/names.md)
+    assert all(r["lag_max"] == r["staleness_max"] and r["lag_mean"] == r["staleness_mean"] for r in log)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert "B1: policy version smoke-B1" in output
 
@@ -114,27 +130,9 @@ def test_a_second_train_into_the_same_lake_is_refused(smoke: tuple[Path, Path, s
     assert res.exit_code != 0 and "already holds trained stage(s) B1.train, R1.train" in str(res.exception)
 
 
-SFT_ONLY = """
-name = "dp"
-out_dir = "{out}"
-seed = 0
-device = "cpu"
-loss_aggregation = "{aggregation}"
-[model]
-path = "{model}"
-[[stages]]
-name = "B1"
-kind = "sft"
-data_policy = "oracle"
-steps = 2
-batch_size = 2
-lr = 0.01
-[stages.data]
-split = "train"
-seeds = "0"
-tasks = ["mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0",
-         "mini-swe/rangeset/drop_guard/0", "mini-swe/textkit/flip_boolean/0"]
-"""
+#: B1's data: the oracle's episodes of four train tasks.
+DP_TASKS = ("mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0", "mini-swe/rangeset/drop_guard/0",
+            "mini-swe/textkit/flip_boolean/0")
 
 
 @pytest.fixture(scope="module")
@@ -147,9 +145,7 @@ def dp_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("dp")
     model = build_tiny_model(base / "model", max_positions=16384)
     run_rollout(RolloutConfig(lake=str(base / "lake"), run_id="B1-data", env="mini-swe", policy="oracle",
-                              split="train", seeds=(0,), label="B1", task_ids=(
-                                  "mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0",
-                                  "mini-swe/rangeset/drop_guard/0", "mini-swe/textkit/flip_boolean/0")))
+                              split="train", seeds=(0,), label="B1", task_ids=DP_TASKS))
     return model, base / "lake"
 
 
@@ -166,8 +162,10 @@ def test_two_gloo_processes_train_like_one(tmp_path: Path, aggregation: str, dp_
     for world in (1, 2):
         lake = tmp_path / f"lake{world}"
         shutil.copytree(data_lake, lake)  # the same oracle episodes in both lakes
-        cfg = tmp_path / f"dp{world}.toml"
-        cfg.write_text(SFT_ONLY.format(out=tmp_path / f"out{world}", model=model, aggregation=aggregation))
+        cfg = write_config(tmp_path / f"dp{world}.toml", tiny_config(
+            "dp", [{"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": 2, "batch_size": 2, "lr": 0.01,
+                    "data": rollout(DP_TASKS)}],
+            model=model, out=tmp_path / f"out{world}", seed=0, loss_aggregation=aggregation))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                "-m", "trajlake", "train", "--config", str(cfg), "--lake", str(lake)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -192,46 +190,6 @@ def test_two_gloo_processes_train_like_one(tmp_path: Path, aggregation: str, dp_
     assert runs["steps"] == 2
 
 
-STAGES_R2_R3 = """
-name = "r23"
-out_dir = "{out}"
-device = "cpu"
-lambda_cost = 1.0
-policy_loss = "reinforce"
-[model]
-path = "{model}"
-[[stages]]
-name = "R2"
-kind = "rl"
-algo = "grpo"
-iterations = 1
-steps = 1
-batch_size = 4
-process_reward = "grounded_progress"
-[stages.rollout]
-split = "train"
-attempts = 2
-tasks = ["mini-swe/durations/drop_guard/0", "mini-swe/rangeset/drop_guard/0"]
-policy_args = {{ max_new_tokens = "16", price_out = "100" }}
-env_args = {{ budget = {{ max_steps = 4 }} }}
-[[stages]]
-name = "R3"
-kind = "rl"
-algo = "ppo"
-iterations = 2
-steps = 1
-batch_size = 4
-fault_rate_schedule = [0.0, 0.5]
-[stages.rollout]
-split = "train"
-attempts = 1
-tasks = ["mini-swe/durations/drop_guard/0", "mini-swe/rangeset/drop_guard/0"]
-held_out_fault_kind = "timeout"
-policy_args = {{ max_new_tokens = "16" }}
-env_args = {{ budget = {{ max_steps = 4 }} }}
-"""
-
-
 @pytest.mark.slow
 def test_r2_process_reward_and_r3_ppo_with_the_fault_curriculum(tmp_path: Path) -> None:
     from typer.testing import CliRunner
@@ -240,8 +198,15 @@ def test_r2_process_reward_and_r3_ppo_with_the_fault_curriculum(tmp_path: Path) 
     from trajlake.policies.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model")
-    cfg = tmp_path / "r23.toml"
-    cfg.write_text(STAGES_R2_R3.format(out=tmp_path / "out", model=model))
+    cfg = write_config(tmp_path / "r23.toml", tiny_config("r23", [
+        {"name": "R2", "kind": "rl", "algo": "grpo", "iterations": 1, "steps": 1, "batch_size": 4,
+         "process_reward": "grounded_progress",
+         "rollout": rollout(TWO_TASKS, attempts=2, max_new_tokens=16, max_steps=4,
+                            policy_args={"price_out": "100"})},
+        {"name": "R3", "kind": "rl", "algo": "ppo", "iterations": 2, "steps": 1, "batch_size": 4,
+         "fault_rate_schedule": [0.0, 0.5],
+         "rollout": rollout(TWO_TASKS, attempts=1, max_new_tokens=16, max_steps=4, held_out_fault_kind="timeout")},
+    ], model=model, out=tmp_path / "out", lambda_cost=1.0, policy_loss="reinforce"))
     res = CliRunner().invoke(app, ["train", "--config", str(cfg), "--lake", str(tmp_path / "lake")])
     assert res.exit_code == 0, res.output + repr(res.exception)
     con = connect(tmp_path / "lake")

@@ -8,6 +8,7 @@ rollouts through the rollout runner (``[stages.rollout]``, ``[stages.data]``, ``
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -80,7 +81,7 @@ class StageConfig:
     name: str
     kind: StageKind
     """``sft``: supervised on successful trajectories from the lake (B1). ``rl``: iterations of rollout with the
-    current policy, then policy-gradient updates on the episodes within ``max_policy_lag`` (R1-R3)."""
+    current policy, then policy-gradient updates on the episodes within ``max_staleness`` (R1-R3)."""
     # -- sft ---------------------------------------------------------------------------------------------------
     data_policy: str | None = "oracle"
     """sft: a scripted policy of the environment played into the lake for the stage's data (run
@@ -98,9 +99,11 @@ class StageConfig:
     iterations: int = 1
     """rl: rollout-then-update iterations; each publishes a new policy version."""
     rollout: RolloutSpec = field(default_factory=lambda: RolloutSpec(attempts=4))
-    max_policy_lag: int = 0
-    """rl: train on episodes played by the learner's version or up to this many versions before it; older ones
-    are left out. Episodes from older versions are corrected with the truncated trajectory ratio."""
+    max_staleness: int = 0
+    """rl: train on episodes played by the learner's version or up to this many versions before it (their
+    staleness: versions behind the learner now); older ones are left out. Episodes from older versions are
+    corrected with the truncated trajectory ratio. Formerly ``max_policy_lag``, still read as a deprecated alias
+    (docs/names.md)."""
     process_reward: str | None = None
     """rl (R2): a process reward from ``trajlake.evaluators.process_rewards`` (``grounded_progress``) added to
     the return (19.3) with weight ``process_weight``."""
@@ -177,14 +180,34 @@ class TrainConfig:
         return Path(self.source).parent / p
 
 
+#: Deprecated keys still read, per table: old name -> new name (docs/names.md).
+RENAMED_KEYS: dict[type, dict[str, str]] = {StageConfig: {"max_policy_lag": "max_staleness"}}
+
+
 def _key(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
-    """``cls`` from a mapping: unknown keys and wrong types are a ConfigError naming the key path ``where``."""
+def _renamed(cls: type[Any], data: Mapping[str, Any], where: str, notes: list[str]) -> Mapping[str, Any]:
+    """``data`` with ``cls``'s deprecated keys under their new names (a note for each); the old and the new
+    key both given with different values is a ConfigError."""
+    for old, new in RENAMED_KEYS.get(cls, {}).items():
+        if old not in data:
+            continue
+        if new in data and data[new] != data[old]:
+            raise ConfigError(f"{_key(where, old)} = {data[old]!r} and {_key(where, new)} = {data[new]!r} differ: "
+                              f"{old} is the deprecated name of {new}, give only {new}")
+        notes.append(f"{_key(where, old)} is deprecated, read as {new} (rename it; docs/names.md)")
+        data = {new: data[old], **{k: v for k, v in data.items() if k != old}}
+    return data
+
+
+def _build(cls: type[Any], data: Mapping[str, Any], where: str, notes: list[str]) -> Any:
+    """``cls`` from a mapping: unknown keys and wrong types are a ConfigError naming the key path ``where``;
+    deprecated keys are renamed with a line in ``notes``."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where or 'the config'}: expected a table, got {type(data).__name__}")
+    data = _renamed(cls, data, where, notes)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
     unknown = sorted(set(data) - set(fields))
@@ -193,7 +216,7 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
                           f"{', '.join(sorted(fields))}")
     kw: dict[str, Any] = {}
     for key, value in data.items():
-        kw[key] = _coerce(hints[key], value, _key(where, key))
+        kw[key] = _coerce(hints[key], value, _key(where, key), notes)
     missing = [f.name for f in dataclasses.fields(cls) if f.name not in kw
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -201,14 +224,14 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
     return cls(**kw)
 
 
-def _coerce(hint: Any, value: Any, where: str) -> Any:
+def _coerce(hint: Any, value: Any, where: str, notes: list[str]) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, where)
+        return _coerce(inner[0], value, where, notes)
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
@@ -216,14 +239,14 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{where}: expected a list")
-        return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_coerce(args[0], v, f"{where}[{i}]", notes) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a table")
         keep = args and args[1] is Any  # env_args keep their values; policy_args are KEY=VALUE strings
         return {str(k): v if keep else str(v) for k, v in value.items()}
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
+        return _build(hint, value, where, notes)
     if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if hint in (int, str, bool) and not (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
@@ -232,12 +255,16 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
 
 
 def parse_config(data: Mapping[str, Any], source: str | None = None) -> TrainConfig:
-    """A TrainConfig from parsed TOML/YAML; checks the values that types cannot."""
+    """A TrainConfig from parsed TOML/YAML; checks the values that types cannot. A deprecated key is read under
+    its new name with a one-line note on stderr."""
     where = source or "config"
+    notes: list[str] = []
     try:
-        cfg: TrainConfig = _build(TrainConfig, data, "")
+        cfg: TrainConfig = _build(TrainConfig, data, "", notes)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from e
+    for note in notes:
+        print(f"{where}: {note}", file=sys.stderr)
     cfg = dataclasses.replace(cfg, source=source)
     if cfg.model.build_tiny == (cfg.model.path is not None):
         raise ConfigError(f"{where}: [model] needs exactly one of path = FOLDER and build_tiny = true")
@@ -296,5 +323,5 @@ def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-__all__ = ["ALGORITHMS", "PROCESS_REWARDS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
+__all__ = ["ALGORITHMS", "PROCESS_REWARDS", "RENAMED_KEYS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
            "StageConfig", "TrainConfig", "config_dict", "load_config", "parse_config"]

@@ -4,12 +4,13 @@ checkpoint that is registered in ``runs`` and played back into the lake through 
 Read :func:`train` first. The math lives in ``trajlake.train.math`` (pure, unit-tested), reading the lake in
 ``trajlake.train.data``; this module only wires them: which episodes, which advantages, which loss, when to save.
 
-Versions and lag. Every checkpoint is a policy version ``<experiment>-<stage>`` (an RL stage's intermediate
-iterations are ``<experiment>-<stage>.<k>``), published in order with ``PolicyVersions`` under the experiment's
-name. Rollouts pin the version they play (episode-sticky); the runner records each episode's ``policy_lag``
-against the published list. An RL iteration trains on the episodes of this stage's rollouts whose version is at
-most ``max_policy_lag`` versions behind the learner; the log records each step's lag, and episodes with lag > 0
-are weighted by the truncated trajectory ratio min(rho, c) (19.5).
+Versions, lag and staleness. Every checkpoint is a policy version ``<experiment>-<stage>`` (an RL stage's
+intermediate iterations are ``<experiment>-<stage>.<k>``), published in order with ``PolicyVersions`` under the
+experiment's name. Rollouts pin the version they play (episode-sticky); the runner records each episode's
+``policy_lag`` (versions behind the newest published one when the episode started). An RL iteration trains on
+the episodes of this stage's rollouts whose staleness (versions behind the learner now) is at most
+``max_staleness``; the log records each step's staleness, and episodes with staleness > 0 are weighted by the
+truncated trajectory ratio min(rho, c) (19.5).
 
 Data parallel. Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank reads its own shard of the episodes, the
 token-mean denominator is the global policy-token count (all-reduced), and gradients are summed across ranks
@@ -31,8 +32,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as tdist
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
 from trajlake.errors import TrajlakeError
+from trajlake.evaluators import process_rewards
+from trajlake.lake.store import Lake
+from trajlake.policies import checkpoint_hash
+from trajlake.policies.tiny import build_tiny_model
+from trajlake.provenance import code_version
+from trajlake.query import connect
+from trajlake.record.episode import CostModel
+from trajlake.record.writer import LakeWriter, utcnow
+from trajlake.rollout.faults import DEFAULT_FAULT_KINDS, fault_rate_at
+from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
+from trajlake.rollout.versions import PolicyVersions
+from trajlake.schemas.vocab import Decision
+from trajlake.train import math as tm
 from trajlake.train.config import RolloutSpec, StageConfig, TrainConfig, config_dict
+from trajlake.train.data import LakeTrajectories, Selection, pad_collate, select_episodes
 
 Log = Callable[[str], None]
 
@@ -56,8 +78,6 @@ class Dist:
 
 def init_distributed(device: str) -> Dist:
     """Join the ``torchrun`` process group when ``WORLD_SIZE`` > 1 (gloo on CPU, NCCL on CUDA)."""
-    import torch.distributed as tdist
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
@@ -68,20 +88,14 @@ def init_distributed(device: str) -> Dist:
 
 def _barrier(dist: Dist) -> None:
     if dist.world > 1:
-        import torch.distributed as tdist
-
         tdist.barrier()
 
 
 def _pin(dist: Dist, lake: str) -> dict[str, int]:
     """Every table's current version as rank 0 sees it, shared with every rank: all ranks read one snapshot."""
-    from trajlake.lake.store import Lake
-
     pin = Lake.open(lake).versions() if dist.main else {}
     if dist.world == 1:
         return pin
-    import torch.distributed as tdist
-
     box: list[Any] = [pin]
     tdist.broadcast_object_list(box, src=0)
     return dict(box[0])
@@ -90,9 +104,6 @@ def _pin(dist: Dist, lake: str) -> dict[str, int]:
 def _all_sum(dist: Dist, value: float) -> float:
     if dist.world == 1:
         return value
-    import torch
-    import torch.distributed as tdist
-
     t = torch.tensor([value], dtype=torch.float64)
     tdist.all_reduce(t)
     return float(t.item())
@@ -103,10 +114,6 @@ class Learner:
     """The model being trained, its optimizer and (for PPO) a value head on the last hidden state."""
 
     def __init__(self, model_path: Path, device: str, dist: Dist, *, value_head: bool = False):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        self.torch = torch
         self.device = device
         self.dist = dist
         loaded: Any = AutoModelForCausalLM.from_pretrained(str(model_path), local_files_only=True,
@@ -125,15 +132,12 @@ class Learner:
         return params + (list(self.value_head.parameters()) if self.value_head is not None else [])
 
     def new_optimizer(self, lr: float) -> None:
-        self.optimizer = self.torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.0)
         self.lr = lr
 
     def forward(self, batch: dict[str, Any], temperature: float) -> dict[str, Any]:
         """Token log-probs and entropies (aligned: position t scores token t), and the last hidden states when
         a value head exists."""
-        from trajlake.train import math as tm
-
-        torch = self.torch
         ids = batch["input_ids"].to(self.device)
         attn = batch["attention_mask"].to(self.device)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.startswith("cuda") \
@@ -153,13 +157,10 @@ class Learner:
 
     def step(self, loss: Any, grad_clip: float) -> float:
         """Backward, sum gradients across ranks, clip, step. Returns the gradient norm."""
-        torch = self.torch
         self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
         params = [p for p in self.parameters() if p.requires_grad]
         if self.dist.world > 1:
-            import torch.distributed as tdist
-
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -172,8 +173,6 @@ class Learner:
     def save(self, folder: Path) -> str:
         """Save in Hugging Face format (weights, config, tokenizer; the value head beside them) and return the
         checkpoint hash recorded in ``runs.policy_checkpoint_hash``."""
-        from trajlake.policies import checkpoint_hash
-
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
@@ -182,12 +181,17 @@ class Learner:
             if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
                 shutil.copy2(f, folder / f.name)
         if self.value_head is not None:
-            self.torch.save(self.value_head.state_dict(), folder / "value_head.pt")
+            torch.save(self.value_head.state_dict(), folder / "value_head.pt")
         self.model_path = folder
         return checkpoint_hash(f"hf:{folder}") or ""
 
 
 # -- the training log ----------------------------------------------------------------------------------------
+#: Deprecated log columns still written to the Parquet log, as copies of their new ones: old -> new
+#: (docs/names.md).
+DEPRECATED_LOG_COLUMNS: dict[str, str] = {"lag_mean": "staleness_mean", "lag_max": "staleness_max"}
+
+
 @dataclass
 class TrainLog:
     """One row per optimizer step, written to ``<out_dir>/train_log.parquet`` (and TensorBoard when installed)."""
@@ -201,6 +205,7 @@ class TrainLog:
         log = cls(out_dir / "train_log.parquet")
         if main:
             try:
+                # optional (the tensorboard extra) and slow to import: only the main rank logs to it
                 from torch.utils.tensorboard import SummaryWriter
 
                 log.tensorboard = SummaryWriter(str(out_dir / "tensorboard"))
@@ -209,7 +214,7 @@ class TrainLog:
         return log
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
+        self.rows.append({**row, **{old: row[new] for old, new in DEPRECATED_LOG_COLUMNS.items() if new in row}})
         if self.tensorboard is not None:
             step = len(self.rows)
             for k, v in row.items():
@@ -217,9 +222,6 @@ class TrainLog:
                     self.tensorboard.add_scalar(f"{row['stage']}/{k}", v, step)
 
     def write(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         if not self.rows:
             return
         keys = list(dict.fromkeys(k for r in self.rows for k in r))
@@ -254,12 +256,6 @@ class TrainResult:
 # -- the loop ------------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResult:
     """Run every stage of ``cfg`` against ``lake`` (created when missing)."""
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from trajlake.lake.store import Lake
-    from trajlake.rollout.versions import PolicyVersions
-
     hf_logging.disable_progress_bar()  # the trainer's log says what is loaded and saved
     device = _device(cfg.device)
     dist = init_distributed(device)
@@ -309,8 +305,6 @@ def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResul
 
 
 def _device(name: str) -> str:
-    import torch
-
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -319,8 +313,6 @@ def _device(name: str) -> str:
 
 
 def _refuse_trained_stages(cfg: TrainConfig, lake: str) -> None:
-    from trajlake.query import connect
-
     ids = [f"{cfg.run_prefix}{s.name}.train" for s in cfg.stages]
     con = connect(lake)
     found = [r[0] for r in con.execute(f"select run_id from runs where run_id in ({', '.join('?' * len(ids))})",
@@ -338,8 +330,6 @@ def _base_model(cfg: TrainConfig, out_dir: Path, dist: Dist) -> Path:
         return path
     path = out_dir / "base"
     if dist.main:
-        from trajlake.policies.tiny import build_tiny_model
-
         m = cfg.model
         build_tiny_model(path, hidden_size=m.hidden_size, layers=m.layers, max_positions=m.max_positions,
                          seed=m.seed)
@@ -360,10 +350,6 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
              version: str | None, log: Log, *, scripted: str | None = None, fault_rate: float | None = None) -> None:
     """Play ``spec`` into the lake through the rollout runner: the checkpoint in ``policy_folder`` as an ``hf:``
     policy pinned to ``version``, or a scripted policy of the environment."""
-    from trajlake.record.episode import CostModel
-    from trajlake.rollout.faults import DEFAULT_FAULT_KINDS
-    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
-
     if scripted is not None:
         policy, args, name = scripted, {}, None
     else:
@@ -391,10 +377,6 @@ def _register(cfg: TrainConfig, stage: StageConfig, lake: str, version: str, fol
               result: dict[str, Any], log_path: Path) -> None:
     """The stage's row in ``runs`` (run ``<prefix><stage>.train``, no episodes): its policy version, checkpoint
     hash, the whole config and where the checkpoint and the log are."""
-    from trajlake.lake.store import Lake
-    from trajlake.provenance import code_version
-    from trajlake.record.writer import LakeWriter, utcnow
-
     summary = {"stage": dataclasses.asdict(stage), "experiment": config_dict(cfg), "checkpoint": str(folder),
                "train_log": str(log_path), "steps": result["steps"], "first_loss": result["first_loss"],
                "last_loss": result["last_loss"], "tokens": result["tokens"], "data_runs": result["runs"]}
@@ -412,9 +394,6 @@ def _fmt(x: float | None) -> str:
 # -- B1: supervised ------------------------------------------------------------------------------------------
 def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, dist: Dist, train_log: TrainLog,
              log: Log) -> dict[str, Any]:
-    from trajlake.train import math as tm
-    from trajlake.train.data import LakeTrajectories, Selection
-
     runs = list(stage.data_runs)
     if stage.data_policy is not None:
         run = f"{cfg.run_prefix}{stage.name}-data"
@@ -449,8 +428,8 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
         tokens += int(n_tokens)
         train_log.add({"stage": stage.name, "iteration": 0, "step": step, "loss": value, "kl": None,
                        "entropy": entropy, "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
-                       "ratio_mean": None, "ratio_max": None, "log_ratio_var": None, "lag_mean": None,
-                       "lag_max": None, "reward_mean": None, "time": time.time()})
+                       "ratio_mean": None, "ratio_max": None, "log_ratio_var": None, "staleness_mean": None,
+                       "staleness_max": None, "reward_mean": None, "time": time.time()})
         if dist.main and (step % 10 == 0 or step == stage.steps - 1):
             log(f"  {stage.name} step {step}: loss {value:.4f} over {int(n_tokens)} policy tokens")
     return {"runs": runs, "steps": stage.steps, "first_loss": losses[0] if losses else None,
@@ -473,8 +452,6 @@ def _denominator(cfg: TrainConfig, dist: Dist, batch: dict[str, Any], global_tok
 def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, Any]]:
     """Padded batches of ``size`` samples, cycling over the dataset (epochs); an empty dict when this rank's
     shard is empty."""
-    from trajlake.train.data import pad_collate
-
     pad_id = int(getattr(learner.model.config, "pad_token_id", None) or 0)
     while True:
         buf: list[dict[str, Any]] = []
@@ -494,8 +471,6 @@ def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, An
 # -- R1/R2/R3: policy gradient -------------------------------------------------------------------------------
 def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, dist: Dist, train_log: TrainLog,
             versions: Any, start_version: str, log: Log) -> dict[str, Any]:
-    from trajlake.train.data import LakeTrajectories, Selection, select_episodes
-
     runs: list[str] = []
     behaviour_version = start_version
     behaviour_folder = learner.model_path
@@ -511,12 +486,12 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         runs.append(run)
         published = versions.all()
         learner_index = published.index(behaviour_version)
-        allowed = published[max(0, learner_index - stage.max_policy_lag):learner_index + 1]
+        allowed = published[max(0, learner_index - stage.max_staleness):learner_index + 1]
         selection = Selection(runs=runs, policy_versions=allowed, as_of=_pin(dist, lake))
         episodes = select_episodes(lake, selection)
         returns = _episode_returns(cfg, stage, lake, episodes)
         advantages = _advantages(stage, episodes, returns)
-        lag = {e: learner_index - published.index(v) for e, v in
+        staleness = {e: learner_index - published.index(v) for e, v in
                zip(episodes.column("episode_id").to_pylist(), episodes.column("policy_version_start").to_pylist(),
                    strict=True)}
         dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, advantages=advantages,
@@ -525,14 +500,15 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
         reward_mean = sum(returns.values()) / max(1, len(returns))
         for step in range(stage.steps):
-            row = _rl_step(cfg, stage, learner, dist, next(batches), lag, returns)
+            row = _rl_step(cfg, stage, learner, dist, next(batches), staleness, returns)
             row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time())
             train_log.add(row)
             losses.append(row["loss"])
             tokens += row["policy_tokens"]
             if dist.main:
                 log(f"  {stage.name} it {it} step {step}: loss {row['loss']:.4g}, kl {_fmt(row['kl'])}, ratio "
-                    f"mean {_fmt(row['ratio_mean'])}, lag max {row['lag_max']}, return mean {reward_mean:.4g}")
+                    f"mean {_fmt(row['ratio_mean'])}, staleness max {row['staleness_max']}, return mean "
+                    f"{reward_mean:.4g}")
         if it < stage.iterations:  # the next iteration plays the updated policy as a new version
             behaviour_version = f"{cfg.name}-{stage.name}.{it}"
             behaviour_folder = Path(cfg.resolve(cfg.out_dir)) / f"{stage.name}.{it}"
@@ -545,8 +521,6 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
 
 def _fault_rate(stage: StageConfig, iteration: int) -> float:
     """R3's curriculum: the schedule's rate for this iteration (0-based), else the rollout's fixed rate."""
-    from trajlake.rollout.faults import fault_rate_at
-
     sched = stage.fault_rate_schedule
     return fault_rate_at(iteration, sched) if sched else stage.rollout.fault_rate
 
@@ -555,9 +529,6 @@ def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: 
     """G_0 of 19.3 per episode: R_task - lambda_c * cost_usd - lambda_s * (gateway denials) + the process
     reward's weighted sum over the trajectory (the process reward is one value per trajectory here, so it enters
     at t = 0; discounting inside it is the reward function's business)."""
-    from trajlake.query import connect
-    from trajlake.schemas.vocab import Decision
-
     ids = episodes.column("episode_id").to_pylist()
     if not ids:
         return {}
@@ -570,8 +541,6 @@ def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: 
                                "where g.decision = ? group by 1", [str(Decision.DENY)]).fetchall())
     process: dict[str, float] = {}
     if stage.process_reward is not None:
-        from trajlake.evaluators import process_rewards
-
         fn = getattr(process_rewards, stage.process_reward)
         cols = "episode_id, turn_idx, role, actor, raw_content, action_schema, tool_args, status, env_state_hash"
         turns: dict[str, list[dict[str, Any]]] = {}
@@ -592,10 +561,6 @@ def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: 
 def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float]) -> dict[str, float] | None:
     """Per-episode advantages for RLOO/GRPO (groups: same task, seed and environment version); None for PPO,
     whose advantages come from GAE inside each step."""
-    import torch
-
-    from trajlake.train import math as tm
-
     if stage.algo == "ppo":
         return None
     ids = episodes.column("episode_id").to_pylist()
@@ -606,11 +571,7 @@ def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float]) ->
 
 
 def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist, batch: dict[str, Any],
-             lag: dict[str, int], returns: dict[str, float]) -> dict[str, Any]:
-    import torch
-
-    from trajlake.train import math as tm
-
+             staleness: dict[str, int], returns: dict[str, float]) -> dict[str, Any]:
     n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
     denominator = _denominator(cfg, dist, batch, n_tokens)  # a collective: every rank, every step
     if n_tokens == 0:
@@ -620,7 +581,7 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
         grad_norm = learner.step(loss, cfg.grad_clip)
         return {"loss": _all_sum(dist, 0.0), "kl": None, "entropy": None, "lr": learner.lr, "grad_norm": grad_norm,
                 "policy_tokens": int(n_tokens), "ratio_mean": None, "ratio_max": None, "log_ratio_var": None,
-                "lag_mean": None, "lag_max": None}
+                "staleness_mean": None, "staleness_max": None}
     dev = learner.device
     out = learner.forward(batch, cfg.temperature)
     mask = batch["loss_mask"].to(dev)
@@ -628,11 +589,11 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
         raise TrainError(f"stage {stage.name}: an episode without behaviour log-probs reached the RL loss "
                          f"({[e for e, h in zip(batch['episode_id'], batch['has_behavior_logprobs'], strict=True) if not h][:1]})")
     old = batch["behavior_logprobs"].to(dev)
-    lags = torch.tensor([lag[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
+    stale = torch.tensor([staleness[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
     seq_log_ratio = tm.sequence_log_ratio(out["logp"].detach(), old, mask)
     lengths = mask.sum(-1)
     truncated = tm.truncated_importance_weights(seq_log_ratio, cfg.is_max_weight)
-    weights = truncated if cfg.policy_loss == "reinforce" else torch.where(lags > 0, truncated,
+    weights = truncated if cfg.policy_loss == "reinforce" else torch.where(stale > 0, truncated,
                                                                            torch.ones_like(seq_log_ratio))
     value_loss = None
     if stage.algo == "ppo":
@@ -660,7 +621,8 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
             "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
             "log_ratio_var": diag.get("log_ratio_var"), "log_ratio_var_slope": diag.get("log_ratio_var_slope"),
             "ess_frac": diag.get("ess_frac"), "frac_truncated": diag.get("frac_truncated"),
-            "lag_mean": float(lags.mean()), "lag_max": int(lags.max()), "clip_frac": stats.get("clip_frac"),
+            "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
+            "clip_frac": stats.get("clip_frac"),
             "value_loss": None if value_loss is None else float(value_loss.detach())}
 
 
@@ -669,10 +631,6 @@ def _gae_advantages(cfg: TrainConfig, out: dict[str, Any], batch: dict[str, Any]
     """PPO's per-token advantages: the value head read at the last context token before each policy turn (the
     history h_t), GAE over environment turns (19.4) with the episode's return as the last turn's reward,
     bootstrapped from the value after the last observation when the episode was truncated."""
-    import torch
-
-    from trajlake.train import math as tm
-
     values = out["values"]
     token_turn = batch["token_turn"].to(values.device)
     lengths = batch["attention_mask"].sum(-1)
