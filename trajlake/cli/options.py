@@ -49,12 +49,15 @@ AllowUnisolatedOpt = Annotated[bool, typer.Option(
                                "hidden tests and reach the network) when bubblewrap is missing. See docs/security.md.")]
 
 
-def lake_path(ctx: typer.Context | None, lake: str | Path | None = None) -> Path | str:
+def lake_path(ctx: typer.Context | None, lake: str | Path | None = None, *,
+              fallback: str | Path | None = None) -> Path | str:
     """The lake a command works on: its own ``--lake``, else the one before the command, else
-    ``$TRAJLAKE_LAKE``, else ``./lake``. A local lake is a Path; a lake on object storage its URI string."""
+    ``$TRAJLAKE_LAKE``, else ``fallback`` (a ``--config`` file's ``lake``), else ``./lake``. A local lake is a
+    Path; a lake on object storage its URI string."""
     if lake is None:
         obj = ctx.find_object(CliContext) if ctx is not None else None
-        lake = obj.lake if obj is not None and obj.lake is not None else (os.environ.get("TRAJLAKE_LAKE") or "lake")
+        lake = (obj.lake if obj is not None and obj.lake is not None else
+                (os.environ.get("TRAJLAKE_LAKE") or fallback or "lake"))
     if is_uri(str(lake)):
         return str(lake)
     return Path(lake)

@@ -1,7 +1,10 @@
 """``trajlake rollout``, ``replay``, ``quickstart`` and ``doctor``: playing policies in environments into the lake,
 and what that needs on this machine.
 
-Wire them into the CLI with ``register(app)`` (``trajlake/cli/__init__.py``).
+``rollout`` builds its configuration once: the command's options merged with ``--config FILE``
+(:func:`trajlake.cli.config_file.options_from`) into :class:`RolloutOptions`, then checked and turned into the
+runner's :class:`~trajlake.rollout.runner.RolloutConfig` by :func:`rollout_config`. Wire the commands into the CLI
+with ``register(app)`` (``trajlake/cli/__init__.py``).
 """
 
 from __future__ import annotations
@@ -9,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from trajlake.cli.config_file import options_from
 from trajlake.cli.options import (
     AllowUnisolatedOpt,
     AsOfOpt,
@@ -26,43 +31,50 @@ from trajlake.cli.options import (
 from trajlake.cli.output import Format, emit
 from trajlake.errors import TrajlakeError
 
-__all__ = ["doctor", "quickstart", "register", "replay", "rollout"]
+if TYPE_CHECKING:
+    from trajlake.rollout.runner import RolloutConfig
+
+__all__ = ["RolloutOptions", "doctor", "quickstart", "register", "replay", "rollout", "rollout_config"]
 
 
-def _parse_env_args(values: list[str] | None, allow_unisolated: bool = False) -> dict[str, Any]:
-    """``--env-arg KEY=VALUE`` (VALUE as JSON when it parses, else text), plus the unisolated opt-in (recorded
-    in the run's config with the other environment settings)."""
-    out: dict[str, Any] = {"allow_unisolated": True} if allow_unisolated else {}
-    for item in values or []:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise TrajlakeError(f"--env-arg {item!r}: expected KEY=VALUE")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    return out
+@dataclass(frozen=True, kw_only=True)
+class RolloutOptions:
+    """``trajlake rollout``'s options after merging ``--config FILE``: one field per option (the defaults are the
+    options'), and the file-only ``policy_args`` table. A field's type is what the file may give too: a list
+    stands for a comma-separated option, a TOML date for ``data_cutoff``."""
 
-
-def _iso_date(value: str | None) -> str | None:
-    """An ISO-8601 date or time, as given (checked), or None."""
-    if value is None:
-        return None
-    import datetime as dt
-
-    try:
-        dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as e:
-        raise TrajlakeError(f"--data-cutoff {value!r} is not an ISO-8601 date or time (e.g. 2026-06-30)") from e
-    return value
-
-
-def _print_checks(reqs: list[Any], env: str) -> None:
-    for r in reqs:
-        status = "ok" if r.ok else ("MISSING" if r.required else "absent (optional)")
-        typer.echo(f"check {env}: {r.name}: {status}: {r.detail}", err=True)
-
-
+    env: str
+    policy: str
+    split: str
+    seeds: str | list[int]
+    workers: int
+    run_id: str | None
+    fault_rate: float
+    fault_seed: int
+    fault_kinds: str | list[str] | None
+    held_out_fault_kind: str | None
+    policy_version: str | None
+    max_policy_lag: int | None
+    engine: str
+    ray_address: str | None
+    commit_every: float
+    max_pending_episodes: int
+    price_in: float
+    price_out: float
+    price_tool_second: float | None
+    env_arg: list[str] | None
+    preflight: bool
+    allow_unisolated: bool
+    attempts: int
+    policy_arg: list[str] | None
+    base_url: str | None
+    tasks: str | list[str] | None
+    data_cutoff: str | None
+    injection: str | None
+    lake: str
+    """The lake, resolved (``options.lake_path``; the file's ``lake`` comes after ``$TRAJLAKE_LAKE``)."""
+    policy_args: dict[str, Any] = field(default_factory=dict)
+    """The file's ``[policy_args]`` table; ``--policy-arg`` settings win key by key."""
 
 
 def rollout(
@@ -115,8 +127,10 @@ def rollout(
         "max_new_tokens, seed, price_in, price_out, ... (docs/policies.md).")] = None,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server of an openai: policy.")] = None,
     tasks: Annotated[str | None, typer.Option(help="Only these task ids of the split (comma-separated).")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML file of rollout options (keys as the option names, "
-                                                     "[policy_args] table); options given here win.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="TOML file of rollout options: keys named as the options (run_id or run-id) in its rollout table or "
+             "at its top level, and a rollout.policy_args table; options given on the command line win.")
+    ] = None,
     data_cutoff: Annotated[str | None, typer.Option(help="The policy's training-data cutoff (ISO-8601 date), "
                                                          "recorded for the contamination scan's time split.")] = None,
     injection: Annotated[str | None, typer.Option(
@@ -128,59 +142,109 @@ def rollout(
     """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
 
     Resumable: episodes already committed for the run are skipped, never duplicated."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from trajlake.rollout.preflight import preflight as check_env
 
+    # The options arrive through ctx.params merged with --config FILE, not through the parameters above.
+    options, explicit = options_from(ctx, RolloutOptions, config, table="rollout", ignored=("select",),
+                                     appended=("env_arg", "policy_arg"))
+    cfg = rollout_config(options, explicit)
+    if options.preflight:
+        _print_checks(check_env(cfg.env, cfg.split, **cfg.env_kwargs), cfg.env)
+    _play(cfg)
+
+
+def rollout_config(options: RolloutOptions, explicit: frozenset[str] = frozenset()) -> RolloutConfig:
+    """The runner's configuration of ``options``, every option checked (one clear error on bad input).
+    ``explicit``: the options set on the command line or in the file, not left at their defaults."""
     from trajlake.policies import check_policy_spec, parse_policy_args
     from trajlake.record.episode import CostModel
     from trajlake.rollout.faults import DEFAULT_FAULT_KINDS, parse_fault_kinds
-    from trajlake.rollout.preflight import preflight as check_env
-    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
+    from trajlake.rollout.runner import RolloutConfig, parse_seeds
 
-    file_cfg = _rollout_config_file(config) if config else {}
-    policy = policy if policy != "heuristic" else str(file_cfg.get("policy", policy))
-    split = split if split != "dev" else str(file_cfg.get("split", split))
-    seeds = seeds if seeds != "0" else str(file_cfg.get("seeds", seeds))
-    attempts = attempts if attempts != 1 else int(file_cfg.get("attempts", attempts))
-    workers = workers if workers != 1 else int(file_cfg.get("workers", workers))
-    run_id = run_id or file_cfg.get("run_id")
-    file_tasks = file_cfg.get("tasks")
-    tasks = tasks or (",".join(map(str, file_tasks)) if isinstance(file_tasks, list) else file_tasks)
-    args = {str(k): str(v) for k, v in (file_cfg.get("policy_args") or {}).items()}
-    args.update(parse_policy_args(policy_arg or []))
-    if base_url:
-        args["base_url"] = base_url
-    check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
-    if engine not in ("local", "ray"):
-        raise TrajlakeError(f"--engine must be local or ray, not {engine!r}")
-    if ray_address and engine != "ray":
+    args = {str(k): str(v) for k, v in options.policy_args.items()}
+    args.update(parse_policy_args(options.policy_arg or []))
+    if options.base_url:
+        args["base_url"] = options.base_url
+    check_policy_spec(options.env, options.policy, args)  # fail fast on unknown env/policy names and bad settings
+    if options.engine not in ("local", "ray"):
+        raise TrajlakeError(f"--engine must be local or ray, not {options.engine!r}")
+    if options.ray_address and options.engine != "ray":
         raise TrajlakeError("--ray-address needs --engine ray")
-    if not 0.0 <= fault_rate <= 1.0:
+    if not 0.0 <= options.fault_rate <= 1.0:
         raise TrajlakeError("--fault-rate must be between 0 and 1")
-    # --policy-arg price_in / price_out are the run's prices too (the cost model prices the reported usage).
-    cost = CostModel.for_run(args, price_in, price_out, price_tool_second)
-    env_kwargs = _parse_env_args(env_arg, allow_unisolated)
-    injection = injection or file_cfg.get("injection")
-    if injection:
-        if env_kwargs.get("injection") not in (None, injection):
-            raise TrajlakeError(f"--injection {injection} and --env-arg injection={env_kwargs['injection']} differ")
+    # The policy's price_in / price_out settings are the run's prices too, unless --price-in / --price-out are
+    # set (even to 0): the cost model prices the reported usage.
+    policy_prices = {k: v for k, v in args.items() if k not in explicit & {"price_in", "price_out"}}
+    cost = CostModel.for_run(policy_prices, options.price_in, options.price_out, options.price_tool_second)
+    env_kwargs = _parse_env_args(options.env_arg, options.allow_unisolated)
+    if options.injection:
+        if env_kwargs.get("injection") not in (None, options.injection):
+            raise TrajlakeError(f"--injection {options.injection} and --env-arg injection="
+                                f"{env_kwargs['injection']} differ")
         from trajlake.envs import check_injection
 
-        check_injection(env, str(injection))
-        env_kwargs["injection"] = str(injection)
-    cfg = RolloutConfig(lake=str(lake_path(ctx, lake)), run_id=run_id or f"{policy.replace('/', '_')}-{split}",
-                        env=env,
-                        policy=policy, split=split, seeds=parse_seeds(seeds), workers=workers,
-                        fault_rate=fault_rate, fault_seed=fault_seed, policy_version=policy_version,
-                        fault_kinds=parse_fault_kinds(fault_kinds) if fault_kinds else DEFAULT_FAULT_KINDS,
-                        held_out_fault_kind=held_out_fault_kind,
-                        max_policy_lag=max_policy_lag, commit_every_s=commit_every,
-                        max_pending_episodes=max_pending_episodes,
-                        env_kwargs=env_kwargs, cost_model=cost, engine=engine,
-                        attempts=attempts, policy_args=args,
-                        task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (),
-                        data_cutoff=_iso_date(data_cutoff), ray_address=ray_address)
-    if preflight:
-        _print_checks(check_env(env, split, **cfg.env_kwargs), env)
+        check_injection(options.env, options.injection)
+        env_kwargs["injection"] = options.injection
+    seeds = options.seeds if isinstance(options.seeds, str) else ",".join(map(str, options.seeds))
+    return RolloutConfig(
+        lake=options.lake, run_id=options.run_id or f"{options.policy.replace('/', '_')}-{options.split}",
+        env=options.env, policy=options.policy, split=options.split,
+        seeds=parse_seeds(seeds), workers=options.workers,
+        fault_rate=options.fault_rate, fault_seed=options.fault_seed, policy_version=options.policy_version,
+        fault_kinds=parse_fault_kinds(options.fault_kinds) if options.fault_kinds else DEFAULT_FAULT_KINDS,
+        held_out_fault_kind=options.held_out_fault_kind, max_policy_lag=options.max_policy_lag,
+        commit_every_s=options.commit_every, max_pending_episodes=options.max_pending_episodes,
+        env_kwargs=env_kwargs, cost_model=cost, engine=options.engine, attempts=options.attempts, policy_args=args,
+        task_ids=_comma_separated(options.tasks), data_cutoff=_iso_date(options.data_cutoff),
+        ray_address=options.ray_address)
+
+
+def _comma_separated(value: str | list[str] | None) -> tuple[str, ...]:
+    """The items of a comma-separated option, or of the list a file gives for it (blanks dropped)."""
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value or []]
+    return tuple(item.strip() for item in items if item.strip())
+
+
+def _parse_env_args(values: list[str] | None, allow_unisolated: bool = False) -> dict[str, Any]:
+    """``--env-arg KEY=VALUE`` (VALUE as JSON when it parses, else text), plus the unisolated opt-in (recorded
+    in the run's config with the other environment settings)."""
+    out: dict[str, Any] = {"allow_unisolated": True} if allow_unisolated else {}
+    for item in values or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise TrajlakeError(f"--env-arg {item!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def _iso_date(value: str | None) -> str | None:
+    """An ISO-8601 date or time, as given (checked), or None."""
+    if value is None:
+        return None
+    import datetime as dt
+
+    try:
+        dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as e:
+        raise TrajlakeError(f"--data-cutoff {value!r} is not an ISO-8601 date or time (e.g. 2026-06-30)") from e
+    return value
+
+
+def _print_checks(reqs: list[Any], env: str) -> None:
+    for r in reqs:
+        status = "ok" if r.ok else ("MISSING" if r.required else "absent (optional)")
+        typer.echo(f"check {env}: {r.name}: {status}: {r.detail}", err=True)
+
+
+def _play(cfg: RolloutConfig) -> None:
+    """Run the rollout with a progress bar (on a terminal), print its summary; exit 1 when an item failed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trajlake.rollout.runner import run_rollout
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=False, disable=not sys.stderr.isatty()) as bar:
         job = bar.add_task(f"rollout {cfg.run_id}", total=None)
@@ -191,30 +255,13 @@ def rollout(
         s = run_rollout(cfg, progress=progress)
     typer.echo(f"run {cfg.run_id}: {s.written} episode(s) written ({s.successes} successful), "
                f"{s.skipped_existing} already in the lake, {len(s.failed_items)} failed, of {s.planned} planned")
-    if engine == "ray":
+    if cfg.engine == "ray":
         typer.echo(f"ray cluster {s.ray_cluster or '?'}: {len(s.worker_stats)} worker(s) finished on node(s) "
                    f"{', '.join(s.ray_nodes) or '-'}")
     for f in s.failed_items[:10]:
         typer.echo(f"  failed: {f}", err=True)
     if s.failed_items:
         raise typer.Exit(1)
-
-
-def _rollout_config_file(path: Path) -> dict[str, Any]:
-    import tomllib
-
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise TrajlakeError(f"--config {path}: {e}") from e
-    data = data.get("rollout", data)
-    known = {"policy", "split", "seeds", "attempts", "workers", "run_id", "tasks", "policy_args", "injection"}
-    unknown = set(data) - known - {"select"}
-    if unknown:
-        raise TrajlakeError(f"--config {path}: unknown key(s) {', '.join(sorted(unknown))}; keys: "
-                            f"{', '.join(sorted(known))}")
-    return dict(data)
 
 
 def replay(ctx: typer.Context, episode: Annotated[str, typer.Option("--episode", help="Episode id.")],
