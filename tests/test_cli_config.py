@@ -4,9 +4,10 @@ through the real Typer app; the runner and the preflight are stand-ins, so nothi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import pytest
 import typer
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import run_cli
 from trajlake.cli import app
+from trajlake.cli.config_file import options_from
 from trajlake.errors import TrajlakeError
 from trajlake.record.episode import DEFAULT_TOOL_SECOND_USD
 from trajlake.rollout.faults import DEFAULT_FAULT_KINDS
@@ -246,6 +248,33 @@ def test_the_shipped_configs_still_read(rollout: Invoke, monkeypatch: pytest.Mon
     cfg = built(rollout([], toml=(ROOT / "configs" / f"{name}.toml").read_text(encoding="utf-8"))).cfg
     assert cfg.policy.endswith("hf:models/tiny") and cfg.seeds == (0,) and len(cfg.task_ids) == 2
     assert cfg.attempts == (4 if name == "b2-tiny" else 1) and cfg.policy_args["seed"] == "0"
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelOptions:
+    level: int
+
+
+def test_an_environment_variable_beats_the_file_and_the_file_the_default(tmp_path: Path) -> None:
+    """The merge on its own, for an option that reads an environment variable (no rollout option does)."""
+    small = typer.Typer()
+
+    @small.command()
+    def show(ctx: typer.Context, level: Annotated[int, typer.Option(envvar="TRAJLAKE_TEST_LEVEL")] = 1,
+             config: Path | None = None) -> None:
+        options, explicit = options_from(ctx, LevelOptions, config, table="show")
+        typer.echo(f"{options.level} {sorted(explicit)}")
+
+    (tmp_path / "c.toml").write_text("[show]\nlevel = 5\n", encoding="utf-8")
+    with_file = ["--config", str(tmp_path / "c.toml")]
+
+    def shown(args: list[str], env: dict[str, str] | None = None) -> str:
+        return CliRunner().invoke(small, args, env=env).output.strip()
+
+    assert shown([]) == "1 []"
+    assert shown(with_file) == "5 ['level']"
+    assert shown(with_file, env={"TRAJLAKE_TEST_LEVEL": "3"}) == "3 ['level']"
+    assert shown([*with_file, "--level", "1"], env={"TRAJLAKE_TEST_LEVEL": "3"}) == "1 ['level']"
 
 
 # best-of reads the [select] table of the same kind of file with the same merge.
