@@ -21,10 +21,23 @@ def lake_dir(tmp_path: Path) -> Path:
     return tmp_path / "lake"
 
 
+COMMANDS = ["init", "info", "sql", "verify", "compact", "ingest", "schema", "demo", "rollout", "replay", "quickstart",
+            "doctor", "eval", "diagnose", "browse", "contamination", "reward-check", "best-of", "train", "export"]
+
+
 def test_help_for_every_command(capsys) -> None:
-    for cmd in ("init", "info", "sql", "verify", "compact", "ingest", "schema", "demo"):
+    for cmd in COMMANDS:
         code, out, _ = run(capsys, cmd, "--help")
         assert code == 0 and "Usage" in out, cmd
+
+
+def test_commands_are_registered_in_their_order() -> None:
+    """The command files (one per group) register in the order `trajlake --help` has always listed them."""
+    import typer
+
+    from trajlake.cli import app
+
+    assert list(typer.main.get_command(app).commands) == COMMANDS  # type: ignore[attr-defined]
 
 
 def test_demo_info_sql_verify(capsys, lake_dir: Path) -> None:

@@ -1,23 +1,21 @@
 """The ``trajlake`` command line (Typer): thin commands over library functions.
 
-Every command finds its lake with ``options.lake_path`` (``--lake`` before or after the command), shares
-its options from ``trajlake.cli.options`` and prints through ``trajlake.cli.output``. Every error prints one
-clear line and exits non-zero (``main``).
+This module holds the app, its callback (``--lake`` before the command), the registration of every command and
+``main``, where every error becomes one clear line and a non-zero exit. The commands live one file per group:
+``lake_cmd`` (init, info, sql, verify, compact), ``data_cmd`` (ingest, schema, demo), ``rollout_cmd`` (rollout,
+replay, quickstart, doctor), ``eval_cmd`` (eval, diagnose), ``export_cmd``, ``browse_cmd``, ``contamination_cmd``,
+``reward_check_cmd``, ``best_of_cmd`` and ``train_cmd``. Every command finds its lake with ``options.lake_path``
+(``--lake`` before or after the command), shares its options from ``trajlake.cli.options``, reads a ``--config``
+file through ``trajlake.cli.config_file`` and prints through ``trajlake.cli.output``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import sys
-from pathlib import Path
-from typing import Annotated, Any
 
 import typer
 
-from trajlake.cli.options import AsOfOpt, CliContext, FormatOpt, LakeOpt, MemoryOpt, lake_path
-from trajlake.cli.output import Format, emit
+from trajlake.cli.options import CliContext, LakeOpt, click_exceptions
 from trajlake.errors import TrajlakeError, ValidationError, one_line
 
 app = typer.Typer(
@@ -34,466 +32,27 @@ def _main(ctx: typer.Context, lake: LakeOpt = None) -> None:
     ctx.obj = CliContext(lake=lake)
 
 
-def _open(ctx: typer.Context, lake: str | None) -> Any:
-    from trajlake.lake.store import Lake
+def _register_commands() -> None:
+    """Every command group, in the order ``trajlake --help`` lists them."""
+    from trajlake.cli import (
+        best_of_cmd,
+        browse_cmd,
+        contamination_cmd,
+        data_cmd,
+        eval_cmd,
+        export_cmd,
+        lake_cmd,
+        reward_check_cmd,
+        rollout_cmd,
+        train_cmd,
+    )
 
-    return Lake.open(lake_path(ctx, lake))
-
-
-@app.command()
-def init(ctx: typer.Context, lake: LakeOpt = None) -> None:
-    """Create an empty lake (idempotent)."""
-    from trajlake.lake.store import Lake
-
-    lk = Lake.init(lake_path(ctx, lake))
-    typer.echo(f"initialised lake at {lk.location}")
-
-
-def _emit_info(lk: Any, fmt: Format) -> None:
-    from trajlake.query.info import COLUMNS, pins, table_info
-
-    infos = table_info(lk)
-    emit(COLUMNS, [i.as_row() for i in infos], fmt, title=f"lake {lk.location}")
-    if fmt == Format.table:
-        typer.echo(f"pin these versions with: --as-of {pins(infos)}")
+    for group in (lake_cmd, data_cmd, rollout_cmd, eval_cmd, export_cmd, browse_cmd, contamination_cmd,
+                  reward_check_cmd, best_of_cmd, train_cmd):
+        group.register(app)
 
 
-@app.command()
-def info(ctx: typer.Context, fmt: FormatOpt = Format.table, lake: LakeOpt = None) -> None:
-    """Tables with committed row counts, Delta versions, files, size and schema version."""
-    _emit_info(_open(ctx, lake), fmt)
-
-
-@app.command()
-def sql(ctx: typer.Context,
-        query: Annotated[str, typer.Argument(help="SQL over the views episodes, turns, tasks, runs, "
-                                               "gateway_events (DuckDB dialect).")],
-        as_of: AsOfOpt = None, fmt: FormatOpt = Format.table, memory_limit: MemoryOpt = None,
-        lake: LakeOpt = None) -> None:
-    """Run one read-only SQL statement (SELECT, EXPLAIN) against the lake."""
-    from trajlake.query import run_query
-
-    cols, rows = run_query(_open(ctx, lake), query, as_of, memory_limit=memory_limit)
-    emit(cols, rows, fmt)
-
-
-@app.command()
-def verify(ctx: typer.Context, as_of: AsOfOpt = None,
-           strict: Annotated[bool, typer.Option(help="Treat uncommitted (orphan) turns as a failure.")] = False,
-           fmt: FormatOpt = Format.table, lake: LakeOpt = None) -> None:
-    """Recompute every hash and check schema versions, keys, episode completeness and orphans.
-
-    Exits 1 and names the file or episode on any problem."""
-    from trajlake.lake.maintenance import verify as run_verify
-
-    rep = run_verify(_open(ctx, lake), as_of, strict=strict)
-    rows = [["problem", p] for p in rep.problems] + [["note", n] for n in rep.notes]
-    if fmt == Format.table:
-        for kind, msg in rows:
-            typer.echo(f"{kind}: {msg}", err=kind == "problem")
-        counts = ", ".join(f"{k}={v}" for k, v in sorted(rep.counts.items()))
-        typer.echo(("OK" if rep.ok else f"FAILED ({len(rep.problems)} problem(s))") + f": checked {counts}")
-    else:
-        emit(["kind", "message"], rows, fmt)
-    if not rep.ok:
-        raise typer.Exit(1)
-
-
-@app.command()
-def compact(
-    ctx: typer.Context,
-    retention_hours: Annotated[float, typer.Option(help="Vacuum keeps removed files this long, so pinned "
-                                                       "versions stay readable.")] = 168.0,
-    orphan_grace_hours: Annotated[float, typer.Option(help="Uncommitted turns younger than this are left alone "
-                                                          "(their writer may still be committing).")] = 1.0,
-    vacuum: Annotated[bool, typer.Option(help="Delete files removed longer ago than the retention.")] = True,
-    fmt: FormatOpt = Format.table,
-    lake: LakeOpt = None,
-) -> None:
-    """Merge small files, drop old orphans and identical duplicates, checkpoint, vacuum. Safe with writers."""
-    from trajlake.lake.maintenance import compact as run_compact
-
-    for name, value in (("--retention-hours", retention_hours), ("--orphan-grace-hours", orphan_grace_hours)):
-        if not value >= 0:
-            raise TrajlakeError(f"{name} must be a non-negative number of hours, not {value}")
-    rep = run_compact(_open(ctx, lake), retention_hours=retention_hours, orphan_grace_hours=orphan_grace_hours,
-                      vacuum=vacuum)
-    rows = [[t, rep.files_before.get(t, 0), rep.files_after.get(t, 0), rep.versions.get(t)]
-            for t in rep.files_after]
-    emit(["table", "files_before", "files_after", "version"], rows, fmt)
-    if fmt == Format.table:
-        typer.echo(f"orphan rows removed: {rep.orphan_rows_removed}; duplicate rows removed: "
-                   f"{rep.duplicate_rows_removed}; files vacuumed: {rep.vacuumed_files}")
-
-
-@app.command()
-def ingest(
-    ctx: typer.Context,
-    files: Annotated[list[Path], typer.Argument(help="Input files.", exists=False)],
-    input_format: Annotated[str, typer.Option("--format", help="Input format: trajlake-jsonl, openai-chat, "
-                                                              "swe-agent, inspect or openhands.")] = "trajlake-jsonl",
-    run_id: Annotated[str | None, typer.Option(help="Run id of imported episodes (default: derived from the "
-                                                    "file).")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(help="A local tokenizer.json: fill token ids and loss masks "
-                                                        "of imported text.")] = None,
-    skip_invalid: Annotated[bool, typer.Option(help="Write the valid episodes of a file that has invalid "
-                                                    "ones (still exits 1).")] = False,
-    lake: LakeOpt = None,
-) -> None:
-    """Import episodes. The whole file is validated first; by default any invalid episode means nothing of
-    that file is written. Re-importing the same file is a no-op."""
-    from trajlake.io.ingest import check_options, ingest_file
-    from trajlake.record.writer import LakeWriter
-
-    check_options(input_format, run_id=run_id, tokenizer=tokenizer)
-    failed = False
-    with LakeWriter(_open(ctx, lake)) as w:
-        for f in files:
-            s = ingest_file(w, f, input_format, run_id=run_id, tokenizer=tokenizer, skip_invalid=skip_invalid)
-            typer.echo(f"{f}: {s.episodes_written} episode(s) written, {s.duplicates} already present, "
-                       f"{len({i.episode_id for i in s.rejected})} rejected; {s.tasks_written} task(s), "
-                       f"{s.runs_written} run(s)")
-            for issue in s.rejected[:20]:
-                typer.echo(f"  rejected: {issue}", err=True)
-            failed = failed or bool(s.rejected)
-    if failed:
-        raise typer.Exit(1)
-
-
-@app.command()
-def schema(
-    table: Annotated[str | None, typer.Option(help="Only this table.")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, csv or markdown.")] = "table",
-) -> None:
-    """Print the tables and columns of schema v1 (from schemas/*.json)."""
-    from trajlake.schema import TABLES, schema_markdown, table_def
-
-    if fmt == "markdown":
-        typer.echo(schema_markdown(), nl=False)
-        return
-    try:
-        f = Format(fmt)
-    except ValueError as e:
-        raise TrajlakeError(f"--format must be table, json, csv or markdown, not {fmt!r}") from e
-    if table is not None and table not in TABLES:
-        raise TrajlakeError(f"--table: unknown table {table!r}; tables are {', '.join(TABLES)}")
-    names = [table] if table else list(TABLES)
-    rows = []
-    for n in names:
-        td = table_def(n)
-        for c in td.columns:
-            rows.append([n, c.name, c.type_str(), c.nullable, list(c.enum) if c.enum else None, c.description])
-    emit(["table", "column", "type", "nullable", "enum", "description"], rows, f)
-
-
-@app.command()
-def demo(
-    ctx: typer.Context,
-    seeds: Annotated[int, typer.Option(help="Seeds per task.", min=1)] = 3,
-    tasks: Annotated[int, typer.Option(help="Number of synthetic tasks.", min=1)] = 40,
-    fmt: FormatOpt = Format.table,
-    lake: LakeOpt = None,
-) -> None:
-    """Write realistic synthetic episodes (3 runs x tasks x seeds) into the lake and print `trajlake info`."""
-    from trajlake.demo import write_demo
-    from trajlake.lake.store import Lake
-    from trajlake.record.writer import LakeWriter
-
-    lk = Lake.init(lake_path(ctx, lake))
-    with LakeWriter(lk) as w:
-        n = write_demo(w, seeds=seeds, n_tasks=tasks)
-    if fmt == Format.table:
-        typer.echo(f"demo: {n} new episode(s) written to {lk.location}")
-    _emit_info(lk, fmt)
-
-
-AllowUnisolatedOpt = Annotated[bool, typer.Option(
-    "--allow-unisolated", help="Run agent code without bubblewrap isolation (rlimit fallback: it can read the "
-                               "hidden tests and reach the network) when bubblewrap is missing. See docs/security.md.")]
-
-
-def _parse_env_args(values: list[str] | None, allow_unisolated: bool = False) -> dict[str, Any]:
-    """``--env-arg KEY=VALUE`` (VALUE as JSON when it parses, else text), plus the unisolated opt-in (recorded
-    in the run's config with the other environment settings)."""
-    out: dict[str, Any] = {"allow_unisolated": True} if allow_unisolated else {}
-    for item in values or []:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise TrajlakeError(f"--env-arg {item!r}: expected KEY=VALUE")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    return out
-
-
-def _iso_date(value: str | None) -> str | None:
-    """An ISO-8601 date or time, as given (checked), or None."""
-    if value is None:
-        return None
-    import datetime as dt
-
-    try:
-        dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as e:
-        raise TrajlakeError(f"--data-cutoff {value!r} is not an ISO-8601 date or time (e.g. 2026-06-30)") from e
-    return value
-
-
-def _print_checks(reqs: list[Any], env: str) -> None:
-    for r in reqs:
-        status = "ok" if r.ok else ("MISSING" if r.required else "absent (optional)")
-        typer.echo(f"check {env}: {r.name}: {status}: {r.detail}", err=True)
-
-
-@app.command()
-def rollout(
-    ctx: typer.Context,
-    env: Annotated[str, typer.Option(help="Environment (a registered name, e.g. mini-swe).")] = "mini-swe",
-    policy: Annotated[str, typer.Option(help="Policy: a built-in one of the environment (oracle, random, "
-                                             "heuristic), hf:PATH (a local model folder), openai:MODEL (with "
-                                             "--base-url) or single-turn:SPEC (baseline B0); docs/policies.md."
-                                        )] = "heuristic",
-    split: Annotated[str, typer.Option(help="Task split: train, dev or hidden.")] = "dev",
-    seeds: Annotated[str, typer.Option(help="Seeds: 0,1,2 or an inclusive range 0-4.")] = "0",
-    workers: Annotated[int, typer.Option(help="Parallel workers (processes, or Ray actors).", min=1)] = 1,
-    run_id: Annotated[str | None, typer.Option(help="Run id (default: <policy>-<split>).")] = None,
-    fault_rate: Annotated[float, typer.Option(help="Probability of an injected transient fault per step.")] = 0.0,
-    fault_seed: Annotated[int, typer.Option(help="Seed of the fault injector.")] = 0,
-    fault_kinds: Annotated[str | None, typer.Option(
-        help="Fault kinds to inject (comma-separated; default transient,timeout): transient, timeout, http_5xx, "
-             "slow_response, truncated_result, and the environment's own (Mini Web: stale_element_ids; Mini SWE: "
-             "flaky_test_run).")] = None,
-    held_out_fault_kind: Annotated[str | None, typer.Option(
-        help="A fault kind never injected in this run (kept for a held-out evaluation run that injects only it, "
-             "with --fault-kinds K).")] = None,
-    policy_version: Annotated[str | None, typer.Option(help="Pin the policy version (default: latest "
-                                                             "published).")] = None,
-    max_policy_lag: Annotated[int | None, typer.Option(help="Most versions a worker may lag the latest "
-                                                           "published one before it moves up (between episodes).",
-                                                      min=0)] = None,
-    engine: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
-    ray_address: Annotated[str | None, typer.Option(
-        help="--engine ray: the Ray cluster to attach to (host:port of its head, ray://host:port, or auto for the "
-             "one `ray start` started on this machine; default: $RAY_ADDRESS). Without it a new local cluster with "
-             "--workers CPUs is started.")] = None,
-    commit_every: Annotated[float, typer.Option(help="Seconds between a worker's commits (0: after every "
-                                                     "episode); a crash loses at most that much work.", min=0)] = 30.0,
-    max_pending_episodes: Annotated[int, typer.Option(
-        help="Most finished episodes a worker holds before handing them to its writer (a slow writer then "
-             "slows the players instead of growing their memory).", min=1)] = 256,
-    price_in: Annotated[float, typer.Option(help="USD per million input tokens of the policy.", min=0)] = 0.0,
-    price_out: Annotated[float, typer.Option(help="USD per million output tokens of the policy.", min=0)] = 0.0,
-    price_tool_second: Annotated[float | None, typer.Option(
-        help="USD per second of tool time (default: one cloud vCPU-second, see docs/eval.md).", min=0)] = None,
-    env_arg: Annotated[list[str] | None, typer.Option(help="Environment setting KEY=VALUE (repeatable).")] = None,
-    preflight: Annotated[bool, typer.Option(help="Check the environment (sandbox, grader, one oracle "
-                                                 "solution graded end to end) before playing.")] = True,
-    allow_unisolated: AllowUnisolatedOpt = False,
-    attempts: Annotated[int, typer.Option(help="Attempts per task and seed (attempt 0..N-1, one group_id, "
-                                               "distinct sampling seeds).", min=1)] = 1,
-    policy_arg: Annotated[list[str] | None, typer.Option(
-        "--policy-arg", help="KEY=VALUE setting of a language-model policy (repeatable): temperature, top_p, "
-        "max_new_tokens, seed, price_in, price_out, ... (docs/policies.md).")] = None,
-    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server of an openai: policy.")] = None,
-    tasks: Annotated[str | None, typer.Option(help="Only these task ids of the split (comma-separated).")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML file of rollout options (keys as the option names, "
-                                                     "[policy_args] table); options given here win.")] = None,
-    data_cutoff: Annotated[str | None, typer.Option(help="The policy's training-data cutoff (ISO-8601 date), "
-                                                         "recorded for the contamination scan's time split.")] = None,
-    injection: Annotated[str | None, typer.Option(
-        help="Play the attacked variants of the tasks under this prompt-injection attack (Mini Web: "
-             "important_instructions, tool_knowledge) instead of the benign set; the same as --env-arg "
-             "injection=NAME.")] = None,
-    lake: LakeOpt = None,
-) -> None:
-    """Play a policy on an environment's split and write the episodes, tasks and run to the lake.
-
-    Resumable: episodes already committed for the run are skipped, never duplicated."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from trajlake.policies import check_policy_spec, parse_policy_args
-    from trajlake.record.episode import CostModel
-    from trajlake.rollout.faults import DEFAULT_FAULT_KINDS, parse_fault_kinds
-    from trajlake.rollout.preflight import preflight as check_env
-    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
-
-    file_cfg = _rollout_config_file(config) if config else {}
-    policy = policy if policy != "heuristic" else str(file_cfg.get("policy", policy))
-    split = split if split != "dev" else str(file_cfg.get("split", split))
-    seeds = seeds if seeds != "0" else str(file_cfg.get("seeds", seeds))
-    attempts = attempts if attempts != 1 else int(file_cfg.get("attempts", attempts))
-    workers = workers if workers != 1 else int(file_cfg.get("workers", workers))
-    run_id = run_id or file_cfg.get("run_id")
-    file_tasks = file_cfg.get("tasks")
-    tasks = tasks or (",".join(map(str, file_tasks)) if isinstance(file_tasks, list) else file_tasks)
-    args = {str(k): str(v) for k, v in (file_cfg.get("policy_args") or {}).items()}
-    args.update(parse_policy_args(policy_arg or []))
-    if base_url:
-        args["base_url"] = base_url
-    check_policy_spec(env, policy, args)  # fail fast on unknown env/policy names and bad settings
-    if engine not in ("local", "ray"):
-        raise TrajlakeError(f"--engine must be local or ray, not {engine!r}")
-    if ray_address and engine != "ray":
-        raise TrajlakeError("--ray-address needs --engine ray")
-    if not 0.0 <= fault_rate <= 1.0:
-        raise TrajlakeError("--fault-rate must be between 0 and 1")
-    # --policy-arg price_in / price_out are the run's prices too (the cost model prices the reported usage).
-    cost = CostModel.for_run(args, price_in, price_out, price_tool_second)
-    env_kwargs = _parse_env_args(env_arg, allow_unisolated)
-    injection = injection or file_cfg.get("injection")
-    if injection:
-        if env_kwargs.get("injection") not in (None, injection):
-            raise TrajlakeError(f"--injection {injection} and --env-arg injection={env_kwargs['injection']} differ")
-        from trajlake.envs import check_injection
-
-        check_injection(env, str(injection))
-        env_kwargs["injection"] = str(injection)
-    cfg = RolloutConfig(lake=str(lake_path(ctx, lake)), run_id=run_id or f"{policy.replace('/', '_')}-{split}",
-                        env=env,
-                        policy=policy, split=split, seeds=parse_seeds(seeds), workers=workers,
-                        fault_rate=fault_rate, fault_seed=fault_seed, policy_version=policy_version,
-                        fault_kinds=parse_fault_kinds(fault_kinds) if fault_kinds else DEFAULT_FAULT_KINDS,
-                        held_out_fault_kind=held_out_fault_kind,
-                        max_policy_lag=max_policy_lag, commit_every_s=commit_every,
-                        max_pending_episodes=max_pending_episodes,
-                        env_kwargs=env_kwargs, cost_model=cost, engine=engine,
-                        attempts=attempts, policy_args=args,
-                        task_ids=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (),
-                        data_cutoff=_iso_date(data_cutoff), ray_address=ray_address)
-    if preflight:
-        _print_checks(check_env(env, split, **cfg.env_kwargs), env)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=False, disable=not sys.stderr.isatty()) as bar:
-        job = bar.add_task(f"rollout {cfg.run_id}", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(job, completed=done, total=total)
-
-        s = run_rollout(cfg, progress=progress)
-    typer.echo(f"run {cfg.run_id}: {s.written} episode(s) written ({s.successes} successful), "
-               f"{s.skipped_existing} already in the lake, {len(s.failed_items)} failed, of {s.planned} planned")
-    if engine == "ray":
-        typer.echo(f"ray cluster {s.ray_cluster or '?'}: {len(s.worker_stats)} worker(s) finished on node(s) "
-                   f"{', '.join(s.ray_nodes) or '-'}")
-    for f in s.failed_items[:10]:
-        typer.echo(f"  failed: {f}", err=True)
-    if s.failed_items:
-        raise typer.Exit(1)
-
-
-def _rollout_config_file(path: Path) -> dict[str, Any]:
-    import tomllib
-
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise TrajlakeError(f"--config {path}: {e}") from e
-    data = data.get("rollout", data)
-    known = {"policy", "split", "seeds", "attempts", "workers", "run_id", "tasks", "policy_args", "injection"}
-    unknown = set(data) - known - {"select"}
-    if unknown:
-        raise TrajlakeError(f"--config {path}: unknown key(s) {', '.join(sorted(unknown))}; keys: "
-                            f"{', '.join(sorted(known))}")
-    return dict(data)
-
-
-@app.command()
-def replay(ctx: typer.Context, episode: Annotated[str, typer.Option("--episode", help="Episode id.")],
-           as_of: AsOfOpt = None, allow_unisolated: AllowUnisolatedOpt = False, lake: LakeOpt = None) -> None:
-    """Re-run a stored episode under its pinned versions; exit 0 only if every state hash matches."""
-    from trajlake.rollout.replay import replay_episode
-
-    if allow_unisolated:
-        os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
-
-    outcome = replay_episode(_open(ctx, lake), episode, as_of)
-    if not outcome.digest_matches:
-        typer.echo(f"note: environment digest differs from the recorded one ({outcome.recorded_digest})", err=True)
-    typer.echo(outcome.message(), err=not outcome.ok)
-    if not outcome.ok:
-        raise typer.Exit(1)
-
-
-@app.command()
-def quickstart(
-    ctx: typer.Context,
-    seeds: Annotated[str, typer.Option(help="Seeds per task: 0,1 or an inclusive range 0-1.")] = "0-1",
-    workers: Annotated[int, typer.Option(help="Parallel rollout workers.", min=1)] = 2,
-    out: Annotated[Path, typer.Option(help="Where to write the HTML report.")] = Path("trajlake-report.html"),
-    resamples: Annotated[int, typer.Option(help="Bootstrap resamples of the report.", min=1)] = 2000,
-    env: Annotated[str, typer.Option(help="Environment (a registered name).")] = "mini-swe",
-    split: Annotated[str, typer.Option(help="Task split to play.")] = "dev",
-    preflight: Annotated[bool, typer.Option(help="Check the environment before playing.")] = True,
-    allow_unisolated: AllowUnisolatedOpt = False,
-    lake: LakeOpt = None,
-) -> None:
-    """The main job on the embedded default: roll out the oracle, heuristic and random policies on Mini SWE's
-    dev split into the lake, print the paired report of heuristic vs random, and write the HTML report.
-    Exits 1 when the oracle fails any task it played (the environment is broken on this machine)."""
-    from trajlake.evaluators import render
-    from trajlake.rollout.preflight import preflight as check_env
-    from trajlake.rollout.quickstart import run_quickstart
-    from trajlake.rollout.runner import parse_seeds
-
-    seed_list = parse_seeds(seeds)
-    if allow_unisolated:  # the quickstart's workers inherit the opt-in
-        os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
-    if preflight:
-        _print_checks(check_env(env, split), env)
-    res = run_quickstart(lake_path(ctx, lake), env=env, split=split, seeds=seed_list, workers=workers,
-                         resamples=resamples, echo=typer.echo)
-    typer.echo(f"oracle: solved {res.oracle_solved} of {res.oracle_played} task episode(s)")
-    render.print_report(res.report)
-    try:
-        out.write_text(render.render_html(res.report), encoding="utf-8")
-    except OSError as e:
-        raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from e
-    typer.echo(f"wrote the HTML report to {out}")
-
-
-@app.command()
-def doctor(
-    fmt: FormatOpt = Format.table,
-    oracle: Annotated[bool, typer.Option(help="Also grade one oracle solution per environment end to end.")
-                      ] = True,
-) -> None:
-    """What the lake and the environments need (sandbox, pytest, DuckDB's delta extension, chromium,
-    torch/CUDA, versions) and whether each is there. Exits 1 when something required is broken."""
-    from trajlake.rollout.preflight import doctor_checks
-
-    checks = doctor_checks(oracle=oracle)
-    rows = [[c.component, c.requirement.name, "ok" if c.requirement.ok else
-             ("MISSING" if c.requirement.required else "absent (optional)"), c.requirement.detail,
-             "" if c.requirement.ok else c.requirement.fix] for c in checks]
-    emit(["component", "check", "status", "detail", "fix"], rows, fmt)
-    broken = [c for c in checks if c.requirement.required and not c.requirement.ok]
-    if broken:
-        if fmt == Format.table:
-            typer.echo(f"{len(broken)} required check(s) failed", err=True)
-        raise typer.Exit(1)
-
-
-def _register_command_groups() -> None:
-    from trajlake.cli.best_of_cmd import register as register_best_of
-    from trajlake.cli.browse_cmd import register as register_browse
-    from trajlake.cli.contamination_cmd import register as register_contamination
-    from trajlake.cli.eval_cmd import register as register_eval
-    from trajlake.cli.export_cmd import register as register_export
-    from trajlake.cli.reward_check_cmd import register as register_reward_check
-    from trajlake.cli.train_cmd import register as register_train
-
-    register_eval(app)
-    register_export(app)
-    register_browse(app)
-    register_contamination(app)
-    register_reward_check(app)
-    register_best_of(app)
-    register_train(app)
-
-
-_register_command_groups()
+_register_commands()
 
 
 def main() -> None:
@@ -518,22 +77,11 @@ def main() -> None:
         typer.echo("aborted", err=True)
         sys.exit(130)
     except Exception as e:  # click usage errors and anything unexpected: still one line
-        if isinstance(e, _click_exceptions()):
+        if isinstance(e, click_exceptions()):
             e.show()  # type: ignore[attr-defined]
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
         typer.echo(f"error: {type(e).__name__}: {one_line(e)}", err=True)
         sys.exit(1)
-
-
-def _click_exceptions() -> tuple[type[Exception], ...]:
-    """Usage errors come from click, or from the copy of click that newer Typer versions carry."""
-    import importlib
-
-    out: list[type[Exception]] = []
-    for module in ("click.exceptions", "typer._click.exceptions"):
-        with contextlib.suppress(ImportError, AttributeError):
-            out.append(importlib.import_module(module).ClickException)
-    return tuple(out)
 
 
 __all__ = ["app", "main"]
