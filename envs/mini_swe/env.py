@@ -41,6 +41,7 @@ from trajlake.envs.core import (
     BudgetTracker,
     Env,
     EnvError,
+    EvalDocument,
     Requirement,
     ResetResult,
     Snapshot,
@@ -50,6 +51,7 @@ from trajlake.envs.core import (
     stable_hash,
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
+from trajlake.envs.mini_swe.documents import evaluation_documents
 from trajlake.envs.mini_swe.grading import TASKS_PATH, GradeResult, grade, load_tasks, materialize_workspace
 from trajlake.envs.mini_swe.injection import ATTACKS, INJECTION_MARK, attack_achieved, injected_tasks, plant
 from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
@@ -166,6 +168,11 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
         from trajlake.envs.mini_swe.policies import POLICIES
 
         return POLICIES
+
+    @classmethod
+    def evaluation_documents(cls, task_ids: Sequence[str]) -> list[EvalDocument]:
+        """Gold patch, hidden test names and hidden test bodies of the bundled tasks among ``task_ids``."""
+        return evaluation_documents(task_ids)
 
     def requirements(self) -> list[Requirement]:
         """Grading runs the hidden tests with ``python -m pytest`` in a sandbox: both must be there."""
