@@ -40,6 +40,36 @@ def test_mini_swe_passes_check_env(env) -> None:
                     act("edit", path=task["file"], old="\n", new="\n\n"), act("run_tests", command="pytest -q")])
 
 
+def test_checker_checks_the_sandbox_kind_and_the_evaluation_documents(env) -> None:
+    from trajlake.envs.checker import EnvCheckError, check_evaluation_documents, check_sandbox_kind
+    from trajlake.envs.core import EvalDocument
+
+    from tests.counter_env import CounterEnv
+
+    r = env.reset(0)
+    assert env.sandbox_kind in ("bwrap", "rlimit")  # decided at reset: this machine's isolation
+    check_sandbox_kind(env)
+    check_evaluation_documents(env, r.task_id)
+    counter = CounterEnv(split="dev")
+    counter.reset(0)
+    check_sandbox_kind(counter)
+    check_evaluation_documents(counter, "counter/1")
+
+    class Unnamed(CounterEnv):
+        sandbox_kind = "Bubble Wrap"
+
+    with pytest.raises(EnvCheckError, match="sandbox_kind must be None or a short lowercase name"):
+        check_sandbox_kind(Unnamed(split="dev"))
+
+    class Leaky(CounterEnv):
+        @classmethod
+        def evaluation_documents(cls, task_ids):
+            return [EvalDocument("counter/2", "worked_solution", "another task's text")]
+
+    with pytest.raises(EnvCheckError, match="documents of the tasks asked for"):
+        check_evaluation_documents(Leaky(split="dev"), "counter/1")
+
+
 def test_gymnasium_check_env() -> None:
     assert "trajlake/MiniSWE-v0" in gymnasium.registry  # registered by importing trajlake.envs
     genv = gymnasium.make("trajlake/MiniSWE-v0")

@@ -351,6 +351,7 @@ def test_heuristic_and_random_run_through_the_runner_and_into_the_lake(env, tmp_
     assert by_policy[("mw-random", True)] == 0
     heuristic_wins = [r.episode["task_id"] for r in records if r.episode["run_id"] == "mw-heuristic" and r.episode["success"]]
     assert heuristic_wins and all("cheapest" in t or "count-by-status" in t for t in heuristic_wins)
+    assert {r.episode["sandbox"] for r in records} == {"none"}  # Env.sandbox_kind: no agent code runs
     lake = open_lake(tmp_path / "lake", create=True)
     with LakeWriter(lake, handle_signals=False) as w:
         w.write_tasks([task_row(t) for t in TASKS])

@@ -126,7 +126,7 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
         if isinstance(budget, Mapping):  # from --env-arg budget='{"max_steps": 10}' or a training config
             budget = Budget(**budget)
         self.sandbox = sandbox
-        self.sandbox_kind: str | None = None
+        self.sandbox_kind: str | None = None  # Env.sandbox_kind: bwrap or rlimit, decided at each reset
         self.allow_unisolated = (os.environ.get(UNISOLATED_ENV, "") in ("1", "true", "yes")
                                  if allow_unisolated is None else bool(allow_unisolated))
         self.budget_override = budget

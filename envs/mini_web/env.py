@@ -170,6 +170,7 @@ class MiniWebEnv(SplitTasks, TrackedBudget, Env):
     verification_source = "backend_state"
     injection_attacks = ATTACKS
     fault_kinds = (FaultKind.STALE_ELEMENT_IDS,)
+    sandbox_kind = "none"  # the environment carries out every action itself: no agent code runs
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  tasks_path: str | os.PathLike[str] | None = None, budget: Budget | None = None,
