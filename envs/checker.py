@@ -72,16 +72,17 @@ def check_env(env: Env, actions: list[str], seed: int = 0) -> None:
 
 
 def check_sandbox_kind(env: Env) -> None:
-    """After a reset, ``sandbox_kind`` (written to ``episodes.sandbox``) is None or a short lowercase name, one of
-    ``SANDBOX_KINDS`` or an environment's own (``docker``)."""
+    """After a reset, ``sandbox_kind`` (written to ``episodes.sandbox``) is None or a short lowercase name, one
+    of ``SANDBOX_KINDS`` or an environment's own (``docker``)."""
     kind = env.sandbox_kind
     _expect(kind is None or (isinstance(kind, str) and _KIND_NAME.fullmatch(kind) is not None),
-            f"sandbox_kind must be None or a short lowercase name such as 'bwrap', 'rlimit' or 'none', not {kind!r}")
+            "sandbox_kind must be None or a short lowercase name such as 'bwrap', 'rlimit' or 'none', not "
+            f"{kind!r}")
 
 
 def check_evaluation_documents(env: Env, task_id: str) -> None:
-    """``evaluation_documents`` (a class method) gives ``EvalDocument`` records of the tasks asked for only, each
-    with a kind and a text, and nothing for a task it does not know."""
+    """``evaluation_documents`` (a class method) gives ``EvalDocument`` records of the tasks asked for only,
+    each with a kind and a text, and nothing for a task it does not know."""
     docs = type(env).evaluation_documents([task_id])
     _expect(isinstance(docs, list) and all(isinstance(d, EvalDocument) for d in docs),
             "evaluation_documents must return a list of EvalDocument records")

@@ -34,6 +34,13 @@ class Budget:
     max_tokens: int | None = None
     max_cost: float | None = None
 
+    @classmethod
+    def of_task(cls, task: Mapping[str, Any]) -> Budget:
+        """The budgets a task record carries (its ``budget``: max_steps, max_tokens, max_cost; absent:
+        unlimited)."""
+        b = task.get("budget") or {}
+        return cls(b.get("max_steps"), b.get("max_tokens"), b.get("max_cost"))
+
 
 @dataclass(frozen=True)
 class ResetResult:
@@ -162,19 +169,20 @@ class EvalDocument:
 
     task_id: str
     kind: str
-    """What the text is, named so in the scan's report: ``gold_patch``, ``hidden_test_names``, ``hidden_tests``,
-    ``page``, ... (``statement`` is the scan's own: it reads statements from the ``tasks`` table)."""
+    """What the text is, named so in the scan's report: ``gold_patch``, ``hidden_test_names``,
+    ``hidden_tests``, ``page``, ... (``statement`` is the scan's own: it reads the ``tasks`` table)."""
     text: str
     code: bool = False
-    """Whether the text is code: the near-duplicate scan then renames every identifier, not only code-like words."""
+    """Whether the text is code: the near-duplicate scan then renames every identifier, not only code-like
+    words."""
 
 
 #: The documented values of ``Env.sandbox_kind`` (``episodes.sandbox``); an environment may name another kind
 #: (``docker``, ``gvisor``) with a short lowercase name. docs/security.md describes the first two.
 SANDBOX_KINDS: Mapping[str, str] = {
-    "bwrap": "bubblewrap: agent code runs in new user, mount and network namespaces that see only its workspace",
-    "rlimit": "a plain subprocess under resource limits only: agent code can read host files and reach the network",
-    "none": "no code the agent wrote runs: the environment carries out every action itself (e.g. Mini Web's clicks)",
+    "bwrap": "bubblewrap: agent code runs in new user, mount and network namespaces seeing only its workspace",
+    "rlimit": "a plain subprocess under resource limits only: agent code can read host files and the network",
+    "none": "no code the agent wrote runs: the environment carries out every action itself (Mini Web's clicks)",
 }
 
 
@@ -210,8 +218,8 @@ class Env(abc.ABC):
     the episode played no attacked variant (``episodes.attack_success``)."""
 
     sandbox_kind: str | None = None
-    """The isolation code written by the agent runs in, recorded as ``episodes.sandbox`` of every episode: one of
-    :data:`SANDBOX_KINDS` (``bwrap``, ``rlimit``, ``none``) or another short lowercase name; None when not
+    """The isolation code written by the agent runs in, recorded as ``episodes.sandbox`` of every episode: one
+    of :data:`SANDBOX_KINDS` (``bwrap``, ``rlimit``, ``none``) or another short lowercase name; None when not
     declared. An environment whose isolation depends on the machine sets it on the instance at ``reset`` (Mini
     SWE: ``bwrap``, or ``rlimit`` where bubblewrap does not work); the rest declare it on the class."""
 
@@ -264,10 +272,11 @@ class Env(abc.ABC):
 
     @classmethod
     def evaluation_documents(cls, task_ids: Sequence[str]) -> list[EvalDocument]:
-        """The texts of these tasks, beyond their statements, that must not appear in training data (Mini SWE: the
-        gold patch, the hidden test names and bodies), for the contamination scan. A class method: the scan takes
-        task ids of every split from a lake and builds no environment. Ids the environment does not know give
-        nothing; by default every task gives nothing (its statement, in the ``tasks`` table, is scanned anyway)."""
+        """The texts of these tasks, beyond their statements, that must not appear in training data (Mini SWE:
+        the gold patch, the hidden test names and bodies), for the contamination scan. A class method: the scan
+        takes task ids of every split from a lake and builds no environment. Ids the environment does not know
+        give nothing; by default every task gives nothing (its statement, in the ``tasks`` table, is scanned
+        anyway)."""
         return []
 
     def requirements(self) -> list[Requirement]:

@@ -156,8 +156,8 @@ def shingles(tokens: Sequence[str], k: int) -> list[bytes]:
 def environment_documents(env_id: str, task_ids: Sequence[str]) -> list[EvalDocument]:
     """The documents an environment gives for its tasks beyond their statements (``Env.evaluation_documents``,
     found through the registry, entry-point environments included). Tasks of an environment that is not
-    registered here (an imported benchmark's), or that is registered by a factory rather than a class, have their
-    statements only."""
+    registered here (an imported benchmark's), or that is registered by a factory rather than a class, have
+    their statements only."""
     try:
         cls = spec(env_id).env_class()
     except UnknownEnvironmentError:

@@ -34,8 +34,8 @@ TOOLS = {"inc": {"description": "add one", "args": {}}, "dec": {"description": "
 def worked_solution(task: Mapping[str, Any]) -> str:
     """The task's solution written out: what a model that saw it in training would have memorised."""
     n = task["target"]
-    return (f"Worked solution of {task['task_id']}: starting from zero, call inc exactly {n} time(s) until the "
-            f"counter shows {n}, never call dec, and only then call submit to finish the episode.")
+    return (f"Worked solution of {task['task_id']}: starting from zero, call inc exactly {n} time(s) until "
+            f"the counter shows {n}, never call dec, and only then call submit to finish the episode.")
 
 
 class CounterEnv(Env):
@@ -80,7 +80,8 @@ class CounterEnv(Env):
     @classmethod
     def evaluation_documents(cls, task_ids: Sequence[str]) -> list[EvalDocument]:
         by_id = {t["task_id"]: t for t in TASKS}
-        return [EvalDocument(tid, "worked_solution", worked_solution(by_id[tid])) for tid in task_ids if tid in by_id]
+        return [EvalDocument(tid, "worked_solution", worked_solution(by_id[tid]))
+                for tid in task_ids if tid in by_id]
 
     def _task(self, task_id: str) -> dict[str, Any]:
         for t in TASKS:

@@ -124,8 +124,8 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, str]
 
 
 class GoldPatchEnv(Env):
-    """The test environment as the scan sees it: its tasks carry a gold patch (code), like Mini SWE's. The scan
-    only asks the class for documents (``Env.evaluation_documents``); it never builds the environment."""
+    """The test environment as the scan sees it: its tasks carry a gold patch (code), like Mini SWE's. The
+    scan only asks the class for documents (``Env.evaluation_documents``); it never builds the environment."""
 
     env_id = "test-env"
     env_version = "1"
@@ -293,16 +293,18 @@ def test_mini_swe_created_at_comes_from_the_task_file() -> None:
 
 def test_environment_documents_come_through_the_env_contract() -> None:
     """Mini SWE gives its gold patch and hidden tests through ``Env.evaluation_documents``; a task it does not
-    know and an environment that is not registered give nothing (their statements are scanned all the same)."""
+    know and an environment that is not registered give nothing (their statements are scanned all the
+    same)."""
     from trajlake.envs.mini_swe.grading import load_tasks
 
     task = next(t for t in load_tasks() if t["split"] == "dev")
-    docs = {d.kind: d for d in cm.environment_documents("mini-swe", [task["task_id"], "mini-swe/no-such-task"])}
+    asked = [task["task_id"], "mini-swe/no-such-task"]
+    docs = {d.kind: d for d in cm.environment_documents("mini-swe", asked)}
     assert sorted(docs) == ["gold_patch", "hidden_test_names", "hidden_tests"]
     assert all(d.task_id == task["task_id"] and d.code for d in docs.values())
-    added = [line[1:] for line in task["fix_diff"].splitlines() if line.startswith("+") and not line.startswith("+++")]
+    added = [ln[1:] for ln in task["fix_diff"].splitlines() if ln.startswith("+") and not ln.startswith("+++")]
     assert docs["gold_patch"].text == "\n".join(added)
-    hidden = sorted(set(task["FAIL_TO_PASS"]) | set(task["PASS_TO_PASS"]) - set(task["visible_tests"]))
+    hidden = sorted((set(task["FAIL_TO_PASS"]) | set(task["PASS_TO_PASS"])) - set(task["visible_tests"]))
     assert docs["hidden_test_names"].text.splitlines() == hidden
     functions = {n.rsplit("::", 1)[-1].split("[", 1)[0] for n in hidden}  # parametrised ids share a body
     assert all(f"def {f}(" in docs["hidden_tests"].text for f in functions)

@@ -1,5 +1,6 @@
-"""The evaluation documents of Mini SWE tasks (``MiniSWEEnv.evaluation_documents``): what the contamination scan
-compares with the training side beside each statement. They come from the bundled task file and libraries."""
+"""The evaluation documents of Mini SWE tasks (``MiniSWEEnv.evaluation_documents``): what the contamination
+scan compares with the training side beside each statement. They come from the bundled task file and
+libraries."""
 
 from __future__ import annotations
 
