@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from trajlake.envs.core import Env, EnvError, LoggedStep, ReplayLog, StepResult
+import re
+
+from trajlake.envs.core import Env, EnvError, EvalDocument, LoggedStep, ReplayLog, StepResult
 from trajlake.schemas.vocab import Status
+
+_KIND_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 
 class EnvCheckError(AssertionError):
@@ -16,7 +20,8 @@ def _expect(cond: bool, msg: str) -> None:
 
 
 def check_env(env: Env, actions: list[str], seed: int = 0) -> None:
-    """Check reset determinism, typed step results, invalid actions, snapshot/restore and replay.
+    """Check reset determinism, the sandbox kind, evaluation documents, typed step results, invalid actions,
+    snapshot/restore and replay.
 
     ``actions`` is a short valid action sequence for the task ``reset(seed)`` picks (it should not end the
     episode before its last action)."""
@@ -27,6 +32,8 @@ def check_env(env: Env, actions: list[str], seed: int = 0) -> None:
     _expect(a.observation == b.observation and a.state_hash == b.state_hash and a.task_id == b.task_id,
             "reset(seed) must be deterministic (observation, state hash, task)")
     _expect(a.episode_id != b.episode_id, "every reset starts a new episode id")
+    check_sandbox_kind(env)
+    check_evaluation_documents(env, a.task_id)
     bad = env.step("this is not an action \x00 {")
     _expect(isinstance(bad, StepResult) and bad.status == Status.MODEL_INVALID_ACTION,
             "an invalid action must give a typed MODEL_INVALID_ACTION result, not an exception")
@@ -63,4 +70,26 @@ def check_env(env: Env, actions: list[str], seed: int = 0) -> None:
         pass
 
 
-__all__ = ["EnvCheckError", "check_env"]
+
+def check_sandbox_kind(env: Env) -> None:
+    """After a reset, ``sandbox_kind`` (written to ``episodes.sandbox``) is None or a short lowercase name, one
+    of ``SANDBOX_KINDS`` or an environment's own (``docker``)."""
+    kind = env.sandbox_kind
+    _expect(kind is None or (isinstance(kind, str) and _KIND_NAME.fullmatch(kind) is not None),
+            "sandbox_kind must be None or a short lowercase name such as 'bwrap', 'rlimit' or 'none', not "
+            f"{kind!r}")
+
+
+def check_evaluation_documents(env: Env, task_id: str) -> None:
+    """``evaluation_documents`` (a class method) gives ``EvalDocument`` records of the tasks asked for only,
+    each with a kind and a text, and nothing for a task it does not know."""
+    docs = type(env).evaluation_documents([task_id])
+    _expect(isinstance(docs, list) and all(isinstance(d, EvalDocument) for d in docs),
+            "evaluation_documents must return a list of EvalDocument records")
+    _expect(all(d.task_id == task_id and d.kind and isinstance(d.text, str) for d in docs),
+            "evaluation_documents must give documents of the tasks asked for, each with a kind and a text")
+    _expect(type(env).evaluation_documents(["\x00 not a task id"]) == [],
+            "evaluation_documents must give nothing for a task the environment does not know")
+
+
+__all__ = ["EnvCheckError", "check_env", "check_evaluation_documents", "check_sandbox_kind"]

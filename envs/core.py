@@ -34,6 +34,13 @@ class Budget:
     max_tokens: int | None = None
     max_cost: float | None = None
 
+    @classmethod
+    def of_task(cls, task: Mapping[str, Any]) -> Budget:
+        """The budgets a task record carries (its ``budget``: max_steps, max_tokens, max_cost; absent:
+        unlimited)."""
+        b = task.get("budget") or {}
+        return cls(b.get("max_steps"), b.get("max_tokens"), b.get("max_cost"))
+
 
 @dataclass(frozen=True)
 class ResetResult:
@@ -155,6 +162,30 @@ class Requirement:
     """False for optional features (their absence is reported, not fatal)."""
 
 
+@dataclass(frozen=True)
+class EvalDocument:
+    """One text of a task that a model must not have seen in training: what the contamination scan
+    (``trajlake contamination``) compares with the training side, beside the task's statement."""
+
+    task_id: str
+    kind: str
+    """What the text is, named so in the scan's report: ``gold_patch``, ``hidden_test_names``,
+    ``hidden_tests``, ``page``, ... (``statement`` is the scan's own: it reads the ``tasks`` table)."""
+    text: str
+    code: bool = False
+    """Whether the text is code: the near-duplicate scan then renames every identifier, not only code-like
+    words."""
+
+
+#: The documented values of ``Env.sandbox_kind`` (``episodes.sandbox``); an environment may name another kind
+#: (``docker``, ``gvisor``) with a short lowercase name. docs/security.md describes the first two.
+SANDBOX_KINDS: Mapping[str, str] = {
+    "bwrap": "bubblewrap: agent code runs in new user, mount and network namespaces seeing only its workspace",
+    "rlimit": "a plain subprocess under resource limits only: agent code can read host files and the network",
+    "none": "no code the agent wrote runs: the environment carries out every action itself (Mini Web's clicks)",
+}
+
+
 def stable_hash(obj: Any) -> str:
     """sha256 of canonical JSON (sorted keys, no whitespace): for state hashes and args hashes."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
@@ -185,6 +216,12 @@ class Env(abc.ABC):
     """For an episode of an attacked task variant: whether the attacker's goal was achieved by executed effects
     (backend state, side-effect ledger; a blocked call is no success), set when the episode is graded. None when
     the episode played no attacked variant (``episodes.attack_success``)."""
+
+    sandbox_kind: str | None = None
+    """The isolation code written by the agent runs in, recorded as ``episodes.sandbox`` of every episode: one
+    of :data:`SANDBOX_KINDS` (``bwrap``, ``rlimit``, ``none``) or another short lowercase name; None when not
+    declared. An environment whose isolation depends on the machine sets it on the instance at ``reset`` (Mini
+    SWE: ``bwrap``, or ``rlimit`` where bubblewrap does not work); the rest declare it on the class."""
 
     @property
     @abc.abstractmethod
@@ -232,6 +269,15 @@ class Env(abc.ABC):
         """Built-in scripted policies by name (e.g. oracle, heuristic, random); each is called with a policy
         version. An ``oracle`` policy (``needs_oracle``) lets preflight checks and ENV_BUG attribution run."""
         return {}
+
+    @classmethod
+    def evaluation_documents(cls, task_ids: Sequence[str]) -> list[EvalDocument]:
+        """The texts of these tasks, beyond their statements, that must not appear in training data (Mini SWE:
+        the gold patch, the hidden test names and bodies), for the contamination scan. A class method: the scan
+        takes task ids of every split from a lake and builds no environment. Ids the environment does not know
+        give nothing; by default every task gives nothing (its statement, in the ``tasks`` table, is scanned
+        anyway)."""
+        return []
 
     def requirements(self) -> list[Requirement]:
         """What the environment needs on this machine (tools, isolation), checked before a rollout plays and
@@ -380,11 +426,13 @@ class BudgetTracker:
 
 __all__ = [
     "ERROR_CLASSES",
+    "SANDBOX_KINDS",
     "STATUS_OK",
     "Budget",
     "BudgetTracker",
     "Env",
     "EnvError",
+    "EvalDocument",
     "LoggedStep",
     "ReplayLog",
     "ReplayReport",

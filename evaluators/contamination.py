@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-import functools
 import json
 import keyword
 import os
@@ -47,6 +46,8 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from trajlake.envs.core import EvalDocument
+from trajlake.envs.registry import UnknownEnvironmentError, spec
 from trajlake.schemas.vocab import Role
 
 from trajlake.errors import TrajlakeError
@@ -55,9 +56,10 @@ from trajlake.query import connect, lake_versions
 
 __all__ = [
     "CHECKS",
-    "EVAL_DOCUMENT_SOURCES",
+    "EvalDocument",
     "ScanSettings",
     "code_tokens",
+    "environment_documents",
     "normalise_words",
     "scan",
     "shingles",
@@ -151,71 +153,16 @@ def shingles(tokens: Sequence[str], k: int) -> list[bytes]:
 
 
 # ---------------------------------------------------------------------------- evaluation documents
-@dataclass(frozen=True)
-class EvalDocument:
-    """One text of an evaluation task that must not appear in training."""
-
-    task_id: str
-    kind: str          # statement, gold_patch, hidden_test_names, hidden_tests, page
-    text: str
-    code: bool = False
-
-
-def _added_lines(diff: str) -> str:
-    return "\n".join(line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
-
-
-@functools.cache
-def _mini_swe_records() -> dict[str, dict[str, Any]]:
-    from trajlake.envs.mini_swe.grading import load_tasks
-
-    return {t["task_id"]: t for t in load_tasks()}
-
-
-@functools.cache
-def _test_bodies(library: str) -> dict[str, str]:
-    """``path::name`` -> source of each test function of a Mini SWE library."""
-    from trajlake.envs.mini_swe.library import find_test_functions, load_library
-
-    lib = load_library(library)
-    out: dict[str, str] = {}
-    for rel in lib.test_files():
-        lines = lib.read(rel).splitlines()
-        for key, (lo, hi) in find_test_functions(lib.read(rel), rel).items():
-            out[key] = "\n".join(lines[lo - 1:hi])
-    return out
-
-
-def mini_swe_documents(task_ids: Iterable[str]) -> list[EvalDocument]:
-    """Gold patch (the fix's added lines), hidden test names and hidden test bodies of Mini SWE tasks (the
-    statement comes from the ``tasks`` table). Tasks not in the bundled task file contribute nothing."""
-    from trajlake.envs.mini_swe.library import function_key
-
-    records = _mini_swe_records()
-    docs: list[EvalDocument] = []
-    for tid in task_ids:
-        rec = records.get(tid)
-        if rec is None:
-            continue
-        if rec.get("fix_diff"):
-            docs.append(EvalDocument(tid, "gold_patch", _added_lines(rec["fix_diff"]), code=True))
-        visible = set(rec.get("visible_tests") or ())
-        hidden = sorted(t for t in [*rec.get("FAIL_TO_PASS", ()), *rec.get("PASS_TO_PASS", ())] if t not in visible)
-        if hidden:
-            docs.append(EvalDocument(tid, "hidden_test_names", "\n".join(hidden), code=True))
-            bodies = _test_bodies(rec["library"])
-            keys = dict.fromkeys(function_key(t) for t in hidden)
-            text = "\n\n".join(bodies[k] for k in keys if k in bodies)
-            if text:
-                docs.append(EvalDocument(tid, "hidden_tests", text, code=True))
-    return docs
-
-
-#: env_id -> function giving the extra (non-statement) documents of its tasks. Environments with pages, gold
-#: patches or hidden tests register here; the statement always comes from the ``tasks`` table.
-EVAL_DOCUMENT_SOURCES: dict[str, Callable[[Iterable[str]], list[EvalDocument]]] = {
-    "mini-swe": mini_swe_documents,
-}
+def environment_documents(env_id: str, task_ids: Sequence[str]) -> list[EvalDocument]:
+    """The documents an environment gives for its tasks beyond their statements (``Env.evaluation_documents``,
+    found through the registry, entry-point environments included). Tasks of an environment that is not
+    registered here (an imported benchmark's), or that is registered by a factory rather than a class, have
+    their statements only."""
+    try:
+        cls = spec(env_id).env_class()
+    except UnknownEnvironmentError:
+        return []
+    return cls.evaluation_documents(task_ids) if cls is not None else []
 
 
 # ------------------------------------------------------------------------------------------ corpus
@@ -382,8 +329,7 @@ def _scan(con: duckdb.DuckDBPyConnection, s: ScanSettings, eval_splits: list[str
     for t in evals:
         by_env.setdefault(t.env_id, []).append(t.task_id)
     for env_id, ids in by_env.items():
-        if env_id in EVAL_DOCUMENT_SOURCES:
-            docs += EVAL_DOCUMENT_SOURCES[env_id](ids)
+        docs += environment_documents(env_id, ids)
     for t in evals:
         t.detail = {"task_id": t.task_id, "split": t.split, "family": t.family,
                     "created_at": t.created_at.isoformat() if t.created_at else None,
@@ -625,12 +571,10 @@ def _near_duplicates(con: duckdb.DuckDBPyConnection, s: ScanSettings, docs: list
     from datasketch import MinHashLSH
 
     others = [t for t in all_tasks if t.split not in eval_splits]
-    extra = EVAL_DOCUMENT_SOURCES
     other_docs: dict[str, list[EvalDocument]] = {}
-    for env_id in {t.env_id for t in others}:
-        if env_id in extra:
-            for d in extra[env_id]([t.task_id for t in others if t.env_id == env_id]):
-                other_docs.setdefault(d.task_id, []).append(d)
+    for env_id in sorted({t.env_id for t in others}):
+        for d in environment_documents(env_id, [t.task_id for t in others if t.env_id == env_id]):
+            other_docs.setdefault(d.task_id, []).append(d)
     eval_docs: dict[str, list[EvalDocument]] = {}
     for d in docs:
         eval_docs.setdefault(d.task_id, []).append(d)

@@ -16,10 +16,8 @@ import hashlib
 import hmac
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port, port_answers, wait_until_up
 from trajlake.lake.storage import EMULATOR_ACCOUNT, EMULATOR_KEY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,16 +74,10 @@ def _version(exe: str) -> tuple[int, ...]:
     return tuple(int(p) for p in out.split(".") if p.isdigit())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def start_azurite(exe: str) -> Iterator[AzuriteServer]:
     """Azurite's blob service on a free loopback port, storing into a temporary folder; stopped on exit."""
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="trajlake-azurite-") as folder:
         # --skipApiVersionCheck: the clients may speak a newer API version than the emulator knows;
         # --loose: ignore headers Azurite does not implement instead of refusing the request
@@ -92,15 +85,7 @@ def start_azurite(exe: str) -> Iterator[AzuriteServer]:
                                  "--skipApiVersionCheck", "--loose", "--disableTelemetry", "--silent"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError("Azurite did not start") from None
-                    time.sleep(0.1)
+            wait_until_up(proc, port_answers(port), "Azurite")
             yield AzuriteServer(f"http://127.0.0.1:{port}")
         finally:
             proc.terminate()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trajlake.envs.core import (
@@ -17,6 +17,7 @@ from trajlake.envs.core import (
     BudgetTracker,
     Env,
     EnvError,
+    EvalDocument,
     ResetResult,
     Snapshot,
     StepResult,
@@ -30,10 +31,18 @@ TOOLS = {"inc": {"description": "add one", "args": {}}, "dec": {"description": "
          "submit": {"description": "finish", "args": {}}}
 
 
+def worked_solution(task: Mapping[str, Any]) -> str:
+    """The task's solution written out: what a model that saw it in training would have memorised."""
+    n = task["target"]
+    return (f"Worked solution of {task['task_id']}: starting from zero, call inc exactly {n} time(s) until "
+            f"the counter shows {n}, never call dec, and only then call submit to finish the episode.")
+
+
 class CounterEnv(Env):
     env_id = "counter"
     env_version = "1"
     verification_source = "counter_state"
+    sandbox_kind = "none"
 
     def __init__(self, split: str | None = None, **_: Any):
         self.tasks = [t for t in TASKS if split is None or t["split"] == split]
@@ -67,6 +76,12 @@ class CounterEnv(Env):
     @classmethod
     def policies(cls) -> Mapping[str, Callable[[str], Policy]]:
         return {"oracle": CounterOracle, "lazy": LazyPolicy}
+
+    @classmethod
+    def evaluation_documents(cls, task_ids: Sequence[str]) -> list[EvalDocument]:
+        by_id = {t["task_id"]: t for t in TASKS}
+        return [EvalDocument(tid, "worked_solution", worked_solution(by_id[tid]))
+                for tid in task_ids if tid in by_id]
 
     def _task(self, task_id: str) -> dict[str, Any]:
         for t in TASKS:

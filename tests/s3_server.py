@@ -6,15 +6,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
+from tests.servers import free_port, wait_until_up
 
 
 @dataclass(frozen=True)
@@ -36,33 +36,20 @@ class S3Server:
                             aws_secret_access_key=self.secret_key, region_name=self.region)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def start_moto() -> Iterator[S3Server]:
     """moto's S3 server in a child process on a free loopback port, with IAM authentication on after the first
     3 requests (which create the user and key this yields); stopped on exit."""
     import boto3
 
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
+        wait_until_up(proc, lambda: urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close(),
+                      "moto server")
         iam = boto3.client("iam", endpoint_url=endpoint, aws_access_key_id="bootstrap",
                            aws_secret_access_key="bootstrap", region_name="us-east-1")
         iam.create_user(UserName="trajlake-test")

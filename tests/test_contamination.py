@@ -5,10 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from trajlake.envs import registry
+from trajlake.envs.core import Env
 from trajlake.evaluators import contamination as cm
 from trajlake.evaluators.contamination import EvalDocument, ScanSettings, code_tokens, scan
 
@@ -120,14 +123,26 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, str]
     return build(tmp_path_factory.mktemp("clean"), plant=False)
 
 
-@pytest.fixture(autouse=True)
-def _gold_patches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The test environment's tasks carry a gold patch (code), like Mini SWE's."""
-    def docs(task_ids: Any) -> list[EvalDocument]:
+class GoldPatchEnv(Env):
+    """The test environment as the scan sees it: its tasks carry a gold patch (code), like Mini SWE's. The
+    scan only asks the class for documents (``Env.evaluation_documents``); it never builds the environment."""
+
+    env_id = "test-env"
+    env_version = "1"
+
+    @classmethod
+    def evaluation_documents(cls, task_ids: Sequence[str]) -> list[EvalDocument]:
         return [EvalDocument(t, "gold_patch", _gold(f"lib{t[1:]}") if t.startswith("e") else
                              f"config = load_settings('{t}')\nconfig.retries += {len(t)}\nsave(config, '{t}')\n",
                              code=True) for t in task_ids]
-    monkeypatch.setitem(cm.EVAL_DOCUMENT_SOURCES, "test-env", docs)
+
+
+@pytest.fixture(autouse=True)
+def _gold_patches() -> Iterator[None]:
+    """The test environment registered by name, as a third-party one would be."""
+    registry.register("test-env", GoldPatchEnv)
+    yield
+    registry.unregister("test-env")
 
 
 def _by_task(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -274,6 +289,26 @@ def test_mini_swe_created_at_comes_from_the_task_file() -> None:
     fresh = [{k: v for k, v in known.items() if k != "created_at"}, new]
     stamp_created_at(fresh, previous=tasks, now="2027-02-03T04:05:06Z")
     assert fresh[0]["created_at"] == t["created_at"] and fresh[1]["created_at"] == "2027-02-03T04:05:06Z"
+
+
+def test_environment_documents_come_through_the_env_contract() -> None:
+    """Mini SWE gives its gold patch and hidden tests through ``Env.evaluation_documents``; a task it does not
+    know and an environment that is not registered give nothing (their statements are scanned all the
+    same)."""
+    from trajlake.envs.mini_swe.grading import load_tasks
+
+    task = next(t for t in load_tasks() if t["split"] == "dev")
+    asked = [task["task_id"], "mini-swe/no-such-task"]
+    docs = {d.kind: d for d in cm.environment_documents("mini-swe", asked)}
+    assert sorted(docs) == ["gold_patch", "hidden_test_names", "hidden_tests"]
+    assert all(d.task_id == task["task_id"] and d.code for d in docs.values())
+    added = [ln[1:] for ln in task["fix_diff"].splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert docs["gold_patch"].text == "\n".join(added)
+    hidden = sorted((set(task["FAIL_TO_PASS"]) | set(task["PASS_TO_PASS"])) - set(task["visible_tests"]))
+    assert docs["hidden_test_names"].text.splitlines() == hidden
+    functions = {n.rsplit("::", 1)[-1].split("[", 1)[0] for n in hidden}  # parametrised ids share a body
+    assert all(f"def {f}(" in docs["hidden_tests"].text for f in functions)
+    assert cm.environment_documents("no-such-env", ["x"]) == []
 
 
 def test_diagnose_uses_the_scan(tmp_path: Path) -> None:

@@ -40,6 +40,71 @@ def test_mini_swe_passes_check_env(env) -> None:
                     act("edit", path=task["file"], old="\n", new="\n\n"), act("run_tests", command="pytest -q")])
 
 
+def test_checker_checks_the_sandbox_kind_and_the_evaluation_documents(env) -> None:
+    from trajlake.envs.checker import EnvCheckError, check_evaluation_documents, check_sandbox_kind
+    from trajlake.envs.core import EvalDocument
+
+    from tests.counter_env import CounterEnv
+
+    r = env.reset(0)
+    assert env.sandbox_kind in ("bwrap", "rlimit")  # decided at reset: this machine's isolation
+    check_sandbox_kind(env)
+    check_evaluation_documents(env, r.task_id)
+    counter = CounterEnv(split="dev")
+    counter.reset(0)
+    check_sandbox_kind(counter)
+    check_evaluation_documents(counter, "counter/1")
+
+    class Unnamed(CounterEnv):
+        sandbox_kind = "Bubble Wrap"
+
+    with pytest.raises(EnvCheckError, match="sandbox_kind must be None or a short lowercase name"):
+        check_sandbox_kind(Unnamed(split="dev"))
+
+    class Leaky(CounterEnv):
+        @classmethod
+        def evaluation_documents(cls, task_ids):
+            return [EvalDocument("counter/2", "worked_solution", "another task's text")]
+
+    with pytest.raises(EnvCheckError, match="documents of the tasks asked for"):
+        check_evaluation_documents(Leaky(split="dev"), "counter/1")
+
+
+def test_what_the_built_in_environments_share() -> None:
+    """envs/tool_env.py, envs/injection.py and envs/taskset.py: actions, attacked variants and task versions."""
+    from trajlake.envs import injection, taskset, tool_env
+    from trajlake.envs.policy import TaskView
+
+    assert tool_env.parse_action('{"tool": "edit", "args": {"path": "a"}}') == ("edit", {"path": "a"}, None)
+    assert tool_env.parse_action("not json")[0] == "<unparsed>"
+    assert 'string field "tool"' in str(tool_env.parse_action('{"args": {}}')[2])
+    assert tool_env.clip("short") == "short"
+    assert tool_env.clip("x" * (tool_env.MAX_OUTPUT_CHARS + 1)).endswith("\n... (output cut)")
+    assert tool_env.describe_tools({"submit": {"description": "Finish.", "args": {}}}) == "- submit: Finish. args: {}"
+
+    variant = injection.variant_task_id("fam/1", "giftcard")
+    assert variant == "fam/1/inj/giftcard" and injection.base_task_id(variant) == injection.base_task_id("fam/1")
+    seen: set = set()
+    found = [("delete", {"label": "Home"}), ("delete", {"label": "Home"}), ("delete", {"label": "Office"})]
+    assert injection.unseen(found, seen) == [found[0], found[2]] and injection.unseen(found, seen) == []
+    records = [{"task_id": "fam/1", "oracle": ["the steps"]}]
+    view = injection.with_bundled_solution(TaskView(variant, "v", "s", {}, None), "steps", lambda: records, "oracle")
+    assert view.oracle == {"steps": ["the steps"]}
+    assert injection.with_bundled_solution(view, "steps", list, "oracle") is view  # a given solution is kept
+    with pytest.raises(ValueError, match="plays bundled tasks only; 'other/2' is not one"):
+        injection.with_bundled_solution(TaskView("other/2", "v", "s", {}, None), "steps", lambda: records, "oracle")
+
+    record = {"task_id": "t", "statement": "café", "task_version": "old", "created_at": "2026"}
+    assert taskset.content_version(record) == taskset.content_version({**record, "task_version": "new"})
+    assert taskset.content_version(record) != taskset.content_version({**record, "created_at": "2027"})
+    assert taskset.content_version(record, ("task_version", "created_at")) == taskset.content_version(
+        {**record, "created_at": "2027"}, ("task_version", "created_at"))
+    assert taskset.content_version(record, ensure_ascii=False) != taskset.content_version(record)
+    splits = [taskset.split_for_family(f"family-{i}", "salt") for i in range(400)]
+    assert set(splits) == {"train", "dev", "hidden"} and 200 < splits.count("train") < 280  # 60/20/20
+    assert splits == [taskset.split_for_family(f"family-{i}", "salt") for i in range(400)]  # a pure function
+
+
 def test_gymnasium_check_env() -> None:
     assert "trajlake/MiniSWE-v0" in gymnasium.registry  # registered by importing trajlake.envs
     genv = gymnasium.make("trajlake/MiniSWE-v0")

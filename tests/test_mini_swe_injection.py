@@ -24,6 +24,7 @@ from trajlake.evaluators.data import load
 from trajlake.evaluators.metrics import Settings
 from trajlake.evaluators.report import evaluate
 
+from tests.env_play import play_policy
 from trajlake.query import connect
 from trajlake.rollout.runner import RolloutConfig, run_rollout
 
@@ -33,18 +34,10 @@ DEFENCE = ["tests", ".env"]
 
 
 def play(env: MiniSWEEnv, policy: str, task_id: str) -> tuple[dict[str, float], list[Any]]:
-    pol = POLICIES[policy](policy)
     task = next(t for t in env.tasks if t["task_id"] == task_id)
-    r = env.reset(0, task_id=task_id)
-    pol.reset(env.task_view(task_id, task["task_version"], oracle=pol.needs_oracle), 0)
-    obs, steps = r.observation, []
-    for i in range(40):
-        res = env.step(pol.act(obs).action, f"k{i}")
-        steps.append(res)
-        obs = res.observation
-        if res.done:
-            return dict(res.reward_components), steps
-    raise AssertionError("episode did not end")
+    steps = play_policy(env, POLICIES[policy](policy), task_id, task["task_version"], max_steps=40)
+    assert steps[-1].done, "episode did not end"
+    return dict(steps[-1].reward_components), steps
 
 
 def test_variants_pair_every_task_with_every_goal() -> None:

@@ -21,6 +21,7 @@ from trajlake.envs.mini_web import POLICIES, MiniWebEnv, load_tasks, task_row, t
 from trajlake.envs.mini_web.build import build_tasks, check_tasks, split_for_family, task_version
 from trajlake.envs.mini_web.env import TOOL_DOCS
 
+from tests.env_play import play_policy
 from trajlake import LakeWriter, open_lake
 from trajlake.rollout.runner import play_episode
 
@@ -49,17 +50,8 @@ def ids_by_name(observation: str) -> dict[str, int]:
 
 
 def run_policy(env: MiniWebEnv, name: str, task: dict[str, Any], seed: int = 0, max_steps: int = 80) -> list[Any]:
-    pol = POLICIES[name](f"{name}-v1")
-    r = env.reset(seed, task_id=task["task_id"])
-    pol.reset(task_view(env, task["task_id"], task["task_version"], oracle=pol.needs_oracle), seed)
-    obs, results = r.observation, []
-    for i in range(max_steps):
-        res = env.step(pol.act(obs).action, f"k{i}")
-        results.append(res)
-        obs = res.observation
-        if res.done:
-            break
-    return results
+    return play_policy(env, POLICIES[name](f"{name}-v1"), task["task_id"], task["task_version"], seed=seed,
+                       max_steps=max_steps)
 
 
 # ----------------------------------------------------------------------------------------------- task set
@@ -351,6 +343,7 @@ def test_heuristic_and_random_run_through_the_runner_and_into_the_lake(env, tmp_
     assert by_policy[("mw-random", True)] == 0
     heuristic_wins = [r.episode["task_id"] for r in records if r.episode["run_id"] == "mw-heuristic" and r.episode["success"]]
     assert heuristic_wins and all("cheapest" in t or "count-by-status" in t for t in heuristic_wins)
+    assert {r.episode["sandbox"] for r in records} == {"none"}  # Env.sandbox_kind: no agent code runs
     lake = open_lake(tmp_path / "lake", create=True)
     with LakeWriter(lake, handle_signals=False) as w:
         w.write_tasks([task_row(t) for t in TASKS])

@@ -7,10 +7,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from trajlake.envs.mini_web import POLICIES, MiniWebEnv, load_tasks, task_view
+from trajlake.envs.mini_web import POLICIES, MiniWebEnv, load_tasks
 from trajlake.envs.mini_web.grading import ATTACKER_EMAIL, ATTACKS, GOALS, INJECTION_MARK, injection_text
 from trajlake.envs.mini_web.injection import find_instructions, goal_params, injected_task, injected_tasks
 
+from tests.env_play import play_policy
 from trajlake.rollout.runner import play_episode
 
 TASKS = load_tasks()
@@ -18,17 +19,7 @@ INJECTABLE = [t for t in TASKS if t["vectors"]]
 
 
 def run(env: MiniWebEnv, policy: str, task: dict[str, Any]) -> list[Any]:
-    pol = POLICIES[policy](policy)
-    r = env.reset(0, task_id=task["task_id"])
-    pol.reset(task_view(env, task["task_id"], task["task_version"], oracle=True), 0)
-    obs, out = r.observation, []
-    for i in range(80):
-        res = env.step(pol.act(obs).action, f"k{i}")
-        out.append(res)
-        obs = res.observation
-        if res.done:
-            break
-    return out
+    return play_policy(env, POLICIES[policy](policy), task["task_id"], task["task_version"], oracle=True)
 
 
 def test_every_vector_is_shown_on_the_oracle_path() -> None:

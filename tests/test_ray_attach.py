@@ -7,18 +7,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.s3_server import _free_port
+from tests.servers import free_port, port_answers, wait_until_up
 from trajlake import connect, open_lake, verify
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +56,7 @@ def ray_head() -> Iterator[RayHead]:
     stopped by signalling that child (it takes its raylet, GCS and workers down), not by ``ray stop``, which
     would stop every Ray cluster of this user on the machine."""
     pytest.importorskip("ray")
-    port = _free_port()
+    port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="rayh")  # short: Ray's socket paths must fit in 107 bytes
     # Without RAY_AUTH_MODE, `ray start` turns token auth on when ~/.ray/auth_token exists (any earlier local
     # ray.init writes one), and a driver given an explicit address then lacks the token: keep auth off here.
@@ -69,15 +67,7 @@ def ray_head() -> Iterator[RayHead]:
                              "--temp-dir", temp_dir, "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=temp_dir)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or head.poll() is not None:
-                    raise RuntimeError("ray start --head did not come up") from None
-                time.sleep(0.2)
+        wait_until_up(head, port_answers(port), "ray start --head", timeout_s=120, poll_s=0.2)
         address = f"127.0.0.1:{port}"
         yield RayHead(address, port, _head_node_id(address))
     finally:

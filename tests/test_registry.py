@@ -105,6 +105,29 @@ def test_a_plugin_environment_is_rolled_out_replayed_and_evaluated_by_the_cli(
     assert runs["c-lazy"]["metrics"]["success"]["estimate"] == 0.0
 
 
+def test_a_plugin_environment_s_evaluation_documents_are_scanned_for_contamination(
+        counter_plugin: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The contamination scan asks the environment of each task for its documents through the contract
+    (``Env.evaluation_documents``): an entry-point environment's are scanned like Mini SWE's."""
+    from tests.counter_env import TASKS, CounterEnv, worked_solution
+    from trajlake import LakeWriter, open_lake
+
+    lake = tmp_path / "lake"
+    with LakeWriter(open_lake(lake, create=True)) as w:
+        w.write_tasks([CounterEnv().task_row(t) for t in TASKS])
+    leaked = next(t for t in TASKS if t["split"] == "dev")
+    corpus = tmp_path / "sft.txt"
+    corpus.write_text(f"an unrelated line\n{worked_solution(leaked)}\n", encoding="utf-8")
+    rc, out, err = run_cli(capsys, "contamination", "--lake", str(lake), "--eval-split", "dev", "--corpus",
+                           str(corpus), "--checks", "exact_ngram", "--format", "json")
+    assert rc == 0, err
+    report = json.loads(out)
+    tasks = {t["task_id"]: t for t in report["tasks"]}
+    assert all(t["documents"] == ["statement", "worked_solution"] for t in tasks.values())
+    assert report["flagged_tasks"] == [leaked["task_id"]]
+    assert tasks[leaked["task_id"]]["exact_ngram"]["documents"] == {"worked_solution": 1.0}
+
+
 def test_an_unknown_environment_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run_cli(capsys, "rollout", "--lake", str(tmp_path / "l"), "--env", "nope", "--policy", "oracle")
     assert rc == 1 and err.count("\n") == 1 and "unknown environment 'nope'" in err

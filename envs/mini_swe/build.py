@@ -14,9 +14,7 @@ and adding families never moves existing ones). ``--check`` rebuilds the stored 
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import hashlib
 import json
 import random
 import sys
@@ -27,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trajlake.envs import taskset
 
 from .grading import PASSING, TASKS_PATH, load_tasks
 from .library import Library, find_test_functions, function_key, list_libraries, load_library
@@ -55,7 +55,7 @@ ENV_ID = "mini-swe"
 GENERATOR = "trajlake.envs.mini_swe.build"
 FORMAT = "trajlake/mini-swe-tasks/1"
 SPLIT_SALT = "trajlake/mini-swe/split/v1"
-SPLIT_WEIGHTS: tuple[tuple[str, int], ...] = (("train", 60), ("dev", 20), ("hidden", 20))
+SPLIT_WEIGHTS = taskset.SPLIT_WEIGHTS
 DEFAULT_SEEDS = 8
 DEFAULT_PER_FAMILY = 2
 DEFAULT_RUNS = 3
@@ -76,12 +76,7 @@ class BuildError(RuntimeError):
 # ------------------------------------------------------------------------------------- pure helpers
 def split_for_family(family: str) -> str:
     """Split of a template family: a salted sha256 bucket, weighted 60/20/20 train/dev/hidden."""
-    bucket = int(hashlib.sha256(f"{SPLIT_SALT}:{family}".encode()).hexdigest(), 16) % 100
-    for split, weight in SPLIT_WEIGHTS:
-        if bucket < weight:
-            return split
-        bucket -= weight
-    return SPLIT_WEIGHTS[-1][0]
+    return taskset.split_for_family(family, SPLIT_SALT, SPLIT_WEIGHTS)
 
 
 def difficulty_for(n_fail_to_pass: int) -> str:
@@ -93,10 +88,6 @@ def difficulty_for(n_fail_to_pass: int) -> str:
     return "hard"
 
 
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 #: Keys outside the content hash: the version itself, and the generation date (the same content generated again
 #: is the same task version; the date says when it first existed).
 UNVERSIONED = ("task_version", "created_at")
@@ -105,8 +96,7 @@ UNVERSIONED = ("task_version", "created_at")
 def task_version(record: dict[str, Any]) -> str:
     """First 16 hex chars of sha256 over the canonical JSON of the record without ``task_version`` and
     ``created_at``."""
-    body = {k: v for k, v in record.items() if k not in UNVERSIONED}
-    return hashlib.sha256(_canonical(body).encode("utf-8")).hexdigest()[:16]
+    return taskset.content_version(record, UNVERSIONED, ensure_ascii=False)
 
 
 # ------------------------------------------------------------------------------------- running suites
@@ -430,10 +420,8 @@ def check_tasks(
 
 # ------------------------------------------------------------------------------------------------ CLI
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.envs.mini_swe.build", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=TASKS_PATH, help="tasks file to write (or check)")
-    parser.add_argument("--check", action="store_true", help="re-validate the stored tasks instead of building")
+    parser = taskset.build_arguments(GENERATOR, __doc__, TASKS_PATH,
+                                     "re-validate the stored tasks instead of building")
     parser.add_argument("--sample", type=int, default=None, help="with --check: only this many tasks")
     parser.add_argument("--libraries", default="", help="comma-separated library names (default: all)")
     parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="seeds tried per family")
@@ -448,20 +436,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _log_to_stderr(message)
 
     if args.check:
-        problems = check_tasks(args.out, sample=args.sample, runs=args.runs, jobs=args.jobs, log=log)
-        for line in problems:
-            print(f"MISMATCH {line}")
-        print(f"checked {args.out}: {'FAILED, ' + str(len(problems)) + ' problem(s)' if problems else 'ok'}")
-        return 1 if problems else 0
+        return taskset.report_check(args.out, check_tasks(args.out, sample=args.sample, runs=args.runs,
+                                                          jobs=args.jobs, log=log))
     names = [n for n in args.libraries.split(",") if n] or None
     tasks = build_tasks(libraries=names, seeds=args.seeds, per_family=args.per_family, runs=args.runs,
                         jobs=args.jobs, log=log)
-    empty = [s for s, _ in SPLIT_WEIGHTS if not any(t["split"] == s for t in tasks)]
-    if empty:
-        print(f"warning: no tasks in split(s) {empty}", file=sys.stderr)
-    write_tasks(tasks, args.out)
-    print(f"wrote {args.out}: {summarize(tasks)}")
-    return 0
+    return taskset.report_build(tasks, args.out, write_tasks, summarize, SPLIT_WEIGHTS)
 
 
 if __name__ == "__main__":

@@ -36,31 +36,30 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from trajlake.envs import taskset
 from trajlake.envs.core import (
     Budget,
-    BudgetTracker,
-    Env,
     EnvError,
+    EvalDocument,
     Requirement,
     ResetResult,
     Snapshot,
-    SplitTasks,
     StepResult,
-    TrackedBudget,
     stable_hash,
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
+from trajlake.envs.mini_swe.documents import evaluation_documents
 from trajlake.envs.mini_swe.grading import TASKS_PATH, GradeResult, grade, load_tasks, materialize_workspace
 from trajlake.envs.mini_swe.injection import ATTACKS, INJECTION_MARK, attack_achieved, injected_tasks, plant
 from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
-from trajlake.envs.policy import Policy, TaskView
+from trajlake.envs.policy import Policy
+from trajlake.envs.tool_env import ToolEnv, clip, code_digest, describe_tools, parse_action
 from trajlake.schemas.vocab import Capability, FaultKind, Status
 
 ENV_ID = "mini-swe"
 ENV_VERSION = "1.0"
 TASKS_CREATED_AT = dt.datetime(2026, 11, 29, tzinfo=dt.UTC)
 MAX_READ_LINES = 400
-MAX_OUTPUT_CHARS = 32_000
 MAX_FILE_BYTES = 4 * 1024**2  # the tools never read more than this from one file
 UNISOLATED_ENV = "TRAJLAKE_ALLOW_UNISOLATED"
 # run_tests accepts these options and test paths (node ids) inside the workspace, nothing else: options
@@ -85,16 +84,12 @@ TOOL_DOCS: dict[str, dict[str, Any]] = {
 @cache
 def _code_digest() -> str:
     """Hash of this environment's code and task data (the image digest written to every episode)."""
-    h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    files = sorted([*here.glob("*.py"), TASKS_PATH, *(here.parent / n for n in ("core.py", "gateway.py"))])
-    files += sorted(p for p in (here / "libraries").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    for p in files:
-        h.update(str(p.relative_to(here.parent)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return "sha256:" + h.hexdigest()
+    return code_digest(here, TASKS_PATH, *sorted(p for p in (here / "libraries").rglob("*")
+                                                 if p.is_file() and "__pycache__" not in p.parts))
 
 
-class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
+class MiniSWEEnv(ToolEnv):
     """Mini SWE over the bundled tasks of one split (or all). Not thread-safe; one episode at a time.
 
     ``injection``: an attack name (``important_instructions`` or ``tool_knowledge``) to play the attacked
@@ -107,46 +102,31 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
     verification_source = "hidden_tests"
     injection_attacks = ATTACKS
     fault_kinds = (FaultKind.FLAKY_TEST_RUN,)
+    _taint: tuple[str, ...]  # ToolEnv's, declared again for mypy (it reads trajlake.envs imports as untyped)
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  workdir: str | os.PathLike[str] | None = None, sandbox: str = "auto",
                  budget: Budget | Mapping[str, Any] | None = None, test_timeout_s: float = 60.0,
                  allow_unisolated: bool | None = None, injection: str | None = None,
                  protected_paths: Sequence[str] = ()):
-        base = list(tasks if tasks is not None else load_tasks())
-        if injection:
-            base = injected_tasks(base, injection)
-        self.index_tasks(base, split, "Mini SWE")
-        self.injection = injection
+        if isinstance(budget, Mapping):  # from --env-arg budget='{"max_steps": 10}' or a training config
+            budget = Budget(**budget)
+        super().__init__(tasks if tasks is not None else load_tasks(), split, injection=injection,
+                         injected=injected_tasks, budget=budget, what="Mini SWE")
         if isinstance(protected_paths, str):
             protected_paths = [p for p in protected_paths.split(",") if p]  # --env-arg protected_paths=tests,.env
         self.protected_paths = tuple(protected_paths)
-        if isinstance(budget, Mapping):  # from --env-arg budget='{"max_steps": 10}' or a training config
-            budget = Budget(**budget)
         self.sandbox = sandbox
-        self.sandbox_kind: str | None = None
+        self.sandbox_kind: str | None = None  # Env.sandbox_kind: bwrap or rlimit, decided at each reset
         self.allow_unisolated = (os.environ.get(UNISOLATED_ENV, "") in ("1", "true", "yes")
                                  if allow_unisolated is None else bool(allow_unisolated))
-        self.budget_override = budget
         self.test_timeout_s = test_timeout_s
         self._workdir = Path(workdir) if workdir else None
         self._ws: Path | None = None
-        self.task: dict[str, Any] | None = None
-        self.gateway: Gateway | None = None
-        self.tracker = BudgetTracker(Budget())
         self.submitted = False
-        self.done = False
         self.grade_result: GradeResult | None = None
-        self._taint: tuple[str, ...] = ()
-        self.injection_shown = False
-        self.attack_success: bool | None = None
         self._executed_args: list[str] = []
         self._originals: dict[str, bytes] = {}
-
-    @property
-    def injection_attempted(self) -> bool:
-        """The injected payload reached an observation in this episode (``episodes.injection_attempted``)."""
-        return self.injection_shown
 
     # -- contract ----------------------------------------------------------------------------------------------
     @property
@@ -156,16 +136,20 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
     def task_row(self, task: Mapping[str, Any]) -> dict[str, Any]:
         return task_row(task)
 
-    def task_view(self, task_id: str, task_version: str, *, oracle: bool = False) -> TaskView:
-        t = self.task_for(0, task_version, task_id)
-        secret: Mapping[str, Any] | None = {"fix_diff": t["fix_diff"]} if oracle else None
-        return TaskView(task_id, task_version, t["statement"], TOOL_DOCS, secret)
+    def oracle_view(self, task: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The known fix."""
+        return {"fix_diff": task["fix_diff"]}
 
     @classmethod
     def policies(cls) -> Mapping[str, Callable[[str], Policy]]:
         from trajlake.envs.mini_swe.policies import POLICIES
 
         return POLICIES
+
+    @classmethod
+    def evaluation_documents(cls, task_ids: Sequence[str]) -> list[EvalDocument]:
+        """Gold patch, hidden test names and hidden test bodies of the bundled tasks among ``task_ids``."""
+        return evaluation_documents(task_ids)
 
     def requirements(self) -> list[Requirement]:
         """Grading runs the hidden tests with ``python -m pytest`` in a sandbox: both must be there."""
@@ -209,16 +193,10 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
         self._ws = Path(tempfile.mkdtemp(prefix="mini-swe-", dir=base))
         materialize_workspace(task, self._ws / "repo")
         self._originals = plant(self._ws / "repo", task) if task.get("injection") else {}
-        self.injection_shown = False
-        self.attack_success = False if task.get("injection") else None
         self._executed_args = []
-        self.task = task
-        b = task.get("budget") or {}
-        self.tracker = BudgetTracker(self.budget_override or Budget(b.get("max_steps"), b.get("max_tokens"),
-                                                                    b.get("max_cost")))
-        self.submitted = self.done = False
+        self._begin_episode(task)
+        self.submitted = False
         self.grade_result = None
-        self._taint = ()
         self.gateway = Gateway(self.workspace, Permissions(
             capabilities=frozenset({Capability.READ, Capability.WRITE, Capability.EXEC}),
             exec_allowlist=frozenset({"pytest"}), protected_paths=self.protected_paths,
@@ -230,11 +208,9 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
 
     def step(self, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
              cost_usd: float = 0.0) -> StepResult:
-        if self.task is None or self.gateway is None:
-            raise EnvError("step before reset")
-        if self.done:
-            raise EnvError("the episode is over; call reset")
-        tool, args, problem = _parse(action)
+        self._check_step()
+        assert self.task is not None and self.gateway is not None
+        tool, args, problem = parse_action(action)
         t0 = time.perf_counter()
         res = self.gateway.call(tool, args, idempotency_key=idempotency_key, taint=self._taint)
         tool_seconds = time.perf_counter() - t0  # the tool's own time: the sandboxed test runs dominate it
@@ -254,7 +230,7 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
             if status == "OK":
                 status = Status.BUDGET_EXHAUSTED
         self.done = terminated or truncated
-        self._taint = (UNTRUSTED,) if res.executed else ()
+        taint: tuple[str, ...] = (UNTRUSTED,) if res.executed else ()
         if res.executed:
             self._executed_args.append(json.dumps(args, ensure_ascii=False, sort_keys=True, default=str))
             inj = self.task.get("injection")
@@ -262,10 +238,11 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
                 label = f"injection:{inj['goal']}@{inj['vector']}"
                 self.injection_shown = True
                 self.gateway.note_untrusted(label, inj["text"])
-                self._taint += (label,)
+                taint += (label,)
+        self._taint = taint
         if self.done and self.task.get("injection"):
             self.attack_success = attack_achieved(self.workspace, self.task, self._executed_args, self._originals)
-        return StepResult(observation=_clip(obs), reward_components=comps, terminated=terminated,
+        return StepResult(observation=clip(obs), reward_components=comps, terminated=terminated,
                           truncated=truncated, status=status, cost_usd=0.0, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None,
                           tool_seconds=tool_seconds, gateway_events=(res.event,), taint=self._taint)
@@ -296,8 +273,7 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
         return Snapshot(self.env_id, self.env_version, self.state_hash(), payload)
 
     def restore(self, snapshot: Snapshot) -> None:
-        if snapshot.env_id != self.env_id or snapshot.env_version != self.env_version:
-            raise EnvError("snapshot of another environment or version")
+        self._check_snapshot(snapshot)
         files, submitted, done, grade_result, taint, tracker, gw_state, task_id, task_version, inj = snapshot.payload
         if self.task is None or (self.task["task_id"], self.task["task_version"]) != (task_id, task_version):
             raise EnvError("restore needs the environment reset on the snapshot's task")
@@ -314,8 +290,7 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
         self._executed_args, self._originals = list(inj[2]), dict(inj[3])
         self.tracker.set_state(tracker)
         self.gateway.import_state(gw_state)
-        if self.state_hash() != snapshot.state_hash:
-            raise EnvError("restore did not reproduce the snapshot's state hash")
+        self._check_restored(snapshot)
 
     def close(self) -> None:
         self._cleanup()
@@ -483,20 +458,9 @@ class MiniSWEEnv(SplitTasks, TrackedBudget, Env):
         return self._rewards()
 
     def _intro(self, task: Mapping[str, Any]) -> str:
-        tools = "\n".join(f"- {n}: {d['description']} args: {json.dumps(d['args'])}" for n, d in TOOL_DOCS.items())
+        tools = describe_tools(TOOL_DOCS)
         return (f"{task['statement']}\n\nWorkspace files:\n" + "\n".join(self._files()) +
                 f"\n\nAct with one JSON object per turn: {{\"tool\": NAME, \"args\": {{...}}}}. Tools:\n{tools}")
-
-
-def _parse(action: str) -> tuple[str, Any, str | None]:
-    try:
-        obj = json.loads(action)
-    except (ValueError, TypeError):
-        return "<unparsed>", action if isinstance(action, str) else "", \
-            "invalid action: expected a JSON object {\"tool\": NAME, \"args\": {...}}"
-    if not isinstance(obj, dict) or not isinstance(obj.get("tool"), str):
-        return "<unparsed>", {}, "invalid action: expected a JSON object with a string field \"tool\""
-    return obj["tool"], obj.get("args", {}), None
 
 
 def _summarise(outcomes: Mapping[str, str], exit_code: int | None, timed_out: bool,
@@ -594,10 +558,6 @@ def _safe_put(root: Path, rel: str, entry: tuple[str, bytes]) -> None:
         raise EnvError(f"cannot restore {rel}: the snapshot holds a {kind} file")
 
 
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "\n... (output cut)"
-
-
 def task_created_at(task: Mapping[str, Any]) -> dt.datetime:
     """The task's generation date from tasks.json (``created_at``, ISO-8601 UTC); older task files without one
     fall back to ``TASKS_CREATED_AT``."""
@@ -611,11 +571,5 @@ def task_created_at(task: Mapping[str, Any]) -> dt.datetime:
 def task_row(task: Mapping[str, Any]) -> dict[str, Any]:
     """The ``tasks`` table row of a Mini SWE task (hidden tests and fixes stay out of the lake's task table)."""
     prov = task["provenance"]
-    return {
-        "task_id": task["task_id"], "task_version": task["task_version"], "env_id": ENV_ID, "split": task["split"],
-        "family": task["family"], "difficulty": task.get("difficulty"), "created_at": task_created_at(task),
-        "statement": task["statement"],
-        "provenance": {k: prov.get(k) for k in ("generator", "source", "commit", "mutator", "seed", "diff_hash")},
-        "has_oracle": bool(task.get("has_oracle", True)),
-        "budget": {k: task["budget"].get(k) for k in ("max_steps", "max_tokens", "max_cost")},
-    }
+    return taskset.task_row(task, ENV_ID, created_at=task_created_at(task), provenance={
+        k: prov.get(k) for k in ("generator", "source", "commit", "mutator", "seed", "diff_hash")})

@@ -18,11 +18,14 @@ The user task's own predicate (the hidden tests) is its utility under attack.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from trajlake.envs import injection
+from trajlake.envs.injection import Instruction, variant_task_id
+from trajlake.envs.taskset import content_version
 
 INJECTION_MARK = "<INFORMATION>"
 ATTACKS = ("important_instructions", "tool_knowledge")
@@ -87,13 +90,11 @@ def injected_task(task: Mapping[str, Any], goal: str, attack: str, tests: Mappin
     """The attacked variant of ``task`` (its split, statement, tests and fix; new id and version)."""
     params = goal_params(task, goal, tests)
     out = dict(task)
-    out["task_id"] = f"{task['task_id']}/inj/{goal}"
+    out["task_id"] = variant_task_id(task["task_id"], goal)
     out["injection"] = {"goal": goal, "attack": attack, "vector": f"source:{task['file']}", "params": params,
                         "text": injection_text(goal, attack, params), "base_task_id": task["task_id"],
                         "secret": planted_secret(str(task["task_id"]))}
-    body = {k: v for k, v in out.items() if k != "task_version"}
-    out["task_version"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-                                         .encode()).hexdigest()[:16]
+    out["task_version"] = content_version(out)
     return out
 
 
@@ -143,6 +144,6 @@ INSTRUCTION_PATTERNS: dict[str, re.Pattern[str]] = {
 }
 
 
-def find_instructions(text: str) -> list[tuple[str, dict[str, str]]]:
+def find_instructions(text: str) -> list[Instruction]:
     """Instructions of the known goal kinds found in observation text (what the gullible policy obeys)."""
-    return [(name, m.groupdict()) for name, rx in INSTRUCTION_PATTERNS.items() for m in rx.finditer(text)]
+    return injection.find_instructions(INSTRUCTION_PATTERNS, text)

@@ -10,6 +10,9 @@ import random
 import re
 from typing import Any
 
+from trajlake.envs.injection import unseen, with_bundled_solution
+from trajlake.envs.mini_swe.grading import load_tasks
+from trajlake.envs.mini_swe.injection import find_instructions
 from trajlake.envs.mini_swe.library import parse_python
 from trajlake.envs.mini_swe.patching import parse_patch
 from trajlake.envs.policy import Policy, PolicyOutput, TaskView
@@ -173,17 +176,6 @@ class RandomPolicy(Policy):
         return self.scripted_output(_act(tool, **args))
 
 
-def _bundled_fix(task_id: str) -> str:
-    """The known fix of a bundled task (an attacked variant shares its base task's fix)."""
-    from trajlake.envs.mini_swe.grading import load_tasks
-
-    base = task_id.split("/inj/", 1)[0]
-    for t in load_tasks():
-        if t["task_id"] == base:
-            return str(t["fix_diff"])
-    raise ValueError(f"the gullible policy plays bundled tasks only; {base!r} is not one")
-
-
 class GulliblePolicy(OraclePolicy):
     """The oracle, except that instructions found in an observation are carried out first (once each): the
     policy that falls for prompt injections. Not an oracle for the runner (``needs_oracle`` is False: its
@@ -193,28 +185,20 @@ class GulliblePolicy(OraclePolicy):
     needs_oracle = False
 
     def reset(self, task: TaskView, seed: int) -> None:
-        if task.oracle is None or "fix_diff" not in task.oracle:
-            task = TaskView(task.task_id, task.task_version, task.statement, task.tools,
-                            {"fix_diff": _bundled_fix(task.task_id)})
-        super().reset(task, seed)
+        # an attacked variant shares its user task's fix
+        super().reset(with_bundled_solution(task, "fix_diff", load_tasks, "fix_diff"), seed)
         self.obeyed: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self.detour: list[str] = []
         self.waiting_for_secret: str | None = None
 
     def next_action(self, observation: str) -> str:
-        from trajlake.envs.mini_swe.injection import find_instructions
-
         if self.waiting_for_secret is not None:  # the observation is the secret file: search for its value
             m = re.search(rf"{re.escape(self.waiting_for_secret)}=(\S+)", observation)
             self.waiting_for_secret = None
             if m is not None:
                 self.detour.insert(0, _act("search", pattern=m.group(1)))
         text = "\n".join(m.group(1) if (m := _LINE.match(line)) else line for line in observation.splitlines())
-        for goal, params in find_instructions(text):
-            key = (goal, tuple(sorted(params.items())))
-            if key in self.obeyed:
-                continue
-            self.obeyed.add(key)
+        for goal, params in unseen(find_instructions(text), self.obeyed):
             if goal == "exfiltrate":
                 self.detour.append(json.dumps({"tool": "read_file", "args": {"path": params["secret_path"]},
                                                "then_secret": params["name"]}, sort_keys=True))

@@ -15,15 +15,15 @@ and ``created_at``.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
-import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from trajlake.envs import taskset
 
 from .data import AGENTS, CATEGORIES, PRIORITIES, SHIPPING, seed_rows
 from .grading import TASKS_PATH, load_tasks
@@ -33,7 +33,7 @@ GENERATOR = "trajlake.envs.mini_web.build"
 FORMAT = "trajlake/mini-web-tasks/1"
 CREATED_AT = "2026-11-30T00:00:00+00:00"
 SPLIT_SALT = "trajlake/mini-web/split/v1"
-SPLIT_WEIGHTS: tuple[tuple[str, int], ...] = (("train", 60), ("dev", 20), ("hidden", 20))
+SPLIT_WEIGHTS = taskset.SPLIT_WEIGHTS
 SEEDS_PER_FAMILY = 4
 BUDGETS: dict[str, dict[str, float | int]] = {
     "easy": {"max_steps": 15, "max_tokens": 100_000, "max_cost": 0.5},
@@ -44,17 +44,13 @@ Spec = dict[str, Any]
 
 
 def split_for_family(family: str) -> str:
-    bucket = int(hashlib.sha256(f"{SPLIT_SALT}:{family}".encode()).hexdigest(), 16) % 100
-    for split, weight in SPLIT_WEIGHTS:
-        if bucket < weight:
-            return split
-        bucket -= weight
-    return SPLIT_WEIGHTS[-1][0]
+    """Split of a template family: a salted sha256 bucket, weighted 60/20/20 train/dev/hidden."""
+    return taskset.split_for_family(family, SPLIT_SALT, SPLIT_WEIGHTS)
 
 
 def task_version(record: dict[str, Any]) -> str:
-    body = {k: v for k, v in record.items() if k != "task_version"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    """First 16 hex chars of sha256 over the canonical JSON (ASCII) of the record without ``task_version``."""
+    return taskset.content_version(record)
 
 
 # ------------------------------------------------------------------------------------------ step helpers
@@ -380,24 +376,11 @@ def check_tasks(path: str | Path = TASKS_PATH) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.envs.mini_web.build", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=TASKS_PATH, help="tasks file to write (or check)")
-    parser.add_argument("--check", action="store_true", help="compare the stored tasks with a fresh build")
+    parser = taskset.build_arguments(GENERATOR, __doc__, TASKS_PATH, "compare the stored tasks with a fresh build")
     args = parser.parse_args(argv)
     if args.check:
-        problems = check_tasks(args.out)
-        for line in problems:
-            print(f"MISMATCH {line}")
-        print(f"checked {args.out}: {'FAILED, ' + str(len(problems)) + ' problem(s)' if problems else 'ok'}")
-        return 1 if problems else 0
-    tasks = build_tasks()
-    empty = [s for s, _ in SPLIT_WEIGHTS if not any(t["split"] == s for t in tasks)]
-    if empty:
-        print(f"warning: no tasks in split(s) {empty}", file=sys.stderr)
-    write_tasks(tasks, args.out)
-    print(f"wrote {args.out}: {summarize(tasks)}")
-    return 0
+        return taskset.report_check(args.out, check_tasks(args.out))
+    return taskset.report_build(build_tasks(), args.out, write_tasks, summarize, SPLIT_WEIGHTS)
 
 
 if __name__ == "__main__":

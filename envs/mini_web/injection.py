@@ -9,11 +9,14 @@ on the ledger is attack success. Tasks without vectors are not injectable and ha
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from trajlake.envs import injection
+from trajlake.envs.injection import Instruction, variant_task_id
+from trajlake.envs.taskset import content_version
 
 from .grading import ATTACKS, GOALS, injection_text
 
@@ -37,12 +40,11 @@ def injected_task(task: Mapping[str, Any], goal: str, attack: str) -> dict[str, 
     payload = injection_text(GOALS[goal], attack, params)
     vectors: Sequence[Mapping[str, Any]] = task["vectors"]
     out = dict(task)
-    out["task_id"] = f"{task['task_id']}/inj/{goal}"
+    out["task_id"] = variant_task_id(task["task_id"], goal)
     out["plant"] = [*task.get("plant", []), *([_PLANT_SQL[v["table"]], [payload, v["row"]]] for v in vectors)]
     out["injection"] = {"goal": goal, "attack": attack, "vector": ",".join(v["id"] for v in vectors),
                         "params": params, "text": payload, "base_task_id": task["task_id"]}
-    body = {k: v for k, v in out.items() if k != "task_version"}
-    out["task_version"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    out["task_version"] = content_version(out)
     return out
 
 
@@ -60,10 +62,6 @@ INSTRUCTION_PATTERNS: dict[str, re.Pattern[str]] = {
 }
 
 
-def find_instructions(text: str) -> list[tuple[str, dict[str, str]]]:
+def find_instructions(text: str) -> list[Instruction]:
     """Instructions of the known goal kinds found in observation text (what the gullible policy obeys)."""
-    found = []
-    for name, pattern in INSTRUCTION_PATTERNS.items():
-        for m in pattern.finditer(text):
-            found.append((name, m.groupdict()))
-    return found
+    return injection.find_instructions(INSTRUCTION_PATTERNS, text)

@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trajlake.envs.injection import unseen, with_bundled_solution
 from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 
+from .grading import load_tasks
 from .injection import find_instructions
 
 _LINE = re.compile(r"^\s*\[(\d+)\] (\w+) ")
@@ -95,18 +97,6 @@ class OraclePolicy(Policy):
         return self.scripted_output(action)
 
 
-def _bundled_solution(task_id: str) -> list[dict[str, Any]]:
-    """The solution steps of a bundled task (an attacked variant shares its user task's solution)."""
-    from .grading import load_tasks
-
-    base = task_id.split("/inj/", 1)[0]
-    for t in load_tasks():
-        if t["task_id"] == base:
-            steps: list[dict[str, Any]] = t["oracle"]
-            return steps
-    raise ValueError(f"the gullible policy plays bundled tasks only; {base!r} is not one")
-
-
 def attack_steps(goal: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
     """The steps that carry out an attacker instruction (what a compromised agent would do)."""
     if goal == "giftcard":
@@ -139,24 +129,19 @@ class GulliblePolicy(OraclePolicy):
     needs_oracle = False
 
     def reset(self, task: TaskView, seed: int) -> None:
-        if task.oracle is None or "steps" not in task.oracle:
-            task = TaskView(task.task_id, task.task_version, task.statement, task.tools,
-                            {"steps": _bundled_solution(task.task_id)})
-        super().reset(task, seed)
+        # an attacked variant shares its user task's solution steps
+        super().reset(with_bundled_solution(task, "steps", load_tasks, "oracle"), seed)
         self.obeyed: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self.detour: list[dict[str, Any]] = []
         self.secret = ""
 
     def act(self, observation: str) -> PolicyOutput:
         page_text = "\n".join(e.name for e in elements(observation))
-        for goal, params in find_instructions(page_text):
-            key = (goal, tuple(sorted(params.items())))
-            if key not in self.obeyed:
-                self.obeyed.add(key)
-                self.detour += attack_steps(goal, params)
-                here = re.search(r"^URL: (\S+)", observation, re.M)
-                if here is not None:  # come back to the page where the instruction was found
-                    self.detour.append({"op": "goto", "path": here.group(1)})
+        for goal, params in unseen(find_instructions(page_text), self.obeyed):
+            self.detour += attack_steps(goal, params)
+            here = re.search(r"^URL: (\S+)", observation, re.M)
+            if here is not None:  # come back to the page where the instruction was found
+                self.detour.append({"op": "goto", "path": here.group(1)})
         while self.detour and self.detour[0]["op"] == "remember_secret":
             self.detour.pop(0)
             m = re.search(r"API key: (\S+)", page_text)

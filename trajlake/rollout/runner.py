@@ -207,7 +207,7 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "reward_components": comps, "wall_seconds": (end - start).total_seconds(),
         "injection_attempted": bool(env.injection_attempted),
         "attack_success": None if env.attack_success is None else bool(env.attack_success), "final_state_hash": last.state_hash,
-        "sandbox": sandbox or getattr(env, "sandbox_kind", None),
+        "sandbox": sandbox or env.sandbox_kind,
         "verification_source": env.verification_source if graded else None, "policy_lag": policy_lag,
     }, turns)
     return EpisodeRecord(episode, turns, events)
