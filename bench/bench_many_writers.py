@@ -125,15 +125,16 @@ def _rebase_commit_checked(self: Any, ep: Any, turn_actions: list[Any], event_ac
 def log_versions(lake_uri: str, table: str) -> dict[str, int]:
     """first added path -> the version whose log entry adds it."""
     from trajlake import open_lake
+    from trajlake.lake.delta_log import DELTA_LOG, log_entry_version
 
     lake = open_lake(lake_uri)
     st = lake.storage
     out: dict[str, int] = {}
-    for name in st.listdir(table, "_delta_log"):
-        if not name.endswith(".json") or not name[:20].isdigit():
+    for name in st.listdir(table, DELTA_LOG):
+        version = log_entry_version(name)
+        if version is None:
             continue
-        version = int(name[:20])
-        for line in st.read_bytes(table, "_delta_log", name).decode().splitlines():
+        for line in st.read_bytes(table, DELTA_LOG, name).decode().splitlines():
             action = json.loads(line) if line.strip() else {}
             if "add" in action:
                 out.setdefault(action["add"]["path"], version)

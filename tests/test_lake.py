@@ -26,6 +26,13 @@ from trajlake import (
     scan,
     verify,
 )
+from trajlake.lake.delta_log import (
+    DELTA_LOG,
+    checkpoint_version,
+    log_entry_name,
+    log_entry_version,
+    version_name,
+)
 from trajlake.record.validate import conform
 from trajlake.record.writer import to_table
 
@@ -262,7 +269,7 @@ def test_expired_log_entries_are_cleaned_up_with_checkpoints_only(lake: Lake, mo
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(deltalake.DeltaTable, "create_write_transaction", spy)
-    log = lake.root / "runs" / "_delta_log"
+    log = lake.root / "runs" / DELTA_LOG
     with LakeWriter(lake, handle_signals=False) as w:
         for i in range(11):  # versions 2..12: compare-and-swap commits, and plain ones through Lake.commit
             if i % 2 == 0:
@@ -273,14 +280,26 @@ def test_expired_log_entries_are_cleaned_up_with_checkpoints_only(lake: Lake, mo
                 row = stored.slice(0, 1).set_column(stored.schema.get_field_index("run_id"), "run_id",
                                                     pa.array([f"r{i}"]))
                 lake.commit("runs", lake.write_files("runs", row))
-            entries = sorted(int(p.name[:20]) for p in log.glob("*.json"))
+            entries = sorted(v for p in log.glob("*.json") if (v := log_entry_version(p.name)) is not None)
             v = lake.versions()["runs"]
             if v >= 4:  # the checkpoint of version 4 (and 9) covers every older entry: they are gone
                 assert entries[0] == (v + 1) // 5 * 5 - 1, (v, entries)
     assert [v for v, cleanup in hooks if cleanup] == [4, 9]
     assert sorted(v for v, _ in hooks) == list(range(2, 13))
-    assert (log / f"{9:020d}.checkpoint.parquet").exists()
+    assert (log / f"{version_name(9)}.checkpoint.parquet").exists()
     assert connect(lake).execute("select count(*) from runs").fetchone() == (11,)
+
+
+def test_log_entry_names_are_the_ones_delta_rs_writes(lake: Lake) -> None:
+    assert log_entry_name(7) == "00000000000000000007.json" and version_name(7) == "00000000000000000007"
+    on_disk = sorted(p.name for p in (lake.root / "episodes" / DELTA_LOG).iterdir())
+    assert on_disk[0] == log_entry_name(0)
+    assert [log_entry_version(n) for n in on_disk if n.endswith(".json")] == list(range(lake.versions()["episodes"] + 1))
+    assert log_entry_version("00000000000000000009.checkpoint.parquet") is None
+    assert log_entry_version("_commit_1234.json.tmp") is None and log_entry_version("7.json") is None
+    assert checkpoint_version("00000000000000000009.checkpoint.parquet") == 9
+    assert checkpoint_version("00000000000000000019.checkpoint.0000000001.0000000002.parquet") == 19
+    assert checkpoint_version(log_entry_name(9)) is None
 
 
 def test_commit_path_sees_another_lake_objects_commits(lake: Lake) -> None:
