@@ -26,8 +26,6 @@ from __future__ import annotations
 import atexit
 import bisect
 import contextlib
-import ctypes
-import ctypes.util
 import datetime as dt
 import fcntl
 import functools
@@ -56,6 +54,7 @@ from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
 from trajlake.lake.hashing import episode_hashes, hash_rows, hash_rows_array
 from trajlake.lake.store import ROW_GROUP_BYTES, ROW_GROUP_ROWS, DataFileSink, Lake
+from trajlake.record import memory
 from trajlake.record.episode import utcnow
 from trajlake.record.recorder import EpisodeRecorder
 from trajlake.record.validate import conform, loose_schema, validate_batch
@@ -127,7 +126,7 @@ class LakeWriter:
         price is CPU (~20% more of the writer's at 2,000-token rows), so pass ``False`` where memory is ample."""
         self.lake = lake
         if release_memory_eagerly or (release_memory_eagerly is None and max_buffer_bytes < DEFAULT_BUFFER_BYTES):
-            _release_large_allocations_eagerly()
+            memory.release_large_allocations_eagerly()
         self.max_turn_rows = max_turn_rows
         self.max_buffer_bytes = max_buffer_bytes
         self.max_age_seconds = max_age_seconds
@@ -429,7 +428,7 @@ class LakeWriter:
                 batch.turns.clear()
                 self._inflight = 0
                 self._room.notify_all()
-            _return_free_memory()
+            memory.return_free_memory()
 
     def _write_turns(self, sink: DataFileSink, group: pa.Table, size: int, hashes: Future[pa.Array], now: pa.Scalar,
                      bad: dict[str, list[Issue]], turn_keys: list[pa.Table]) -> None:
@@ -449,7 +448,7 @@ class LakeWriter:
         # a fraction of the buffer
         if self._untrimmed >= min(_TRIM_EVERY_BYTES, self.max_buffer_bytes // 4):
             self._untrimmed = 0
-            _return_free_memory()
+            memory.return_free_memory()
 
     def _commit_streaming(self, batch: _Batch) -> list[str]:
         """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events,
@@ -819,41 +818,6 @@ def _hash(ep: pa.Table, tu: pa.Table, ev: pa.Table, source: str | None
     keys = pa.table({"episode_id": tu["episode_id"], "turn_idx": tu["turn_idx"], "hash": t_hash})
     ep, ev = _hash_small(ep, keys, ev, source, issues)
     return ep, _set_column(tu, "content_hash", t_hash), ev, issues
-
-
-@functools.cache
-def _glibc_function(name: str) -> Any:
-    """The C library's ``name`` (``malloc_trim``, ``mallopt``), or None where the C library is not glibc."""
-    try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def _return_free_memory() -> None:
-    """Hand the memory a commit freed back to the OS. Both allocators keep freed memory for reuse (glibc for
-    numpy and the buffered batches, mimalloc for pyarrow): measured, ~100 MB more peak RSS per writer, which a
-    fleet of writers per machine pays many times. Costs a few ms per commit."""
-    pa.default_memory_pool().release_unused()
-    trim = _glibc_function("malloc_trim")
-    if trim is not None:
-        trim(0)
-
-
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-EAGER_MMAP_THRESHOLD = 1 << 20
-
-
-@functools.cache
-def _release_large_allocations_eagerly() -> bool:
-    """Fix glibc's mmap threshold at ``EAGER_MMAP_THRESHOLD`` (once per process; whether it was set). By default
-    glibc raises the threshold to the size of each large block freed, up to 32 MiB, after which blocks of a
-    buffer's size come from the heap and stay there when freed (``malloc_trim`` returns only whole free pages
-    that no live allocation pins)."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False  # the user's own setting
-    mallopt = _glibc_function("mallopt")
-    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, EAGER_MMAP_THRESHOLD))
 
 
 def _remove_uncommitted(lake: Lake, *action_lists: Sequence[Any]) -> None:
