@@ -3,7 +3,8 @@
 Commit point: an episode's turns and gateway events are committed first, then its episode row. Readers (the
 views of ``trajlake.connect``) show turns and events only when their episode row exists, so no partial episode
 is ever visible. A crash between the two commits leaves orphan turns: invisible, listed by ``verify`` and
-removed by ``compact``.
+removed by ``compact``. The writer encodes the files; the lake's commit protocol (``trajlake.lake.commit``: the
+last id check, the compare-and-swap, late duplicates) commits them, one call per flush.
 
 Buffering: Delta commits are expensive (each writes a log entry), so episodes are buffered and committed when
 the buffer holds ``max_turn_rows`` turn rows or ``max_buffer_bytes`` bytes, when the oldest buffered episode is
@@ -24,14 +25,10 @@ pays more than its own size for.
 from __future__ import annotations
 
 import atexit
-import bisect
 import contextlib
 import datetime as dt
-import fcntl
 import functools
-import json
 import os
-import random
 import signal
 import threading
 import time
@@ -46,13 +43,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
-import pyarrow.parquet as pq
-from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
-from trajlake.lake.hashing import episode_hashes, hash_rows, hash_rows_array
+from trajlake.lake.commit import (
+    CommitOutcome,
+    CommittedEpisodes,
+    commit_episodes,
+    commit_keyed_rows,
+    drop_episodes,
+    remove_uncommitted,
+)
+from trajlake.lake.hashing import episode_hashes, hash_rows_array
 from trajlake.lake.store import ROW_GROUP_BYTES, ROW_GROUP_ROWS, DataFileSink, Lake
 from trajlake.record import memory
 from trajlake.record.episode import utcnow
@@ -65,10 +67,6 @@ _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
 # with the ~100 MB a commit works in and ~185 MB of imports, a default writer stays under 512 MB (issue 16).
 DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 _TRIM_EVERY_BYTES = 64 * 1024 * 1024
-_REFRESH_SECONDS = 1.0
-# Tries of the episodes (and runs/tasks) compare-and-swap: each loss means another writer committed, so the lake
-# as a whole progresses; the bound only ends one writer's run of bad luck (with jittered backoff between tries).
-_CAS_ATTEMPTS = 200
 _SIGNALS_INSTALLED = False
 
 
@@ -142,17 +140,13 @@ class LakeWriter:
         self._inflight = 0  # bytes of the buffer a commit has taken and not yet written
         self._untrimmed = 0  # bytes released since memory was last handed back to the OS
         self._room = threading.Condition()
-        self._files_version = -1  # the episodes' files (run, path, min id, max id) as of that version
-        self._files: list[tuple[str | None, str, str | None, str | None]] | None = None
+        self._committed_ids = CommittedEpisodes(lake)  # the id look-ups, with their file and footer caches
         self.committed = 0
         self.late_conflicts: dict[str, list[Issue]] = {}
         self.closed = False
-        self._episodes_delta: Any = None  # cached DeltaTable of episodes, refreshed incrementally
-        self._id_bounds: dict[str, tuple[str | None, str | None]] = {}  # data file -> its own episode_id range
-        self._refreshed = 0.0
         self.late_duplicates: list[str] = []
         # times an episodes commit found the table moved since its check (another writer's commit) and
-        # re-checked before trying again (its compare-and-swap; see ``_commit_checked``)
+        # re-checked before trying again (its compare-and-swap; see ``lake.commit``)
         self.commit_conflicts = 0
         self._bg: threading.Thread | None = None
         self._bg_error: BaseException | None = None
@@ -202,7 +196,7 @@ class LakeWriter:
         columns are filled. Raises ValidationError only for structural problems (unknown or missing columns).
         With ``dry_run`` everything is checked (against the lake too) but nothing is buffered.
         ``check_existing=False`` skips the early look-up of committed ids (for writers that know their ids are
-        new, like a resumed rollout); the flush still drops duplicates exactly (see ``_commit_checked``)."""
+        new, like a resumed rollout); the flush still drops duplicates exactly (see ``lake.commit``)."""
         ep = conform(to_table(episodes, "episodes"), "episodes", source)
         tu = conform(to_table(turns, "turns"), "turns", source)
         ev = conform(to_table(gateway_events, "gateway_events"), "gateway_events", source)
@@ -226,7 +220,7 @@ class LakeWriter:
             result.rejected[e if e is not None else "<missing episode_id>"] = issues
         bad = [e for e in report.by_episode if e is not None]
         if report.by_episode:
-            ep, tu, ev = (_drop(t, bad) for t in (ep, tu, ev))
+            ep, tu, ev = (drop_episodes(t, bad) for t in (ep, tu, ev))
             if None in report.by_episode:  # rows without an episode id cannot be attributed: drop those rows
                 ep, tu, ev = (t.filter(pc.is_valid(t["episode_id"])) for t in (ep, tu, ev))
         if ep.num_rows == 0:
@@ -240,8 +234,8 @@ class LakeWriter:
                 self._bg_committed += done
             if any(e in self._buffered for e in ids):
                 self.flush()  # classify against committed content (rare: the same id twice in one writer)
-            existing = self._existing(ids, ep["run_id"].to_pylist(), refresh=dry_run) if check_existing or dry_run \
-                else {}
+            existing = self._committed_ids.lookup(ids, ep["run_id"].to_pylist(), refresh=dry_run) \
+                if check_existing or dry_run else {}
             given = ep["content_hash"].null_count < ep.num_rows or tu["content_hash"].null_count < tu.num_rows
             if existing or given:
                 # Hashes are needed now: to tell duplicates from conflicts, or to check the given ones.
@@ -259,7 +253,7 @@ class LakeWriter:
                         result.rejected[e] = [Issue("episodes", e, None, "content_hash",
                                                     "episode id already exists with different content", source)]
                 if skip:
-                    ep, tu, ev = (_drop(t, skip) for t in (ep, tu, ev))
+                    ep, tu, ev = (drop_episodes(t, skip) for t in (ep, tu, ev))
             if dry_run:
                 result.accepted += ep["episode_id"].to_pylist()
                 return result
@@ -305,65 +299,6 @@ class LakeWriter:
                 or (self._oldest is not None and time.monotonic() - self._oldest >= self.max_age_seconds))
 
     # -- committing ------------------------------------------------------------------------------------------
-    def _existing(self, ids: list[str], run_ids: list[str], refresh: bool = True,
-                  files: list[tuple[str | None, str, str | None, str | None]] | None = None) -> dict[str, str]:
-        """content_hash of those ``ids`` already committed in the lake (or in ``files``, given by the commit path:
-        an exact snapshot of the episodes table, or the files a concurrent writer added since one).
-
-        Only files of the ids' run partitions whose episode_id min/max statistics can contain one of the ids
-        are read (two columns each); time-ordered ids (``new_episode_id``) make that a handful of recent files.
-        Memory stays bounded by the batch, not by the lake."""
-        if not ids:
-            return {}
-        if files is None:
-            if self._episodes_delta is None:
-                self._episodes_delta = self.lake.delta("episodes")
-                self._refreshed = time.monotonic()
-            elif refresh or time.monotonic() - self._refreshed > _REFRESH_SECONDS:
-                # Early duplicate reports may use a slightly stale file list; the flush re-checks exactly.
-                self._episodes_delta.update_incremental()
-                self._refreshed = time.monotonic()
-            if self._files is None or self._files_version != self._episodes_delta.version():
-                # once per table version, not per append
-                self._files_version = self._episodes_delta.version()
-                self._files = _file_ranges(pa.table(self._episodes_delta.get_add_actions(flatten=True)))
-            files = self._files
-        if not files:
-            return {}
-        wanted = sorted(set(ids))
-        runs = set(run_ids)
-        paths = []
-        # Files are skipped by the episode_id range in their own Parquet footer, not by the Delta log's
-        # statistics: an edited log must not make a second copy of an episode look new. Data files never
-        # change (their name records their checksum), so each footer is read once per writer.
-        for run, path, _log_lo, _log_hi in files:
-            if run not in runs:
-                continue
-            lo, hi = self._file_id_bounds(path)
-            if lo is not None and hi is not None and bisect.bisect_left(wanted, lo) >= bisect.bisect_right(wanted, hi):
-                continue  # no wanted id falls inside this file's [min, max]
-            paths.append(self.lake.abs_path("episodes", path))
-        if not paths:
-            return {}
-        dataset = pads.dataset(paths, format="parquet", filesystem=self.lake.filesystem)
-        found = dataset.to_table(columns=["episode_id", "content_hash"],
-                                 filter=pads.field("episode_id").isin(pa.array(wanted, pa.string())))
-        return dict(zip(found["episode_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
-
-    def _file_id_bounds(self, path: str) -> tuple[str | None, str | None]:
-        """(min, max) episode_id of an episodes data file from its Parquet footer; (None, None) when unknown."""
-        bounds = self._id_bounds.get(path)
-        if bounds is None:
-            bounds = (None, None)
-            with contextlib.suppress(Exception):  # unreadable footer: read the file instead of skipping it
-                meta = pq.ParquetFile(self.lake.abs_path("episodes", path), filesystem=self.lake.filesystem).metadata
-                col = meta.schema.to_arrow_schema().get_field_index("episode_id")
-                groups = [meta.row_group(i).column(col).statistics for i in range(meta.num_row_groups)]
-                if col >= 0 and groups and all(g is not None and g.has_min_max for g in groups):
-                    bounds = (min(str(g.min) for g in groups), max(str(g.max) for g in groups))
-            self._id_bounds[path] = bounds
-        return bounds
-
     def _take_buffer(self) -> _Batch | None:
         """Detach the buffered episodes (under the lock) for committing; their bytes count as in flight until
         the commit has written them."""
@@ -451,8 +386,9 @@ class LakeWriter:
             memory.return_free_memory()
 
     def _commit_streaming(self, batch: _Batch) -> list[str]:
-        """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events,
-        then re-check the ids against the lake and commit turns, events, episodes (``_commit_checked``)."""
+        """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events
+        and episodes; the lake's commit protocol (``lake.commit.commit_episodes``) re-checks the ids and commits
+        turns, events, episodes."""
         now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
         bad: dict[str, list[Issue]] = {}
         turn_keys: list[pa.Table] = []
@@ -479,124 +415,27 @@ class LakeWriter:
             ep, ev = (_set_column(t, "written_at", pa.nulls(t.num_rows, now.type).fill_null(now)) for t in (ep, ev))
             if bad:  # given hashes were checked when buffered; this only guards against misuse
                 self.late_conflicts.update(bad)
-            event_actions = self.lake.write_files("gateway_events", _drop(ev, list(bad))) if ev.num_rows else []
+            event_actions = self.lake.write_files("gateway_events", drop_episodes(ev, list(bad))) if ev.num_rows else []
         except BaseException:
-            _remove_uncommitted(self.lake, turn_actions)
+            remove_uncommitted(self.lake, turn_actions)
             raise
         try:
-            ep = _drop(ep, list(bad))
+            ep = drop_episodes(ep, list(bad))
             # written before the check, so that the window between the check and the commit holds only commits
             ep_actions = self.lake.write_files("episodes", ep)
         except BaseException:
-            _remove_uncommitted(self.lake, turn_actions, event_actions)
+            remove_uncommitted(self.lake, turn_actions, event_actions)
             raise
-        with _commit_lock(self.lake):
-            committed = self._commit_checked(ep, turn_actions, event_actions, ep_actions, list(bad))
-        self.committed += len(committed)
-        return committed
-
-    def _late(self, ep: pa.Table, existing: dict[str, str]) -> list[str]:
-        """Sort ids another writer committed first into late duplicates (same content) and late conflicts;
-        returns them (to drop)."""
-        mine = dict(zip(ep["episode_id"].to_pylist(), ep["content_hash"].to_pylist(), strict=True))
-        for e, h in existing.items():
-            if h == mine[e]:
-                self.late_duplicates.append(e)
-            else:
-                self.late_conflicts[e] = [Issue("episodes", e, None, "content_hash",
-                                                "episode id was committed concurrently with different content")]
-        return list(existing)
-
-    def _commit_checked(self, ep: pa.Table, turn_actions: list[AddAction], event_actions: list[AddAction],
-                        ep_actions: list[AddAction], bad: list[str]) -> list[str]:
-        """Check the ids against the lake, commit turns and events, then the episode rows as the next version
-        of the episodes table after the one checked (``Lake.commit_if_unchanged``). Another writer committing
-        episodes in between makes that fail: the ids are re-checked against only what it added, any found are
-        dropped (and their turns and events, already committed, retracted), and the commit is tried again.
-        So two writers racing with one id commit it once, on object storage as on a local lake (where the
-        commit lock serialises writers of one machine, and the compare-and-swap catches everyone else)."""
-        run_ids = ep["run_id"].to_pylist()
-        version, acts = self.lake.latest_snapshot("episodes")
-        seen = set(acts["path"].to_pylist())
-        existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=_file_ranges(acts))
-        late = self._late(ep, existing) if existing else []
+        outcome = CommitOutcome()
         try:
-            if bad or late:
-                # not committed yet: filter the written files (the buffer is gone, released as it was written);
-                # the turn files still hold the turns of episodes whose hashes were bad
-                turn_actions = self.lake.drop_rows("turns", turn_actions, "episode_id", [*bad, *late])
-            if late:
-                event_actions = self.lake.drop_rows("gateway_events", event_actions, "episode_id", late)
-                ep = _drop(ep, late)
-                ep_actions = self._rewrite_episodes(ep, ep_actions)
-        except BaseException:
-            _remove_uncommitted(self.lake, turn_actions, event_actions, ep_actions)
-            raise
-        if ep.num_rows == 0:
-            _remove_uncommitted(self.lake, turn_actions, event_actions, ep_actions)
-            return []
-        try:
-            self.lake.commit("turns", list(turn_actions))
-            if event_actions:
-                self.lake.commit("gateway_events", list(event_actions))
-        except BaseException:
-            _remove_uncommitted(self.lake, [], [], ep_actions)
-            raise
-        # From here turns and events are committed: a failure leaves them as orphans (invisible; compact
-        # removes them), never as partial episodes.
-        for attempt in range(_CAS_ATTEMPTS):
-            # The first try refreshes the table and commits only if nothing was committed since the check (the
-            # common case on a local lake, whose writers take turns under the lock); later tries commit on the
-            # snapshot just re-checked, so a commit in between makes the conditional put fail.
-            if self.lake.commit_if_unchanged("episodes", ep_actions, version, refresh=attempt == 0) is not None:
-                return list(ep["episode_id"].to_pylist())
-            self.commit_conflicts += 1
-            if attempt:  # lost a put to another writer: spread the racers
-                time.sleep(random.uniform(0, min(0.25, 0.004 * 2 ** min(attempt, 6))))
-            # What did other writers add since the last check? A compaction's rewrites show up too; they hold no
-            # id of ours, since ours were not in the lake at the last check.
-            version, acts = self.lake.latest_snapshot("episodes")
-            added = [f for f in _file_ranges(acts) if f[1] not in seen]
-            seen.update(f[1] for f in added)
-            existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=added) if added else {}
-            if existing:
-                drop = self._late(ep, existing)
-                ep = _drop(ep, drop)
-                turn_actions = self._retract("turns", turn_actions, drop)
-                event_actions = self._retract("gateway_events", event_actions, drop)
-                ep_actions = self._rewrite_episodes(ep, ep_actions)
-                if ep.num_rows == 0:
-                    return []
-        _remove_uncommitted(self.lake, [], [], ep_actions)
-        raise TrajlakeError(f"episodes: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
-                            f"kept committing first); the turns and events of {ep.num_rows} episode(s) are "
-                            f"committed orphans that `trajlake compact` removes")
-
-    def _rewrite_episodes(self, ep: pa.Table, old: list[AddAction]) -> list[AddAction]:
-        """Replace this flush's uncommitted episodes files by ones holding ``ep`` (late ids dropped). The old
-        files go first; should the write fail, a clean-up of ``old`` finds them gone, which is no error."""
-        _remove_uncommitted(self.lake, [], [], old)
-        return self.lake.write_files("episodes", ep) if ep.num_rows else []
-
-    def _retract(self, name: str, actions: list[AddAction], ids: list[str]) -> list[AddAction]:
-        """Take the rows of ``ids`` out of this writer's committed files of ``name`` (their episodes turned out
-        to be another writer's): one transaction removes the files that hold them and adds them rewritten
-        without. Returns the writer's files of ``name`` now live."""
-        wanted = sorted(ids)
-        hit = [a for a in actions if _may_hold(a, wanted)]
-        if not hit:
-            return actions
-        new = self.lake.drop_rows(name, hit, "episode_id", ids, delete_old=False)
-        now = int(time.time() * 1000)
-        removes = [RemoveAction(a.path, True, now, a.size, dict(a.partition_values)) for a in hit]
-        try:
-            self.lake.commit(name, [*removes, *new], expect_present=[a.path for a in hit])
-        except BaseException:
-            for a in new:
-                self.lake.remove_file(name, a.path)
-            raise
-        gone = {a.path for a in hit}
-        return [a for a in actions if a.path not in gone] + new
+            commit_episodes(self.lake, ep, turn_actions, event_actions, ep_actions,
+                            committed_ids=self._committed_ids, rejected=list(bad), outcome=outcome)
+        finally:  # what a failed commit found before it failed is reported too
+            self.late_duplicates += outcome.late_duplicates
+            self.late_conflicts.update(outcome.late_conflicts)
+            self.commit_conflicts += outcome.commit_conflicts
+        self.committed += len(outcome.committed)
+        return outcome.committed
 
     # -- tasks and runs --------------------------------------------------------------------------------------
     def write_tasks(self, tasks: pa.Table | Sequence[Mapping[str, Any]]) -> int:
@@ -621,38 +460,7 @@ class LakeWriter:
             raise ValidationError([i for v in c.by_episode.values() for i in v])
         now = utcnow()
         t = _set_column(t, "written_at", pa.array([now] * t.num_rows, pa.timestamp("us", tz="UTC")))
-        pk = ["run_id"] if name == "runs" else ["task_id", "task_version"]
-        new_keys = list(zip(*(t[c].to_pylist() for c in pk), strict=True))
-        new_hashes = hash_rows(t, name)
-        with _commit_lock(self.lake):
-            # The same compare-and-swap as episodes: the rows are committed as the version after the one checked,
-            # or checked again (tasks and runs are small: the whole table is re-read).
-            for _ in range(_CAS_ATTEMPTS):
-                version, _acts = self.lake.latest_snapshot(name)
-                existing: dict[tuple[Any, ...], str] = {}
-                for _f, old in self.lake.iter_tables(name, version):
-                    for k, h in zip(zip(*(old[c].to_pylist() for c in pk), strict=True), hash_rows(old, name),
-                                    strict=True):
-                        existing[k] = h
-                keep = []
-                seen: set[tuple[Any, ...]] = set()
-                for i, (k, h) in enumerate(zip(new_keys, new_hashes, strict=True)):
-                    if k in existing or k in seen:
-                        if name == "runs" and existing.get(k, h) != h:
-                            raise ConflictError(f"runs: run {k[0]!r} already exists with a different definition")
-                        continue
-                    seen.add(k)
-                    keep.append(i)
-                if not keep:
-                    return 0
-                actions = self.lake.write_files(name, t.take(keep))
-                if self.lake.commit_if_unchanged(name, actions, version) is not None:
-                    return len(keep)
-                for a in actions:
-                    self.lake.remove_file(name, a.path)
-                time.sleep(random.uniform(0, 0.02))
-            raise TrajlakeError(f"{name}: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
-                                f"kept committing first)")
+        return commit_keyed_rows(self.lake, name, t)
 
 
 def to_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> pa.Table:
@@ -726,35 +534,8 @@ def _numpy_list_column(values: list[Any], t: pa.DataType) -> pa.Array | None:
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), child, type=t, mask=mask)
 
 
-def _drop(t: pa.Table, ids: list[str]) -> pa.Table:
-    if not ids or t.num_rows == 0:
-        return t
-    return t.filter(pc.invert(pc.is_in(t["episode_id"], value_set=pa.array(ids, pa.string()))))
-
-
 _KEYS_EMPTY = pa.table({"episode_id": pa.array([], pa.string()), "turn_idx": pa.array([], pa.int32()),
                         "hash": pa.array([], pa.string())})
-
-
-def _file_ranges(acts: pa.Table) -> list[tuple[str | None, str, str | None, str | None]]:
-    """(run_id partition, path, min episode_id, max episode_id) of each file in a Delta add-actions table."""
-    n = acts.num_rows
-
-    def col(name: str) -> list[Any]:
-        return acts[name].to_pylist() if name in acts.column_names else [None] * n
-
-    return list(zip(col("partition.run_id"), col("path"), col("min.episode_id"), col("max.episode_id"), strict=True))
-
-
-def _may_hold(action: AddAction, wanted: list[str]) -> bool:
-    """Whether a data file this writer wrote may hold one of the ``wanted`` (sorted) episode ids, by the
-    episode_id range in its statistics (its own, just computed: not read back from a log)."""
-    try:
-        stats = json.loads(action.stats or "{}")
-        lo, hi = stats["minValues"]["episode_id"], stats["maxValues"]["episode_id"]
-    except (KeyError, TypeError, ValueError):
-        return True
-    return bisect.bisect_left(wanted, lo) < bisect.bisect_right(wanted, hi)
 
 
 def _row_groups(turns: deque[tuple[pa.Table, int]], max_bytes: int) -> Iterator[tuple[pa.Table, int]]:
@@ -818,32 +599,6 @@ def _hash(ep: pa.Table, tu: pa.Table, ev: pa.Table, source: str | None
     keys = pa.table({"episode_id": tu["episode_id"], "turn_idx": tu["turn_idx"], "hash": t_hash})
     ep, ev = _hash_small(ep, keys, ev, source, issues)
     return ep, _set_column(tu, "content_hash", t_hash), ev, issues
-
-
-def _remove_uncommitted(lake: Lake, *action_lists: Sequence[Any]) -> None:
-    """Delete uncommitted data files: turns, then gateway_events, then episodes (in that order)."""
-    for actions, name in zip(action_lists, ("turns", "gateway_events", "episodes"), strict=False):
-        for a in actions:
-            lake.remove_file(name, a.path)
-
-
-@contextlib.contextmanager
-def _commit_lock(lake: Lake) -> Iterator[None]:
-    """Serialise check-and-commit across processes on one machine (local lakes): they then never race, so never
-    redo a check. Object storage has no lock and needs none for correctness: the episodes commit is a
-    compare-and-swap on the Delta log (``LakeWriter._commit_checked``), which also covers writers on several
-    machines sharing a local-looking folder."""
-    if not lake.is_local:
-        yield
-        return
-    path = lake.meta_dir / "commit.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _flush_all() -> None:
