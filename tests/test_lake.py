@@ -302,6 +302,41 @@ def test_log_entry_names_are_the_ones_delta_rs_writes(lake: Lake) -> None:
     assert checkpoint_version(log_entry_name(9)) is None
 
 
+def test_commit_rewritten_replaces_live_files_or_leaves_nothing_behind(lake: Lake, monkeypatch) -> None:
+    from deltalake.transaction import RemoveAction
+
+    from trajlake.lake.store import ConcurrentChangeError
+
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_runs([{"run_id": "r1", "created_at": dt.datetime(2026, 3, 1, tzinfo=dt.UTC), "label": "r",
+                       "policy_name": "p", "policy_version": "1"}])
+    (old,) = lake.files("runs")
+    _f, rows = next(iter(lake.iter_tables("runs")))
+
+    def remove(path: str) -> RemoveAction:
+        return RemoveAction(path, False, int(time.time() * 1000), old.size, old.partition_values)
+
+    def exists(adds: list) -> list[bool]:
+        return [os.path.exists(lake.abs_path("runs", a.path)) for a in adds]
+
+    adds = lake.write_files("runs", rows)
+    with pytest.raises(ConcurrentChangeError):  # a removed file is no longer live: nothing committed
+        lake.commit_rewritten("runs", [remove("gone.parquet")], adds)
+    assert exists(adds) == [False] and lake.files("runs") == [old]
+    # an error that does not say the commit failed leaves the files, unless the caller says it does
+    monkeypatch.setattr(lake, "commit", lambda *a, **k: (_ for _ in ()).throw(OSError("lost connection")))
+    for clean_up_on, kept in ((TrajlakeError, [True]), (BaseException, [False])):
+        adds = lake.write_files("runs", rows)
+        with pytest.raises(OSError):
+            lake.commit_rewritten("runs", [remove(old.path)], adds, clean_up_on=clean_up_on)
+        assert exists(adds) == kept
+    monkeypatch.undo()
+    adds = lake.write_files("runs", rows)
+    assert lake.commit_rewritten("runs", [remove(old.path)], adds) == lake.versions()["runs"]
+    assert [f.path for f in lake.files("runs")] == [a.path for a in adds]
+    assert connect(lake).execute("select run_id from runs").fetchall() == [("r1",)]
+
+
 def test_commit_path_sees_another_lake_objects_commits(lake: Lake) -> None:
     # the commit path skips refreshing its cached table while the next log entry does not exist (a stat instead
     # of a listing): a commit by anyone else must still be seen, and a compare-and-swap on the old version fail

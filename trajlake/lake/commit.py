@@ -177,12 +177,7 @@ def _retract(lake: Lake, name: str, actions: list[AddAction], ids: list[str]) ->
     new = lake.drop_rows(name, hit, "episode_id", ids, delete_old=False)
     now = int(time.time() * 1000)
     removes = [RemoveAction(a.path, True, now, a.size, dict(a.partition_values)) for a in hit]
-    try:
-        lake.commit(name, [*removes, *new], expect_present=[a.path for a in hit])
-    except BaseException:
-        for a in new:
-            lake.remove_file(name, a.path)
-        raise
+    lake.commit_rewritten(name, removes, new, clean_up_on=BaseException)
     gone = {a.path for a in hit}
     return [a for a in actions if a.path not in gone] + new
 

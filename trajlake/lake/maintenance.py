@@ -456,12 +456,7 @@ def _compact_partition(lake: Lake, name: str, part: str | None, files: list[Data
             a.data_change = False
     removes = [RemoveAction(f.path, dropped_orphans > 0 or dups > 0, now, f.size, f.partition_values)
                for f in chosen]
-    try:
-        lake.commit(name, [*removes, *adds], expect_present=[f.path for f in chosen])
-    except TrajlakeError:
-        for a in adds:
-            lake.remove_file(name, a.path)
-        raise
+    lake.commit_rewritten(name, removes, adds)
     report.orphan_rows_removed += dropped_orphans
     report.duplicate_rows_removed += dups
 

@@ -549,6 +549,19 @@ class Lake:
             time.sleep(min(0.5, 0.01 * (attempt + 1)))
         raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {one_line(last) if last else ''}")
 
+    def commit_rewritten(self, name: str, removes: Sequence[RemoveAction], adds: Sequence[AddAction],
+                         clean_up_on: type[BaseException] = TrajlakeError) -> int:
+        """Commit files rewritten from live ones as one transaction: ``removes`` (each must still be live, as
+        ``commit``'s ``expect_present``) and ``adds``, their replacements; returns the new version. When the commit
+        raises ``clean_up_on`` the added files are deleted, so nothing uncommitted stays behind, and the error
+        re-raised (the default: only errors that say the commit did not happen)."""
+        try:
+            return self.commit(name, [*removes, *adds], expect_present=[r.path for r in removes])
+        except clean_up_on:
+            for a in adds:
+                self.remove_file(name, a.path)
+            raise
+
     def commit_if_unchanged(self, name: str, actions: Sequence[AddAction | RemoveAction], read_version: int,
                             refresh: bool = True) -> int | None:
         """Commit ``actions`` as version ``read_version + 1`` or not at all: an optimistic compare-and-swap on the
