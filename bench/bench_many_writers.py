@@ -53,7 +53,9 @@ def worker(lake_uri: str, prefix: str, start_at: float, seconds: float, per_comm
     from trajlake import LakeWriter, open_lake
 
     if episodes_commit == "rebase":
-        LakeWriter._commit_checked = _rebase_commit_checked  # type: ignore[method-assign]
+        import trajlake.lake.commit as lake_commit
+
+        lake_commit._commit_checked = _rebase_commit_checked
     records: list[dict[str, Any]] = []
     failed: dict[str, int] = {}
     original = deltalake.DeltaTable.create_write_transaction
@@ -95,45 +97,47 @@ def worker(lake_uri: str, prefix: str, start_at: float, seconds: float, per_comm
                                      "episodes": i, "lost_cas": w.commit_conflicts}))
 
 
-def _rebase_commit_checked(self: Any, ep: Any, turn_actions: list[Any], event_actions: list[Any],
-                           ep_actions: list[Any], bad: list[str]) -> list[str]:
-    """The baseline: the flush's commit as it was before the compare-and-swap. One check of the ids, then turns,
-    events and episodes, the episodes append rebased by delta-rs onto any newer version with no re-check (safe
-    for racing duplicate ids only under the local commit lock)."""
-    from trajlake.record.writer import _drop, _file_ranges, _remove_uncommitted
+def _rebase_commit_checked(lake: Any, ep: Any, turn_actions: list[Any], event_actions: list[Any],
+                           ep_actions: list[Any], bad: list[str], committed_ids: Any, outcome: Any) -> list[str]:
+    """The baseline: the flush's commit as it was before the compare-and-swap (in place of
+    ``trajlake.lake.commit._commit_checked``). One check of the ids, then turns, events and episodes, the episodes
+    append rebased by delta-rs onto any newer version with no re-check (safe for racing duplicate ids only under
+    the local commit lock)."""
+    from trajlake.lake.commit import _late, drop_episodes, file_ranges, remove_uncommitted
 
-    existing = self._existing(ep["episode_id"].to_pylist(), ep["run_id"].to_pylist(),
-                              files=_file_ranges(self.lake.latest_add_actions("episodes")))
-    late = self._late(ep, existing) if existing else []
+    existing = committed_ids.lookup(ep["episode_id"].to_pylist(), ep["run_id"].to_pylist(),
+                                    files=file_ranges(lake.latest_add_actions("episodes")))
+    late = _late(ep, existing, outcome) if existing else []
     if bad or late:
-        turn_actions = self.lake.drop_rows("turns", turn_actions, "episode_id", [*bad, *late])
+        turn_actions = lake.drop_rows("turns", turn_actions, "episode_id", [*bad, *late])
     if late:
-        event_actions = self.lake.drop_rows("gateway_events", event_actions, "episode_id", late)
-        ep = _drop(ep, late)
-        _remove_uncommitted(self.lake, [], [], ep_actions)
-        ep_actions = self.lake.write_files("episodes", ep) if ep.num_rows else []
+        event_actions = lake.drop_rows("gateway_events", event_actions, "episode_id", late)
+        ep = drop_episodes(ep, late)
+        remove_uncommitted(lake, [], [], ep_actions)
+        ep_actions = lake.write_files("episodes", ep) if ep.num_rows else []
     if ep.num_rows == 0:
-        _remove_uncommitted(self.lake, turn_actions, event_actions, ep_actions)
+        remove_uncommitted(lake, turn_actions, event_actions, ep_actions)
         return []
-    self.lake.commit("turns", list(turn_actions))
+    lake.commit("turns", list(turn_actions))
     if event_actions:
-        self.lake.commit("gateway_events", list(event_actions))
-    self.lake.commit("episodes", list(ep_actions))
+        lake.commit("gateway_events", list(event_actions))
+    lake.commit("episodes", list(ep_actions))
     return list(ep["episode_id"].to_pylist())
 
 
 def log_versions(lake_uri: str, table: str) -> dict[str, int]:
     """first added path -> the version whose log entry adds it."""
     from trajlake import open_lake
+    from trajlake.lake.delta_log import DELTA_LOG, log_entry_version
 
     lake = open_lake(lake_uri)
     st = lake.storage
     out: dict[str, int] = {}
-    for name in st.listdir(table, "_delta_log"):
-        if not name.endswith(".json") or not name[:20].isdigit():
+    for name in st.listdir(table, DELTA_LOG):
+        version = log_entry_version(name)
+        if version is None:
             continue
-        version = int(name[:20])
-        for line in st.read_bytes(table, "_delta_log", name).decode().splitlines():
+        for line in st.read_bytes(table, DELTA_LOG, name).decode().splitlines():
             action = json.loads(line) if line.strip() else {}
             if "add" in action:
                 out.setdefault(action["add"]["path"], version)

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-import trajlake.record.writer as writer_mod
+import trajlake.lake.commit as lake_commit
 from tests.conftest import make_episode
 from tests.s3_server import S3Server
-from trajlake import ConflictError, Lake, LakeWriter, connect, open_lake, verify
+from trajlake import ConflictError, Lake, LakeWriter, TrajlakeError, connect, open_lake, verify
 from trajlake.rollout.versions import PolicyVersions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def _race_before_episodes_commit(monkeypatch: pytest.MonkeyPatch, loser: LakeWri
 def test_lost_episodes_race_drops_late_duplicates_and_retracts_their_turns(
         any_lake: Lake, monkeypatch: pytest.MonkeyPatch, lose_the_put: bool) -> None:
     # Writers on different machines share no file lock: take it away, so only the compare-and-swap protects.
-    monkeypatch.setattr(writer_mod, "_commit_lock", lambda lake: _no_commit_lock())
+    monkeypatch.setattr(lake_commit, "_commit_lock", lambda lake: _no_commit_lock())
     lake = any_lake
     other = Lake.open(lake.location)  # a second process's view of the same lake
 
@@ -116,7 +116,7 @@ def test_lost_episodes_race_drops_late_duplicates_and_retracts_their_turns(
 
 def test_lost_race_with_only_duplicates_commits_nothing_and_leaves_no_turns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer_mod, "_commit_lock", lambda lake: _no_commit_lock())
+    monkeypatch.setattr(lake_commit, "_commit_lock", lambda lake: _no_commit_lock())
     lake = open_lake(tmp_path / "lake", create=True)
     other = Lake.open(lake.location)
 
@@ -139,7 +139,7 @@ def test_lost_race_with_only_duplicates_commits_nothing_and_leaves_no_turns(
 
 def test_lost_race_on_runs_skips_the_row_another_writer_added(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer_mod, "_commit_lock", lambda lake: _no_commit_lock())
+    monkeypatch.setattr(lake_commit, "_commit_lock", lambda lake: _no_commit_lock())
     lake = open_lake(tmp_path / "lake", create=True)
     other = Lake.open(lake.location)
     run = {"run_id": "r1", "created_at": dt.datetime(2026, 3, 1, tzinfo=dt.UTC), "label": "r1",
@@ -253,7 +253,7 @@ def test_duplicate_committed_while_turns_commit_is_caught_by_the_first_commit_tr
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The other writer commits ep-1 after b's first check, while b commits its turns: b's first episodes commit
     # try sees the table moved (no put), re-checks, and commits without ep-1.
-    monkeypatch.setattr(writer_mod, "_commit_lock", lambda lake: _no_commit_lock())
+    monkeypatch.setattr(lake_commit, "_commit_lock", lambda lake: _no_commit_lock())
     lake = open_lake(tmp_path / "lake", create=True)
     other = Lake.open(lake.location)
     b = LakeWriter(lake, handle_signals=False)
@@ -277,3 +277,38 @@ def test_duplicate_committed_while_turns_commit_is_caught_by_the_first_commit_tr
         ("ep-1", 5), ("ep-2", 5)]
     rep = verify(Lake.open(lake.location), strict=True)
     assert rep.ok, rep.problems
+
+
+def test_a_commit_that_gives_up_still_reports_the_duplicates_it_dropped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every episodes put is lost (another writer commits ep-1 at the first): the protocol drops and retracts ep-1,
+    # gives up after its tries, and the writer still learns what it found before the failure.
+    monkeypatch.setattr(lake_commit, "_commit_lock", lambda lake: _no_commit_lock())
+    monkeypatch.setattr(lake_commit, "_CAS_ATTEMPTS", 2)
+    lake = open_lake(tmp_path / "lake", create=True)
+    other = Lake.open(lake.location)
+    b = LakeWriter(lake, handle_signals=False)
+    original = b.lake.commit_if_unchanged
+    lost: list[int] = []
+
+    def never_for_episodes(name: str, actions: Any, read_version: int, refresh: bool = True) -> int | None:
+        if name != "episodes":
+            return original(name, actions, read_version, refresh)
+        if not lost:
+            with LakeWriter(other, handle_signals=False) as a:
+                a.write_batch(*_batch("ep-1"))
+        lost.append(read_version)
+        return None
+
+    monkeypatch.setattr(b.lake, "commit_if_unchanged", never_for_episodes)
+    b.write_batch(*_batch("ep-1", "ep-2"), check_existing=False)
+    with pytest.raises(TrajlakeError, match=r"episodes: could not commit after 2 attempts .* 1 episode\(s\)"):
+        b.flush()
+    assert len(lost) == 2 and b.commit_conflicts == 2 and b.late_duplicates == ["ep-1"] and b.committed == 0
+    b.close()
+    con = connect(Lake.open(lake.location))
+    assert con.execute("select episode_id from episodes").fetchall() == [("ep-1",)]
+    # ep-1's turns once (b's copy retracted); ep-2's turns are orphans that compact removes
+    assert con.execute("select episode_id, count(*) from _turns_all group by 1 order by 1").fetchall() == [
+        ("ep-1", 5), ("ep-2", 5)]
+    assert verify(Lake.open(lake.location)).ok

@@ -104,6 +104,22 @@ def test_recorder_and_demo_follow_the_definition(tmp_path: Any) -> None:
     assert row == (3 + 8, 3, None, None, "t:v:unseeded:1")
 
 
+def test_one_clock_and_one_recorder_for_every_writer() -> None:
+    import trajlake
+    import trajlake.record.recorder as recorder
+    import trajlake.record.writer as writer
+    import trajlake.rollout.runner as runner
+    from trajlake.record.episode import utcnow
+
+    # the rollout runner, the writer and the recorder stamp rows with the one clock (no second definition)
+    assert runner.utcnow is utcnow and writer.utcnow is utcnow and recorder.utcnow is utcnow
+    before = dt.datetime.now(dt.UTC)
+    assert utcnow().tzinfo is dt.UTC and before <= utcnow() <= dt.datetime.now(dt.UTC)
+    # the recorder lives beside the episode builder; the old import paths still name it
+    assert writer.EpisodeRecorder is trajlake.EpisodeRecorder is recorder.EpisodeRecorder
+    assert trajlake.new_episode_id is recorder.new_episode_id
+
+
 @pytest.mark.slow
 def test_the_runner_follows_the_definition(dev_rollout: Callable[[str], tuple[Path, int]]) -> None:
     lake, written = dev_rollout("heuristic")  # the runner's heuristic run on the dev tasks (shared, read only)

@@ -26,6 +26,13 @@ from trajlake import (
     scan,
     verify,
 )
+from trajlake.lake.delta_log import (
+    DELTA_LOG,
+    checkpoint_version,
+    log_entry_name,
+    log_entry_version,
+    version_name,
+)
 from trajlake.record.validate import conform
 from trajlake.record.writer import to_table
 
@@ -262,7 +269,7 @@ def test_expired_log_entries_are_cleaned_up_with_checkpoints_only(lake: Lake, mo
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(deltalake.DeltaTable, "create_write_transaction", spy)
-    log = lake.root / "runs" / "_delta_log"
+    log = lake.root / "runs" / DELTA_LOG
     with LakeWriter(lake, handle_signals=False) as w:
         for i in range(11):  # versions 2..12: compare-and-swap commits, and plain ones through Lake.commit
             if i % 2 == 0:
@@ -273,14 +280,61 @@ def test_expired_log_entries_are_cleaned_up_with_checkpoints_only(lake: Lake, mo
                 row = stored.slice(0, 1).set_column(stored.schema.get_field_index("run_id"), "run_id",
                                                     pa.array([f"r{i}"]))
                 lake.commit("runs", lake.write_files("runs", row))
-            entries = sorted(int(p.name[:20]) for p in log.glob("*.json"))
+            entries = sorted(v for p in log.glob("*.json") if (v := log_entry_version(p.name)) is not None)
             v = lake.versions()["runs"]
             if v >= 4:  # the checkpoint of version 4 (and 9) covers every older entry: they are gone
                 assert entries[0] == (v + 1) // 5 * 5 - 1, (v, entries)
     assert [v for v, cleanup in hooks if cleanup] == [4, 9]
     assert sorted(v for v, _ in hooks) == list(range(2, 13))
-    assert (log / f"{9:020d}.checkpoint.parquet").exists()
+    assert (log / f"{version_name(9)}.checkpoint.parquet").exists()
     assert connect(lake).execute("select count(*) from runs").fetchone() == (11,)
+
+
+def test_log_entry_names_are_the_ones_delta_rs_writes(lake: Lake) -> None:
+    assert log_entry_name(7) == "00000000000000000007.json" and version_name(7) == "00000000000000000007"
+    on_disk = sorted(p.name for p in (lake.root / "episodes" / DELTA_LOG).iterdir())
+    assert on_disk[0] == log_entry_name(0)
+    assert [log_entry_version(n) for n in on_disk if n.endswith(".json")] == list(range(lake.versions()["episodes"] + 1))
+    assert log_entry_version("00000000000000000009.checkpoint.parquet") is None
+    assert log_entry_version("_commit_1234.json.tmp") is None and log_entry_version("7.json") is None
+    assert checkpoint_version("00000000000000000009.checkpoint.parquet") == 9
+    assert checkpoint_version("00000000000000000019.checkpoint.0000000001.0000000002.parquet") == 19
+    assert checkpoint_version(log_entry_name(9)) is None
+
+
+def test_commit_rewritten_replaces_live_files_or_leaves_nothing_behind(lake: Lake, monkeypatch) -> None:
+    from deltalake.transaction import RemoveAction
+
+    from trajlake.lake.store import ConcurrentChangeError
+
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_runs([{"run_id": "r1", "created_at": dt.datetime(2026, 3, 1, tzinfo=dt.UTC), "label": "r",
+                       "policy_name": "p", "policy_version": "1"}])
+    (old,) = lake.files("runs")
+    _f, rows = next(iter(lake.iter_tables("runs")))
+
+    def remove(path: str) -> RemoveAction:
+        return RemoveAction(path, False, int(time.time() * 1000), old.size, old.partition_values)
+
+    def exists(adds: list) -> list[bool]:
+        return [os.path.exists(lake.abs_path("runs", a.path)) for a in adds]
+
+    adds = lake.write_files("runs", rows)
+    with pytest.raises(ConcurrentChangeError):  # a removed file is no longer live: nothing committed
+        lake.commit_rewritten("runs", [remove("gone.parquet")], adds)
+    assert exists(adds) == [False] and lake.files("runs") == [old]
+    # an error that does not say the commit failed leaves the files, unless the caller says it does
+    monkeypatch.setattr(lake, "commit", lambda *a, **k: (_ for _ in ()).throw(OSError("lost connection")))
+    for clean_up_on, kept in ((TrajlakeError, [True]), (BaseException, [False])):
+        adds = lake.write_files("runs", rows)
+        with pytest.raises(OSError):
+            lake.commit_rewritten("runs", [remove(old.path)], adds, clean_up_on=clean_up_on)
+        assert exists(adds) == kept
+    monkeypatch.undo()
+    adds = lake.write_files("runs", rows)
+    assert lake.commit_rewritten("runs", [remove(old.path)], adds) == lake.versions()["runs"]
+    assert [f.path for f in lake.files("runs")] == [a.path for a in adds]
+    assert connect(lake).execute("select run_id from runs").fetchall() == [("r1",)]
 
 
 def test_commit_path_sees_another_lake_objects_commits(lake: Lake) -> None:

@@ -23,6 +23,7 @@ from tests.azure_server import AzuriteServer
 from tests.conftest import make_episode, run_cli
 from tests.s3_server import S3Server
 from trajlake import Lake, LakeWriter, TrajlakeError, compact, connect, open_lake, scan, verify
+from trajlake.lake.delta_log import DELTA_LOG
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,7 +124,7 @@ def _keys(lake: Lake, table: str) -> list[str]:
     fs = lake.filesystem
     base = lake.storage.path(table)
     infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    return [i.path[len(base) + 1:] for i in infos if i.type == pafs.FileType.File and "_delta_log" not in i.path]
+    return [i.path[len(base) + 1:] for i in infos if i.type == pafs.FileType.File and DELTA_LOG not in i.path]
 
 
 def _writer_env(store_lake: StoreLake) -> dict[str, str]:

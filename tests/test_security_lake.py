@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import make_episode
 from trajlake import Lake, LakeWriter, open_lake
+from trajlake.lake.delta_log import DELTA_LOG, log_entry_name
 from trajlake.lake.maintenance import verify
 
 pytestmark = pytest.mark.security
@@ -36,7 +37,7 @@ def three_commits(tmp_path: Path) -> Lake:
 
 
 def log_entry(lake: Lake, table: str, version: int) -> Path:
-    return lake.root / table / "_delta_log" / f"{version:020d}.json"
+    return lake.root / table / DELTA_LOG / log_entry_name(version)
 
 
 def stored_ids(lake: Lake) -> list[str]:

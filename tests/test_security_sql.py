@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import run_cli
 from trajlake import Lake, LakeWriter, open_lake
 from trajlake.demo import write_demo
+from trajlake.lake.delta_log import DELTA_LOG, log_entry_name
 from trajlake.query import connect
 
 pytestmark = pytest.mark.security
@@ -43,7 +44,7 @@ def test_select_still_works(capsys, small_lake) -> None:
 
 def test_copy_to_outside_and_over_lake_files_is_refused(capsys, small_lake, tmp_path) -> None:
     before = episode_count(capsys, small_lake)
-    log = small_lake.root / "episodes" / "_delta_log" / "00000000000000000001.json"
+    log = small_lake.root / "episodes" / DELTA_LOG / log_entry_name(1)
     data = next((small_lake.root / "episodes").rglob("*.parquet"))
     targets = [tmp_path / "out.csv", log, data, small_lake.root / "new.csv"]
     for target in targets:

@@ -10,6 +10,7 @@ import trajlake.lake.store as store
 import trajlake.record.writer as writer_mod
 from tests.conftest import make_episode
 from trajlake import ConflictError, Lake, LakeWriter, connect, verify
+from trajlake.record import memory
 from trajlake.record.validate import conform
 from trajlake.record.writer import to_table
 
@@ -120,7 +121,7 @@ def test_sink_splits_partitions_rolls_files_and_records_stats(lake: Lake, monkey
 
 def test_small_buffers_release_memory_eagerly_by_default(lake: Lake, monkeypatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(writer_mod, "_release_large_allocations_eagerly", lambda: calls.append(1))
+    monkeypatch.setattr(memory, "release_large_allocations_eagerly", lambda: calls.append(1))
     LakeWriter(lake, handle_signals=False).close()  # the default buffer: glibc's defaults
     LakeWriter(lake, max_buffer_bytes=64 << 20, handle_signals=False, release_memory_eagerly=False).close()
     assert calls == []
@@ -138,7 +139,7 @@ def test_eager_release_sets_glibcs_mmap_threshold_unless_the_user_did(user_setti
 
     code = """
 import ctypes, sys
-from trajlake.record.writer import _release_large_allocations_eagerly
+from trajlake.record.memory import release_large_allocations_eagerly
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
@@ -147,7 +148,7 @@ def mapped(p):
     return any(int(lo, 16) <= p < int(hi, 16) and len(line.split()) == 5
                for line in open("/proc/self/maps") for lo, hi in [line.split()[0].split("-")])
 before = mapped(libc.malloc(2 << 20))
-print(before, _release_large_allocations_eagerly(), mapped(libc.malloc(2 << 20)))
+print(before, release_large_allocations_eagerly(), mapped(libc.malloc(2 << 20)))
 """
     env = {k: v for k, v in __import__("os").environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
     if user_setting:

@@ -40,7 +40,8 @@ from trajlake.errors import (
 from trajlake.lake.maintenance import CompactReport, VerifyReport, compact, verify
 from trajlake.lake.store import Lake
 from trajlake.query import connect, lake_versions, scan
-from trajlake.record.writer import EpisodeRecorder, LakeWriter, WriteResult, new_episode_id
+from trajlake.record.recorder import EpisodeRecorder, new_episode_id
+from trajlake.record.writer import LakeWriter, WriteResult
 from trajlake.schema import SCHEMA_VERSION, TABLES, arrow_schema, table_def
 
 

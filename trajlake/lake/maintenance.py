@@ -17,7 +17,6 @@ import fcntl
 import hashlib
 import io
 import json
-import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.errors import TrajlakeError, one_line
+from trajlake.lake.delta_log import DELTA_LOG, checkpoint_version, log_entry_name, log_entry_version
 from trajlake.lake.hashing import episode_hash, hash_rows, row_bytes
 from trajlake.lake.store import (
     COMMIT_RECORDS,
@@ -69,37 +69,33 @@ def _partitions(lake: Lake, versions: dict[str, int]) -> dict[str | None, dict[s
     return out
 
 
-_LOG_ENTRY = re.compile(r"^(\d{20})\.json$")
-_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
-
-
 def _check_log_chain(lake: Lake, name: str, version: int, report: VerifyReport) -> None:
     """Every commit up to ``version`` must be present (or covered by a checkpoint) and parse."""
     try:
-        listing = lake.storage.listdir(name, "_delta_log")
+        listing = lake.storage.listdir(name, DELTA_LOG)
     except (OSError, TrajlakeError) as e:
         report.problems.append(f"{name}/_delta_log: cannot list the log: {e}")
         return
-    entries = sorted(int(m.group(1)) for n in listing if (m := _LOG_ENTRY.match(n)))
-    checkpoints = sorted(int(m.group(1)) for n in listing if (m := _CHECKPOINT.match(n)))
+    entries = sorted(v for n in listing if (v := log_entry_version(n)) is not None)
+    checkpoints = sorted(v for n in listing if (v := checkpoint_version(n)) is not None)
     entries = [v for v in entries if v <= version]
     covered = max((c for c in checkpoints if c <= version), default=-1)
     needed = range(covered + 1, version + 1)
     missing = sorted(set(needed) - set(entries))
     if missing:
-        shown = ", ".join(f"{v:020d}.json" for v in missing[:5])
+        shown = ", ".join(log_entry_name(v) for v in missing[:5])
         report.problems.append(f"{name}/_delta_log: {len(missing)} commit(s) missing from the log chain ({shown}"
                                f"{', ...' if len(missing) > 5 else ''}): their rows are silently dropped by "
                                f"every reader")
     if covered < 0 and 0 not in entries:
-        report.problems.append(f"{name}/_delta_log: the first commit (00000000000000000000.json) is missing and "
+        report.problems.append(f"{name}/_delta_log: the first commit ({log_entry_name(0)}) is missing and "
                                f"no checkpoint covers it")
     for v in needed:
         if v not in entries:
             continue
-        entry = f"{v:020d}.json"
+        entry = log_entry_name(v)
         try:
-            data = lake.storage.read_bytes(name, "_delta_log", entry)
+            data = lake.storage.read_bytes(name, DELTA_LOG, entry)
             # read as open(..., encoding="utf-8") would: universal newlines, decode errors as ValueError
             for i, line in enumerate(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"), start=1):
                 if line.strip():
@@ -112,7 +108,7 @@ def _check_log_chain(lake: Lake, name: str, version: int, report: VerifyReport) 
 
 def _newest_log_entry(lake: Lake, name: str) -> int:
     try:
-        found = [int(m.group(1)) for n in lake.storage.listdir(name, "_delta_log") if (m := _LOG_ENTRY.match(n))]
+        found = [v for n in lake.storage.listdir(name, DELTA_LOG) if (v := log_entry_version(n)) is not None]
     except (OSError, TrajlakeError):
         return -1
     return max(found, default=-1)
@@ -127,12 +123,12 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
     except (OSError, TrajlakeError):
         return  # a lake written before commit records existed
     try:
-        on_log = set(st.listdir(name, "_delta_log"))
+        on_log = set(st.listdir(name, DELTA_LOG))
     except (OSError, TrajlakeError):
         on_log = set()
 
     def in_log(v: int) -> bool:
-        return f"{v:020d}.json" in on_log
+        return log_entry_name(v) in on_log
 
     # a record above the version read whose entry exists now is a commit made while verify runs
     lost = [v for v, _ in records if v > version and not in_log(v)] if latest else []
@@ -141,12 +137,12 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
                                f"(newest recorded {lost[-1]}, the log ends at {version}): the newest entries were "
                                f"deleted and their rows are silently dropped")
     for v, record in records:
-        entry = f"{v:020d}.json"
+        entry = log_entry_name(v)
         if v > version or not in_log(v):
             continue  # a gap is reported by the chain check, a checkpointed entry may be cleaned up
         try:
             recorded = st.read_bytes(*folder, record).decode("ascii").strip()
-            actual = hashlib.sha256(st.read_bytes(name, "_delta_log", entry)).hexdigest()
+            actual = hashlib.sha256(st.read_bytes(name, DELTA_LOG, entry)).hexdigest()
         except (OSError, TrajlakeError, UnicodeDecodeError) as e:
             report.problems.append(f"{name}/_delta_log/{entry}: cannot check: {e}")
             continue
@@ -412,9 +408,9 @@ def _prune_commit_records(lake: Lake, name: str) -> None:
     st = lake.storage
     with contextlib.suppress(OSError, TrajlakeError):
         current = lake.delta(name).version()
-        on_log = set(st.listdir(name, "_delta_log"))
+        on_log = set(st.listdir(name, DELTA_LOG))
         for n in st.listdir(META_DIR, COMMIT_RECORDS, name):
-            if n.isdigit() and f"{n}.json" not in on_log and int(n) <= current:
+            if n.isdigit() and log_entry_name(int(n)) not in on_log and int(n) <= current:
                 st.remove(META_DIR, COMMIT_RECORDS, name, n)
 
 
@@ -460,12 +456,7 @@ def _compact_partition(lake: Lake, name: str, part: str | None, files: list[Data
             a.data_change = False
     removes = [RemoveAction(f.path, dropped_orphans > 0 or dups > 0, now, f.size, f.partition_values)
                for f in chosen]
-    try:
-        lake.commit(name, [*removes, *adds], expect_present=[f.path for f in chosen])
-    except TrajlakeError:
-        for a in adds:
-            lake.remove_file(name, a.path)
-        raise
+    lake.commit_rewritten(name, removes, adds)
     report.orphan_rows_removed += dropped_orphans
     report.duplicate_rows_removed += dups
 

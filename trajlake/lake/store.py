@@ -33,6 +33,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake._version import __version__
 from trajlake.errors import LakeNotFoundError, SchemaVersionError, TrajlakeError, one_line
+from trajlake.lake.delta_log import DELTA_LOG, log_entry_name, version_name
 from trajlake.lake.storage import LakeStorage, is_uri, storage_error
 from trajlake.schema import (
     BASE_SCHEMA_VERSION,
@@ -49,7 +50,8 @@ from trajlake.schema import (
 META_DIR = "_trajlake"
 COMMIT_RECORDS = "commits"
 """Folder under META_DIR holding, per table, the sha256 of every Delta log entry trajlake committed or saw
-committed (one small file per version): ``verify`` checks the log still holds them, unchanged."""
+committed (one small file per version, named ``delta_log.version_name``): ``verify`` checks the log still holds
+them, unchanged."""
 LAKE_FILE = "lake.json"
 DEFAULT_RETENTION_HOURS = 7 * 24
 TARGET_FILE_BYTES = 256 * 1024 * 1024  # in-memory Arrow bytes per data file (zstd makes files several x smaller)
@@ -236,7 +238,7 @@ class Lake:
         d = self._commit_tables.get(name)
         if d is None:
             d = self._commit_tables[name] = self.delta(name)
-        elif not self.is_local or self.storage.exists(name, "_delta_log", f"{d.version() + 1:020d}.json"):
+        elif not self.is_local or self.storage.exists(name, DELTA_LOG, log_entry_name(d.version() + 1)):
             # Locally, a stat of the next log entry tells whether anything was committed since: versions are
             # contiguous, and an entry exists once committed. A refresh lists the whole `_delta_log` directory
             # (delta-rs's local store has no listing from an offset), a cost that grows with the log.
@@ -547,6 +549,19 @@ class Lake:
             time.sleep(min(0.5, 0.01 * (attempt + 1)))
         raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {one_line(last) if last else ''}")
 
+    def commit_rewritten(self, name: str, removes: Sequence[RemoveAction], adds: Sequence[AddAction],
+                         clean_up_on: type[BaseException] = TrajlakeError) -> int:
+        """Commit files rewritten from live ones as one transaction: ``removes`` (each must still be live, as
+        ``commit``'s ``expect_present``) and ``adds``, their replacements; returns the new version. When the commit
+        raises ``clean_up_on`` the added files are deleted, so nothing uncommitted stays behind, and the error
+        re-raised (the default: only errors that say the commit did not happen)."""
+        try:
+            return self.commit(name, [*removes, *adds], expect_present=[r.path for r in removes])
+        except clean_up_on:
+            for a in adds:
+                self.remove_file(name, a.path)
+            raise
+
     def commit_if_unchanged(self, name: str, actions: Sequence[AddAction | RemoveAction], read_version: int,
                             refresh: bool = True) -> int | None:
         """Commit ``actions`` as version ``read_version + 1`` or not at all: an optimistic compare-and-swap on the
@@ -585,12 +600,12 @@ class Lake:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             for v in range(first, last + 1):
-                target = folder / f"{v:020d}"
+                target = folder / version_name(v)
                 if target.exists():
                     continue
-                entry = Path(self.table_uri(name)) / "_delta_log" / f"{v:020d}.json"
+                entry = Path(self.table_uri(name)) / DELTA_LOG / log_entry_name(v)
                 digest = hashlib.sha256(entry.read_bytes()).hexdigest()
-                tmp = folder / f".{v:020d}.{os.getpid()}.{threading.get_ident()}.tmp"
+                tmp = folder / f".{version_name(v)}.{os.getpid()}.{threading.get_ident()}.tmp"
                 tmp.write_text(digest, encoding="ascii")
                 os.replace(tmp, target)
         except OSError:
@@ -600,11 +615,11 @@ class Lake:
         st = self.storage
         for v in range(first, last + 1):
             try:
-                if st.exists(META_DIR, COMMIT_RECORDS, name, f"{v:020d}"):
+                if st.exists(META_DIR, COMMIT_RECORDS, name, version_name(v)):
                     continue
-                entry = st.read_bytes(name, "_delta_log", f"{v:020d}.json")
+                entry = st.read_bytes(name, DELTA_LOG, log_entry_name(v))
                 st.write_bytes(hashlib.sha256(entry).hexdigest().encode("ascii"), META_DIR, COMMIT_RECORDS, name,
-                               f"{v:020d}")
+                               version_name(v))
             except (OSError, TrajlakeError):
                 return  # evidence for verify only: never fail a commit that already happened
 

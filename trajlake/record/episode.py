@@ -18,6 +18,7 @@ states each definition; ``docs/eval.md`` the metrics built on them):
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -66,6 +67,12 @@ class CostModel:
         if price_tool_second is None:
             return cls(p_in, p_out)
         return cls(p_in, p_out, price_tool_second)
+
+
+def utcnow() -> dt.datetime:
+    """Now, timezone-aware in UTC: the clock every writer of episodes stamps rows with (``started_at``,
+    ``ended_at``, ``written_at``, a run's ``created_at``)."""
+    return dt.datetime.now(dt.UTC)
 
 
 def group_id_for(task_id: str, task_version: str, env_seed: int | None, env_version: str) -> str:
@@ -154,4 +161,5 @@ def build_episode(episode: Mapping[str, Any], turns: Sequence[Mapping[str, Any]]
     return row
 
 
-__all__ = ["DEFAULT_TOOL_SECOND_USD", "CostModel", "build_episode", "context_tokens", "group_id_for", "price_turns"]
+__all__ = ["DEFAULT_TOOL_SECOND_USD", "CostModel", "build_episode", "context_tokens", "group_id_for", "price_turns",
+           "utcnow"]

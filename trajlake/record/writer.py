@@ -3,7 +3,8 @@
 Commit point: an episode's turns and gateway events are committed first, then its episode row. Readers (the
 views of ``trajlake.connect``) show turns and events only when their episode row exists, so no partial episode
 is ever visible. A crash between the two commits leaves orphan turns: invisible, listed by ``verify`` and
-removed by ``compact``.
+removed by ``compact``. The writer encodes the files; the lake's commit protocol (``trajlake.lake.commit``: the
+last id check, the compare-and-swap, late duplicates) commits them, one call per flush.
 
 Buffering: Delta commits are expensive (each writes a log entry), so episodes are buffered and committed when
 the buffer holds ``max_turn_rows`` turn rows or ``max_buffer_bytes`` bytes, when the oldest buffered episode is
@@ -24,20 +25,13 @@ pays more than its own size for.
 from __future__ import annotations
 
 import atexit
-import bisect
 import contextlib
-import ctypes
-import ctypes.util
 import datetime as dt
-import fcntl
 import functools
-import json
 import os
-import random
 import signal
 import threading
 import time
-import uuid
 import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,41 +43,31 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
-import pyarrow.parquet as pq
-from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake._version import __version__
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
-from trajlake.lake.hashing import episode_hashes, hash_rows, hash_rows_array
+from trajlake.lake.commit import (
+    CommitOutcome,
+    CommittedEpisodes,
+    commit_episodes,
+    commit_keyed_rows,
+    drop_episodes,
+    remove_uncommitted,
+)
+from trajlake.lake.hashing import episode_hashes, hash_rows_array
 from trajlake.lake.store import ROW_GROUP_BYTES, ROW_GROUP_ROWS, DataFileSink, Lake
-from trajlake.record.episode import build_episode, group_id_for
+from trajlake.record import memory
+from trajlake.record.episode import utcnow
+from trajlake.record.recorder import EpisodeRecorder
 from trajlake.record.validate import conform, loose_schema, validate_batch
 from trajlake.schema import SCHEMA_VERSION
-from trajlake.schemas.vocab import Actor, Role, Status
 
 _LIVE_WRITERS: weakref.WeakSet[LakeWriter] = weakref.WeakSet()
 # All the batch data a writer holds (the buffer being filled plus what a background commit has not written):
 # with the ~100 MB a commit works in and ~185 MB of imports, a default writer stays under 512 MB (issue 16).
 DEFAULT_BUFFER_BYTES = 128 * 1024 * 1024
 _TRIM_EVERY_BYTES = 64 * 1024 * 1024
-_REFRESH_SECONDS = 1.0
-# Tries of the episodes (and runs/tasks) compare-and-swap: each loss means another writer committed, so the lake
-# as a whole progresses; the bound only ends one writer's run of bad luck (with jittered backoff between tries).
-_CAS_ATTEMPTS = 200
 _SIGNALS_INSTALLED = False
-
-
-def new_episode_id() -> str:
-    """A time-ordered unique id (UUIDv7 layout), so file statistics prune id look-ups."""
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (rand >> 68 & 0xFFF) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
-    return str(uuid.UUID(int=value))
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 @dataclass
@@ -140,7 +124,7 @@ class LakeWriter:
         price is CPU (~20% more of the writer's at 2,000-token rows), so pass ``False`` where memory is ample."""
         self.lake = lake
         if release_memory_eagerly or (release_memory_eagerly is None and max_buffer_bytes < DEFAULT_BUFFER_BYTES):
-            _release_large_allocations_eagerly()
+            memory.release_large_allocations_eagerly()
         self.max_turn_rows = max_turn_rows
         self.max_buffer_bytes = max_buffer_bytes
         self.max_age_seconds = max_age_seconds
@@ -156,17 +140,13 @@ class LakeWriter:
         self._inflight = 0  # bytes of the buffer a commit has taken and not yet written
         self._untrimmed = 0  # bytes released since memory was last handed back to the OS
         self._room = threading.Condition()
-        self._files_version = -1  # the episodes' files (run, path, min id, max id) as of that version
-        self._files: list[tuple[str | None, str, str | None, str | None]] | None = None
+        self._committed_ids = CommittedEpisodes(lake)  # the id look-ups, with their file and footer caches
         self.committed = 0
         self.late_conflicts: dict[str, list[Issue]] = {}
         self.closed = False
-        self._episodes_delta: Any = None  # cached DeltaTable of episodes, refreshed incrementally
-        self._id_bounds: dict[str, tuple[str | None, str | None]] = {}  # data file -> its own episode_id range
-        self._refreshed = 0.0
         self.late_duplicates: list[str] = []
         # times an episodes commit found the table moved since its check (another writer's commit) and
-        # re-checked before trying again (its compare-and-swap; see ``_commit_checked``)
+        # re-checked before trying again (its compare-and-swap; see ``lake.commit``)
         self.commit_conflicts = 0
         self._bg: threading.Thread | None = None
         self._bg_error: BaseException | None = None
@@ -216,7 +196,7 @@ class LakeWriter:
         columns are filled. Raises ValidationError only for structural problems (unknown or missing columns).
         With ``dry_run`` everything is checked (against the lake too) but nothing is buffered.
         ``check_existing=False`` skips the early look-up of committed ids (for writers that know their ids are
-        new, like a resumed rollout); the flush still drops duplicates exactly (see ``_commit_checked``)."""
+        new, like a resumed rollout); the flush still drops duplicates exactly (see ``lake.commit``)."""
         ep = conform(to_table(episodes, "episodes"), "episodes", source)
         tu = conform(to_table(turns, "turns"), "turns", source)
         ev = conform(to_table(gateway_events, "gateway_events"), "gateway_events", source)
@@ -240,7 +220,7 @@ class LakeWriter:
             result.rejected[e if e is not None else "<missing episode_id>"] = issues
         bad = [e for e in report.by_episode if e is not None]
         if report.by_episode:
-            ep, tu, ev = (_drop(t, bad) for t in (ep, tu, ev))
+            ep, tu, ev = (drop_episodes(t, bad) for t in (ep, tu, ev))
             if None in report.by_episode:  # rows without an episode id cannot be attributed: drop those rows
                 ep, tu, ev = (t.filter(pc.is_valid(t["episode_id"])) for t in (ep, tu, ev))
         if ep.num_rows == 0:
@@ -254,8 +234,8 @@ class LakeWriter:
                 self._bg_committed += done
             if any(e in self._buffered for e in ids):
                 self.flush()  # classify against committed content (rare: the same id twice in one writer)
-            existing = self._existing(ids, ep["run_id"].to_pylist(), refresh=dry_run) if check_existing or dry_run \
-                else {}
+            existing = self._committed_ids.lookup(ids, ep["run_id"].to_pylist(), refresh=dry_run) \
+                if check_existing or dry_run else {}
             given = ep["content_hash"].null_count < ep.num_rows or tu["content_hash"].null_count < tu.num_rows
             if existing or given:
                 # Hashes are needed now: to tell duplicates from conflicts, or to check the given ones.
@@ -273,7 +253,7 @@ class LakeWriter:
                         result.rejected[e] = [Issue("episodes", e, None, "content_hash",
                                                     "episode id already exists with different content", source)]
                 if skip:
-                    ep, tu, ev = (_drop(t, skip) for t in (ep, tu, ev))
+                    ep, tu, ev = (drop_episodes(t, skip) for t in (ep, tu, ev))
             if dry_run:
                 result.accepted += ep["episode_id"].to_pylist()
                 return result
@@ -319,65 +299,6 @@ class LakeWriter:
                 or (self._oldest is not None and time.monotonic() - self._oldest >= self.max_age_seconds))
 
     # -- committing ------------------------------------------------------------------------------------------
-    def _existing(self, ids: list[str], run_ids: list[str], refresh: bool = True,
-                  files: list[tuple[str | None, str, str | None, str | None]] | None = None) -> dict[str, str]:
-        """content_hash of those ``ids`` already committed in the lake (or in ``files``, given by the commit path:
-        an exact snapshot of the episodes table, or the files a concurrent writer added since one).
-
-        Only files of the ids' run partitions whose episode_id min/max statistics can contain one of the ids
-        are read (two columns each); time-ordered ids (``new_episode_id``) make that a handful of recent files.
-        Memory stays bounded by the batch, not by the lake."""
-        if not ids:
-            return {}
-        if files is None:
-            if self._episodes_delta is None:
-                self._episodes_delta = self.lake.delta("episodes")
-                self._refreshed = time.monotonic()
-            elif refresh or time.monotonic() - self._refreshed > _REFRESH_SECONDS:
-                # Early duplicate reports may use a slightly stale file list; the flush re-checks exactly.
-                self._episodes_delta.update_incremental()
-                self._refreshed = time.monotonic()
-            if self._files is None or self._files_version != self._episodes_delta.version():
-                # once per table version, not per append
-                self._files_version = self._episodes_delta.version()
-                self._files = _file_ranges(pa.table(self._episodes_delta.get_add_actions(flatten=True)))
-            files = self._files
-        if not files:
-            return {}
-        wanted = sorted(set(ids))
-        runs = set(run_ids)
-        paths = []
-        # Files are skipped by the episode_id range in their own Parquet footer, not by the Delta log's
-        # statistics: an edited log must not make a second copy of an episode look new. Data files never
-        # change (their name records their checksum), so each footer is read once per writer.
-        for run, path, _log_lo, _log_hi in files:
-            if run not in runs:
-                continue
-            lo, hi = self._file_id_bounds(path)
-            if lo is not None and hi is not None and bisect.bisect_left(wanted, lo) >= bisect.bisect_right(wanted, hi):
-                continue  # no wanted id falls inside this file's [min, max]
-            paths.append(self.lake.abs_path("episodes", path))
-        if not paths:
-            return {}
-        dataset = pads.dataset(paths, format="parquet", filesystem=self.lake.filesystem)
-        found = dataset.to_table(columns=["episode_id", "content_hash"],
-                                 filter=pads.field("episode_id").isin(pa.array(wanted, pa.string())))
-        return dict(zip(found["episode_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
-
-    def _file_id_bounds(self, path: str) -> tuple[str | None, str | None]:
-        """(min, max) episode_id of an episodes data file from its Parquet footer; (None, None) when unknown."""
-        bounds = self._id_bounds.get(path)
-        if bounds is None:
-            bounds = (None, None)
-            with contextlib.suppress(Exception):  # unreadable footer: read the file instead of skipping it
-                meta = pq.ParquetFile(self.lake.abs_path("episodes", path), filesystem=self.lake.filesystem).metadata
-                col = meta.schema.to_arrow_schema().get_field_index("episode_id")
-                groups = [meta.row_group(i).column(col).statistics for i in range(meta.num_row_groups)]
-                if col >= 0 and groups and all(g is not None and g.has_min_max for g in groups):
-                    bounds = (min(str(g.min) for g in groups), max(str(g.max) for g in groups))
-            self._id_bounds[path] = bounds
-        return bounds
-
     def _take_buffer(self) -> _Batch | None:
         """Detach the buffered episodes (under the lock) for committing; their bytes count as in flight until
         the commit has written them."""
@@ -442,7 +363,7 @@ class LakeWriter:
                 batch.turns.clear()
                 self._inflight = 0
                 self._room.notify_all()
-            _return_free_memory()
+            memory.return_free_memory()
 
     def _write_turns(self, sink: DataFileSink, group: pa.Table, size: int, hashes: Future[pa.Array], now: pa.Scalar,
                      bad: dict[str, list[Issue]], turn_keys: list[pa.Table]) -> None:
@@ -462,11 +383,12 @@ class LakeWriter:
         # a fraction of the buffer
         if self._untrimmed >= min(_TRIM_EVERY_BYTES, self.max_buffer_bytes // 4):
             self._untrimmed = 0
-            _return_free_memory()
+            memory.return_free_memory()
 
     def _commit_streaming(self, batch: _Batch) -> list[str]:
-        """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events,
-        then re-check the ids against the lake and commit turns, events, episodes (``_commit_checked``)."""
+        """Hash and write the turns a row group at a time (releasing the buffer as it goes), then the events
+        and episodes; the lake's commit protocol (``lake.commit.commit_episodes``) re-checks the ids and commits
+        turns, events, episodes."""
         now = pa.scalar(utcnow(), pa.timestamp("us", tz="UTC"))
         bad: dict[str, list[Issue]] = {}
         turn_keys: list[pa.Table] = []
@@ -493,124 +415,27 @@ class LakeWriter:
             ep, ev = (_set_column(t, "written_at", pa.nulls(t.num_rows, now.type).fill_null(now)) for t in (ep, ev))
             if bad:  # given hashes were checked when buffered; this only guards against misuse
                 self.late_conflicts.update(bad)
-            event_actions = self.lake.write_files("gateway_events", _drop(ev, list(bad))) if ev.num_rows else []
+            event_actions = self.lake.write_files("gateway_events", drop_episodes(ev, list(bad))) if ev.num_rows else []
         except BaseException:
-            _remove_uncommitted(self.lake, turn_actions)
+            remove_uncommitted(self.lake, turn_actions)
             raise
         try:
-            ep = _drop(ep, list(bad))
+            ep = drop_episodes(ep, list(bad))
             # written before the check, so that the window between the check and the commit holds only commits
             ep_actions = self.lake.write_files("episodes", ep)
         except BaseException:
-            _remove_uncommitted(self.lake, turn_actions, event_actions)
+            remove_uncommitted(self.lake, turn_actions, event_actions)
             raise
-        with _commit_lock(self.lake):
-            committed = self._commit_checked(ep, turn_actions, event_actions, ep_actions, list(bad))
-        self.committed += len(committed)
-        return committed
-
-    def _late(self, ep: pa.Table, existing: dict[str, str]) -> list[str]:
-        """Sort ids another writer committed first into late duplicates (same content) and late conflicts;
-        returns them (to drop)."""
-        mine = dict(zip(ep["episode_id"].to_pylist(), ep["content_hash"].to_pylist(), strict=True))
-        for e, h in existing.items():
-            if h == mine[e]:
-                self.late_duplicates.append(e)
-            else:
-                self.late_conflicts[e] = [Issue("episodes", e, None, "content_hash",
-                                                "episode id was committed concurrently with different content")]
-        return list(existing)
-
-    def _commit_checked(self, ep: pa.Table, turn_actions: list[AddAction], event_actions: list[AddAction],
-                        ep_actions: list[AddAction], bad: list[str]) -> list[str]:
-        """Check the ids against the lake, commit turns and events, then the episode rows as the next version
-        of the episodes table after the one checked (``Lake.commit_if_unchanged``). Another writer committing
-        episodes in between makes that fail: the ids are re-checked against only what it added, any found are
-        dropped (and their turns and events, already committed, retracted), and the commit is tried again.
-        So two writers racing with one id commit it once, on object storage as on a local lake (where the
-        commit lock serialises writers of one machine, and the compare-and-swap catches everyone else)."""
-        run_ids = ep["run_id"].to_pylist()
-        version, acts = self.lake.latest_snapshot("episodes")
-        seen = set(acts["path"].to_pylist())
-        existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=_file_ranges(acts))
-        late = self._late(ep, existing) if existing else []
+        outcome = CommitOutcome()
         try:
-            if bad or late:
-                # not committed yet: filter the written files (the buffer is gone, released as it was written);
-                # the turn files still hold the turns of episodes whose hashes were bad
-                turn_actions = self.lake.drop_rows("turns", turn_actions, "episode_id", [*bad, *late])
-            if late:
-                event_actions = self.lake.drop_rows("gateway_events", event_actions, "episode_id", late)
-                ep = _drop(ep, late)
-                ep_actions = self._rewrite_episodes(ep, ep_actions)
-        except BaseException:
-            _remove_uncommitted(self.lake, turn_actions, event_actions, ep_actions)
-            raise
-        if ep.num_rows == 0:
-            _remove_uncommitted(self.lake, turn_actions, event_actions, ep_actions)
-            return []
-        try:
-            self.lake.commit("turns", list(turn_actions))
-            if event_actions:
-                self.lake.commit("gateway_events", list(event_actions))
-        except BaseException:
-            _remove_uncommitted(self.lake, [], [], ep_actions)
-            raise
-        # From here turns and events are committed: a failure leaves them as orphans (invisible; compact
-        # removes them), never as partial episodes.
-        for attempt in range(_CAS_ATTEMPTS):
-            # The first try refreshes the table and commits only if nothing was committed since the check (the
-            # common case on a local lake, whose writers take turns under the lock); later tries commit on the
-            # snapshot just re-checked, so a commit in between makes the conditional put fail.
-            if self.lake.commit_if_unchanged("episodes", ep_actions, version, refresh=attempt == 0) is not None:
-                return list(ep["episode_id"].to_pylist())
-            self.commit_conflicts += 1
-            if attempt:  # lost a put to another writer: spread the racers
-                time.sleep(random.uniform(0, min(0.25, 0.004 * 2 ** min(attempt, 6))))
-            # What did other writers add since the last check? A compaction's rewrites show up too; they hold no
-            # id of ours, since ours were not in the lake at the last check.
-            version, acts = self.lake.latest_snapshot("episodes")
-            added = [f for f in _file_ranges(acts) if f[1] not in seen]
-            seen.update(f[1] for f in added)
-            existing = self._existing(ep["episode_id"].to_pylist(), run_ids, files=added) if added else {}
-            if existing:
-                drop = self._late(ep, existing)
-                ep = _drop(ep, drop)
-                turn_actions = self._retract("turns", turn_actions, drop)
-                event_actions = self._retract("gateway_events", event_actions, drop)
-                ep_actions = self._rewrite_episodes(ep, ep_actions)
-                if ep.num_rows == 0:
-                    return []
-        _remove_uncommitted(self.lake, [], [], ep_actions)
-        raise TrajlakeError(f"episodes: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
-                            f"kept committing first); the turns and events of {ep.num_rows} episode(s) are "
-                            f"committed orphans that `trajlake compact` removes")
-
-    def _rewrite_episodes(self, ep: pa.Table, old: list[AddAction]) -> list[AddAction]:
-        """Replace this flush's uncommitted episodes files by ones holding ``ep`` (late ids dropped). The old
-        files go first; should the write fail, a clean-up of ``old`` finds them gone, which is no error."""
-        _remove_uncommitted(self.lake, [], [], old)
-        return self.lake.write_files("episodes", ep) if ep.num_rows else []
-
-    def _retract(self, name: str, actions: list[AddAction], ids: list[str]) -> list[AddAction]:
-        """Take the rows of ``ids`` out of this writer's committed files of ``name`` (their episodes turned out
-        to be another writer's): one transaction removes the files that hold them and adds them rewritten
-        without. Returns the writer's files of ``name`` now live."""
-        wanted = sorted(ids)
-        hit = [a for a in actions if _may_hold(a, wanted)]
-        if not hit:
-            return actions
-        new = self.lake.drop_rows(name, hit, "episode_id", ids, delete_old=False)
-        now = int(time.time() * 1000)
-        removes = [RemoveAction(a.path, True, now, a.size, dict(a.partition_values)) for a in hit]
-        try:
-            self.lake.commit(name, [*removes, *new], expect_present=[a.path for a in hit])
-        except BaseException:
-            for a in new:
-                self.lake.remove_file(name, a.path)
-            raise
-        gone = {a.path for a in hit}
-        return [a for a in actions if a.path not in gone] + new
+            commit_episodes(self.lake, ep, turn_actions, event_actions, ep_actions,
+                            committed_ids=self._committed_ids, rejected=list(bad), outcome=outcome)
+        finally:  # what a failed commit found before it failed is reported too
+            self.late_duplicates += outcome.late_duplicates
+            self.late_conflicts.update(outcome.late_conflicts)
+            self.commit_conflicts += outcome.commit_conflicts
+        self.committed += len(outcome.committed)
+        return outcome.committed
 
     # -- tasks and runs --------------------------------------------------------------------------------------
     def write_tasks(self, tasks: pa.Table | Sequence[Mapping[str, Any]]) -> int:
@@ -635,143 +460,7 @@ class LakeWriter:
             raise ValidationError([i for v in c.by_episode.values() for i in v])
         now = utcnow()
         t = _set_column(t, "written_at", pa.array([now] * t.num_rows, pa.timestamp("us", tz="UTC")))
-        pk = ["run_id"] if name == "runs" else ["task_id", "task_version"]
-        new_keys = list(zip(*(t[c].to_pylist() for c in pk), strict=True))
-        new_hashes = hash_rows(t, name)
-        with _commit_lock(self.lake):
-            # The same compare-and-swap as episodes: the rows are committed as the version after the one checked,
-            # or checked again (tasks and runs are small: the whole table is re-read).
-            for _ in range(_CAS_ATTEMPTS):
-                version, _acts = self.lake.latest_snapshot(name)
-                existing: dict[tuple[Any, ...], str] = {}
-                for _f, old in self.lake.iter_tables(name, version):
-                    for k, h in zip(zip(*(old[c].to_pylist() for c in pk), strict=True), hash_rows(old, name),
-                                    strict=True):
-                        existing[k] = h
-                keep = []
-                seen: set[tuple[Any, ...]] = set()
-                for i, (k, h) in enumerate(zip(new_keys, new_hashes, strict=True)):
-                    if k in existing or k in seen:
-                        if name == "runs" and existing.get(k, h) != h:
-                            raise ConflictError(f"runs: run {k[0]!r} already exists with a different definition")
-                        continue
-                    seen.add(k)
-                    keep.append(i)
-                if not keep:
-                    return 0
-                actions = self.lake.write_files(name, t.take(keep))
-                if self.lake.commit_if_unchanged(name, actions, version) is not None:
-                    return len(keep)
-                for a in actions:
-                    self.lake.remove_file(name, a.path)
-                time.sleep(random.uniform(0, 0.02))
-            raise TrajlakeError(f"{name}: could not commit after {_CAS_ATTEMPTS} attempts (other writers "
-                                f"kept committing first)")
-
-
-class EpisodeRecorder:
-    """Records one episode turn by turn; ``finish`` validates it and hands it to the writer.
-
-    Arguments of ``LakeWriter.start_episode``: run_id, task_id, task_version, env_id, env_version (required);
-    split (default "unknown"), env_image_digest, env_seed, group_id (default ``record.episode.group_id_for``),
-    attempt (default 0), policy_version (used for policy turns), episode_id (default: a new
-    time-ordered id), started_at (default now, UTC)."""
-
-    def __init__(self, writer: LakeWriter, *, run_id: str, task_id: str, task_version: str, env_id: str,
-                 env_version: str, split: str = "unknown", env_image_digest: str | None = None,
-                 env_seed: int | None = None, group_id: str | None = None, attempt: int = 0,
-                 policy_version: str | None = None, episode_id: str | None = None,
-                 started_at: dt.datetime | None = None, sandbox: str | None = None):
-        self.writer = writer
-        self.episode_id = episode_id or new_episode_id()
-        self.policy_version = policy_version
-        self.started_at = started_at or utcnow()
-        self.ep: dict[str, Any] = {
-            "episode_id": self.episode_id, "run_id": run_id, "task_id": task_id, "task_version": task_version,
-            "split": split, "env_id": env_id, "env_version": env_version, "env_image_digest": env_image_digest,
-            "env_seed": env_seed,
-            "group_id": group_id or group_id_for(task_id, task_version, env_seed, env_version),
-            "attempt": attempt, "started_at": self.started_at, "sandbox": sandbox,
-        }
-        self.turns: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.finished = False
-
-    def add_turn(self, role: str, content: str | None = None, *, actor: str | None = None,
-                 token_ids: Sequence[int] | None = None, loss_mask: Sequence[int] | None = None,
-                 behavior_logprobs: Sequence[float] | None = None, policy_version: str | None = None,
-                 started_at: dt.datetime | None = None, ended_at: dt.datetime | None = None,
-                 **fields: Any) -> int:
-        """Append a turn; returns its turn_idx. ``actor`` defaults from the role (assistant: policy, tool: env).
-        ``loss_mask`` defaults to all 1 for policy turns with token ids and all 0 otherwise. Other keyword
-        arguments are turn columns (tool_args, status, cost_usd, ...)."""
-        if self.finished:
-            raise TrajlakeError(f"episode {self.episode_id}: add_turn after finish")
-        actor = actor or {Role.ASSISTANT: Actor.POLICY, Role.TOOL: Actor.ENV, Role.ENV: Actor.ENV,
-                          Role.USER: Actor.USER}.get(role, Actor.SYSTEM)
-        if token_ids is not None and loss_mask is None:
-            loss_mask = [1 if actor == Actor.POLICY else 0] * len(token_ids)
-        if actor == Actor.POLICY and policy_version is None:
-            policy_version = self.policy_version
-        end = ended_at or utcnow()
-        start = started_at or end
-        row = {
-            "episode_id": self.episode_id, "run_id": self.ep["run_id"], "turn_idx": len(self.turns),
-            "role": role, "actor": actor, "policy_version": policy_version, "raw_content": content,
-            "token_ids": list(token_ids) if token_ids is not None else None,
-            "loss_mask": list(loss_mask) if loss_mask is not None else None,
-            "behavior_logprobs": list(behavior_logprobs) if behavior_logprobs is not None else None,
-            "started_at": start, "ended_at": end,
-            "latency_ms": fields.pop("latency_ms", (end - start).total_seconds() * 1000.0),
-            "status": fields.pop("status", Status.OK),
-            "tokens": fields.pop("tokens", len(token_ids) if token_ids is not None else 0),
-            "cost_usd": fields.pop("cost_usd", None), "tool_seconds": fields.pop("tool_seconds", 0.0),
-        }
-        row.update(fields)
-        self.turns.append(row)
-        return len(self.turns) - 1
-
-    def add_gateway_event(self, **fields: Any) -> None:
-        """Record a gateway decision (columns of gateway_events) for the current or given turn_idx."""
-        ev = {"episode_id": self.episode_id, "run_id": self.ep["run_id"],
-              "turn_idx": fields.pop("turn_idx", max(0, len(self.turns) - 1)),
-              "event_idx": 0, "taint": [], "at": utcnow()}
-        ev.update(fields)
-        ev["event_idx"] = sum(1 for e in self.events if e["turn_idx"] == ev["turn_idx"])
-        self.events.append(ev)
-
-    def finish(self, *, terminated: bool, truncated: bool, termination_reason: str, success: bool | None,
-               reward_components: Mapping[str, float] | None = None, reward_total: float | None = None,
-               error_class: str | None = None, ended_at: dt.datetime | None = None,
-               **fields: Any) -> WriteResult:
-        """Close the episode and hand it to the writer. Raises ValidationError if it is invalid."""
-        if self.finished:
-            raise TrajlakeError(f"episode {self.episode_id}: finish called twice")
-        self.finished = True
-        ended = ended_at or utcnow()
-        if self.turns:
-            ended = max(ended, max(t["ended_at"] for t in self.turns))
-        comps = dict(reward_components or {})
-        reported = {k: fields.pop(k) for k in ("tokens_in", "tokens_out", "cost_usd") if k in fields}
-        ep = dict(self.ep)
-        ep.update({
-            "policy_version_start": self.policy_version, "policy_version_end": self.policy_version,
-            "ended_at": ended, "terminated": terminated, "truncated": truncated,
-            "termination_reason": termination_reason, "error_class": error_class, "success": success,
-            "reward_total": float(sum(comps.values())) if reward_total is None else reward_total,
-            "reward_components": comps, "wall_seconds": (ended - self.started_at).total_seconds(),
-            "injection_attempted": False,
-        })
-        ep.update(fields)
-        pol = [t["policy_version"] for t in self.turns if t["actor"] == Actor.POLICY and t["policy_version"]]
-        if pol and "policy_version_start" not in fields:
-            ep["policy_version_start"], ep["policy_version_end"] = pol[0], pol[-1]
-        ep = build_episode(ep, self.turns, reported_tokens_in=reported.get("tokens_in"),
-                           reported_tokens_out=reported.get("tokens_out"),
-                           reported_cost_usd=reported.get("cost_usd"))
-        res = self.writer.write_batch([ep], self.turns, self.events or None)
-        res.raise_if_rejected()
-        return res
+        return commit_keyed_rows(self.lake, name, t)
 
 
 def to_table(data: pa.Table | Sequence[Mapping[str, Any]] | None, name: str) -> pa.Table:
@@ -845,35 +534,8 @@ def _numpy_list_column(values: list[Any], t: pa.DataType) -> pa.Array | None:
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), child, type=t, mask=mask)
 
 
-def _drop(t: pa.Table, ids: list[str]) -> pa.Table:
-    if not ids or t.num_rows == 0:
-        return t
-    return t.filter(pc.invert(pc.is_in(t["episode_id"], value_set=pa.array(ids, pa.string()))))
-
-
 _KEYS_EMPTY = pa.table({"episode_id": pa.array([], pa.string()), "turn_idx": pa.array([], pa.int32()),
                         "hash": pa.array([], pa.string())})
-
-
-def _file_ranges(acts: pa.Table) -> list[tuple[str | None, str, str | None, str | None]]:
-    """(run_id partition, path, min episode_id, max episode_id) of each file in a Delta add-actions table."""
-    n = acts.num_rows
-
-    def col(name: str) -> list[Any]:
-        return acts[name].to_pylist() if name in acts.column_names else [None] * n
-
-    return list(zip(col("partition.run_id"), col("path"), col("min.episode_id"), col("max.episode_id"), strict=True))
-
-
-def _may_hold(action: AddAction, wanted: list[str]) -> bool:
-    """Whether a data file this writer wrote may hold one of the ``wanted`` (sorted) episode ids, by the
-    episode_id range in its statistics (its own, just computed: not read back from a log)."""
-    try:
-        stats = json.loads(action.stats or "{}")
-        lo, hi = stats["minValues"]["episode_id"], stats["maxValues"]["episode_id"]
-    except (KeyError, TypeError, ValueError):
-        return True
-    return bisect.bisect_left(wanted, lo) < bisect.bisect_right(wanted, hi)
 
 
 def _row_groups(turns: deque[tuple[pa.Table, int]], max_bytes: int) -> Iterator[tuple[pa.Table, int]]:
@@ -937,67 +599,6 @@ def _hash(ep: pa.Table, tu: pa.Table, ev: pa.Table, source: str | None
     keys = pa.table({"episode_id": tu["episode_id"], "turn_idx": tu["turn_idx"], "hash": t_hash})
     ep, ev = _hash_small(ep, keys, ev, source, issues)
     return ep, _set_column(tu, "content_hash", t_hash), ev, issues
-
-
-@functools.cache
-def _glibc_function(name: str) -> Any:
-    """The C library's ``name`` (``malloc_trim``, ``mallopt``), or None where the C library is not glibc."""
-    try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def _return_free_memory() -> None:
-    """Hand the memory a commit freed back to the OS. Both allocators keep freed memory for reuse (glibc for
-    numpy and the buffered batches, mimalloc for pyarrow): measured, ~100 MB more peak RSS per writer, which a
-    fleet of writers per machine pays many times. Costs a few ms per commit."""
-    pa.default_memory_pool().release_unused()
-    trim = _glibc_function("malloc_trim")
-    if trim is not None:
-        trim(0)
-
-
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-EAGER_MMAP_THRESHOLD = 1 << 20
-
-
-@functools.cache
-def _release_large_allocations_eagerly() -> bool:
-    """Fix glibc's mmap threshold at ``EAGER_MMAP_THRESHOLD`` (once per process; whether it was set). By default
-    glibc raises the threshold to the size of each large block freed, up to 32 MiB, after which blocks of a
-    buffer's size come from the heap and stay there when freed (``malloc_trim`` returns only whole free pages
-    that no live allocation pins)."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False  # the user's own setting
-    mallopt = _glibc_function("mallopt")
-    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, EAGER_MMAP_THRESHOLD))
-
-
-def _remove_uncommitted(lake: Lake, *action_lists: Sequence[Any]) -> None:
-    """Delete uncommitted data files: turns, then gateway_events, then episodes (in that order)."""
-    for actions, name in zip(action_lists, ("turns", "gateway_events", "episodes"), strict=False):
-        for a in actions:
-            lake.remove_file(name, a.path)
-
-
-@contextlib.contextmanager
-def _commit_lock(lake: Lake) -> Iterator[None]:
-    """Serialise check-and-commit across processes on one machine (local lakes): they then never race, so never
-    redo a check. Object storage has no lock and needs none for correctness: the episodes commit is a
-    compare-and-swap on the Delta log (``LakeWriter._commit_checked``), which also covers writers on several
-    machines sharing a local-looking folder."""
-    if not lake.is_local:
-        yield
-        return
-    path = lake.meta_dir / "commit.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _flush_all() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import multiprocessing as mp
@@ -28,7 +27,7 @@ from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
 from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, TaskView, byte_tokenize
 from trajlake.errors import TrajlakeError, one_line
 from trajlake.lake.storage import is_uri
-from trajlake.record.episode import CostModel, build_episode, price_turns
+from trajlake.record.episode import CostModel, build_episode, price_turns, utcnow
 from trajlake.rollout.faults import (
     DEFAULT_FAULT_KINDS,
     NOT_EXECUTED_FAULT_KINDS,
@@ -48,10 +47,6 @@ from trajlake.schemas.vocab import (
 
 if TYPE_CHECKING:
     from trajlake.record.writer import LakeWriter
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def episode_id_for(run_id: str, task_id: str, task_version: str, seed: int, attempt: int) -> str:

@@ -46,8 +46,8 @@ from trajlake.policies import checkpoint_hash
 from trajlake.policies.tiny import build_tiny_model
 from trajlake.provenance import code_version
 from trajlake.query import connect
-from trajlake.record.episode import CostModel
-from trajlake.record.writer import LakeWriter, utcnow
+from trajlake.record.episode import CostModel, utcnow
+from trajlake.record.writer import LakeWriter
 from trajlake.rollout.faults import DEFAULT_FAULT_KINDS, fault_rate_at
 from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 from trajlake.rollout.versions import PolicyVersions
