@@ -7,11 +7,9 @@ import re
 from trajlake.envs.core import Env, EnvError, EvalDocument, LoggedStep, ReplayLog, StepResult
 from trajlake.schemas.vocab import Status
 
+from trajlake.errors import EnvCheckError
+
 _KIND_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
-
-
-class EnvCheckError(AssertionError):
-    """The environment breaks the contract; the message says how."""
 
 
 def _expect(cond: bool, msg: str) -> None:

@@ -18,12 +18,10 @@ from typing import Any, ClassVar
 from trajlake.envs.policy import Policy, TaskView
 from trajlake.schemas.vocab import ErrorClass, Status, TerminationReason
 
+from trajlake.errors import EnvError
+
 STATUS_OK = Status.OK
 ERROR_CLASSES: tuple[str, ...] = tuple(ErrorClass)
-
-
-class EnvError(Exception):
-    """Misuse of an environment by the caller (step before reset, restore of a foreign snapshot, ...)."""
 
 
 @dataclass(frozen=True)

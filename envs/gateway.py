@@ -44,6 +44,8 @@ from urllib.parse import urlsplit
 
 from trajlake.schemas.vocab import Capability, Decision, SideEffectClass, Status
 
+from trajlake.errors import TransientToolError
+
 __all__ = [
     "EVENT_COLUMNS",
     "Capability",
@@ -91,13 +93,6 @@ _SCHEMA_TYPES = frozenset({"object", "string", "integer", "number", "boolean", "
 _MAX_ECHO = 80  # characters of agent-controlled text echoed into reasons
 # Shortest argument value traced back to untrusted text: shorter ones ("1", "yes", "Home") match by chance.
 _MIN_TAINT_CHARS = 6
-
-
-class TransientToolError(Exception):
-    """Raised by a handler when the tool failed transiently and did not take effect; the call may be retried.
-
-    The gateway reports it as status ``ENV_TRANSIENT``; it neither caches the result under the idempotency key
-    nor counts the call against the side-effect budget."""
 
 
 # --------------------------------------------------------------------------------------------------------------

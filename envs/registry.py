@@ -19,13 +19,9 @@ from typing import Any
 
 from trajlake.envs.core import Env
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import TrajlakeError, UnknownEnvironmentError
 
 ENTRY_POINT_GROUP = "trajlake.envs"
-
-
-class UnknownEnvironmentError(TrajlakeError):
-    """No environment is registered (or discoverable) under a name."""
 
 
 @dataclass(frozen=True)

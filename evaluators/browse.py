@@ -35,7 +35,7 @@ from trajlake.evaluators import sql
 from trajlake.schemas.vocab import Decision, TaxonomyClass
 
 from trajlake.errors import QueryError, TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg
 from trajlake.query import connect, lake_versions
 
 __all__ = ["TAXONOMY_CLASSES", "BrowseSummary", "build_browser", "collect", "render_html"]
@@ -123,7 +123,7 @@ def _taxonomy(con: duckdb.DuckDBPyConnection, runs_sql: str) -> dict[str, tuple[
     return {str(r[1]): (str(r[3]), str(r[2]), str(r[4])) for r in rows}
 
 
-def collect(lake: Lake | str | os.PathLike[str], *, runs: list[str] | None = None,
+def collect(lake: LakeArg, *, runs: list[str] | None = None,
             as_of: str | dict[str, int] | None = None, max_episodes: int = 500,
             max_chars: int = 4000) -> dict[str, Any]:
     """The data of the page (what is embedded as JSON): ``meta``, ``episodes`` (the shown failing episodes,
@@ -233,7 +233,7 @@ def render_html(data: dict[str, Any]) -> str:
     return _TEMPLATE.replace("/*DATA*/", embed_json(data))
 
 
-def build_browser(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], *,
+def build_browser(lake: LakeArg, out: str | os.PathLike[str], *,
                   runs: list[str] | None = None, as_of: str | dict[str, int] | None = None,
                   max_episodes: int = 500, max_chars: int = 4000) -> BrowseSummary:
     """Write the failing-episode browser of ``lake`` to ``out`` and return what it holds.

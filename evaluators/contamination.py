@@ -51,7 +51,7 @@ from trajlake.envs.registry import UnknownEnvironmentError, spec
 from trajlake.schemas.vocab import Role
 
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg, lake_location
 from trajlake.query import connect, lake_versions
 
 __all__ = [
@@ -243,7 +243,7 @@ def _parse_cutoff(value: str, where: str) -> dt.datetime:
 
 
 def scan(
-    lake: Lake | str | os.PathLike[str] | None,
+    lake: LakeArg | None,
     *,
     eval_split: str | Sequence[str],
     train_runs: Sequence[str] | None = None,
@@ -351,10 +351,9 @@ def _scan(con: duckdb.DuckDBPyConnection, s: ScanSettings, eval_splits: list[str
         for tid in chk.get("flagged", ()):
             next(t for t in evals if t.task_id == tid).detail["flags"].append(name)
     flagged = sorted(t.task_id for t in evals if t.detail["flags"])
-    root = lake.location if isinstance(lake, Lake) else lake
     return {
         "report": "trajlake.contamination", "contract_version": CONTRACT_VERSION,
-        "lake": str(root) if root is not None else None, "lake_versions": dict(sorted(lake_versions(con).items())),
+        "lake": lake_location(lake) if lake is not None else None, "lake_versions": dict(sorted(lake_versions(con).items())),
         "settings": {**asdict(s), "near_dup_roles": list(s.near_dup_roles)},
         "eval_split": eval_splits[0] if len(eval_splits) == 1 else eval_splits,
         "train_side": {"runs": train_runs, "split": train_split, "episodes": int(n_train_eps),

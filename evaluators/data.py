@@ -20,8 +20,8 @@ import numpy.typing as npt
 from trajlake.evaluators import sql
 from trajlake.schemas.vocab import FaultKind
 
-from trajlake.errors import QueryError, TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.errors import QueryError, UnknownRunError
+from trajlake.lake.store import LakeArg
 from trajlake.query import connect, lake_versions
 
 __all__ = ["EPISODE_FLOAT_COLUMNS", "EvalData", "RunInfo", "UnknownRunError", "list_runs", "load", "select_runs"]
@@ -51,10 +51,6 @@ EPISODE_FLOAT_COLUMNS: tuple[str, ...] = (
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-class UnknownRunError(TrajlakeError):
-    """A run id given on the command line is not in the lake."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +151,7 @@ def list_runs(con: duckdb.DuckDBPyConnection) -> dict[str, RunInfo]:
     return {str(r[0]): RunInfo(str(r[0]), r[1], r[2], r[3], int(r[4])) for r in rows}
 
 
-def load(lake: Lake | str | os.PathLike[str], runs: list[str] | None = None, *,
+def load(lake: LakeArg, runs: list[str] | None = None, *,
          as_of: str | dict[str, int] | None = None, memory_limit: str | None = None,
          threads: int | None = None) -> EvalData:
     """Open the lake (pinned with ``as_of``), check the run ids and load the per-episode metrics and tool-call

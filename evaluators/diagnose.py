@@ -37,7 +37,6 @@ When no node says yes the diagnosis is ``unexplained``.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
@@ -49,7 +48,7 @@ from trajlake.evaluators.report import CONTRACT_VERSION, pairs
 from trajlake.evaluators.stats import clustered_mean, holm_bonferroni, paired_difference
 
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg, lake_location
 
 __all__ = ["DIAGNOSES", "NODES", "RENAMED_NODES", "diagnose", "diagnose_data"]
 
@@ -380,7 +379,7 @@ def _contamination_node(data: EvalData, baseline: str, candidate: str) -> dict[s
     return node
 
 
-def diagnose(lake: Lake | str | os.PathLike[str], baseline: str, candidate: str, *,
+def diagnose(lake: LakeArg, baseline: str, candidate: str, *,
              as_of: str | dict[str, int] | None = None, settings: Settings | None = None,
              memory_limit: str | None = None, threads: int | None = None) -> dict[str, Any]:
     """Load both runs and walk the tree; returns the diagnosis dict (``path``, ``diagnosis``, ``conclusion``)."""
@@ -388,7 +387,6 @@ def diagnose(lake: Lake | str | os.PathLike[str], baseline: str, candidate: str,
         raise TrajlakeError("--baseline and --candidate must be different runs")
     data = load(lake, [baseline, candidate], as_of=as_of, memory_limit=memory_limit, threads=threads)
     try:
-        root = lake.location if isinstance(lake, Lake) else lake
-        return diagnose_data(data, baseline, candidate, settings, lake_path=str(root))
+        return diagnose_data(data, baseline, candidate, settings, lake_path=lake_location(lake))
     finally:
         data.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from trajlake.schemas.vocab import TaxonomyClass
 
 from trajlake._version import __version__
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg, lake_location
 
 __all__ = ["CONTRACT_VERSION", "TAXONOMY_CLASSES", "build_report", "clean", "evaluate", "pairs", "to_json"]
 
@@ -264,7 +263,7 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
     return report
 
 
-def build_report(lake: Lake | str | os.PathLike[str], *, runs: list[str] | None = None,
+def build_report(lake: LakeArg, *, runs: list[str] | None = None,
                  baseline: str | None = None, candidate: str | None = None,
                  as_of: str | dict[str, int] | None = None, settings: Settings | None = None,
                  memory_limit: str | None = None, threads: int | None = None, breakdown: bool = True,
@@ -279,8 +278,7 @@ def build_report(lake: Lake | str | os.PathLike[str], *, runs: list[str] | None 
         selected = list(dict.fromkeys([*(runs or []), *([baseline, candidate] if baseline and candidate else [])]))
     data = load(lake, selected, as_of=as_of, memory_limit=memory_limit, threads=threads)
     try:
-        root = lake.location if isinstance(lake, Lake) else lake
         return evaluate(data, baseline=baseline, candidate=candidate, settings=settings, breakdown=breakdown,
-                        taxonomy=taxonomy, lake_path=str(root))
+                        taxonomy=taxonomy, lake_path=lake_location(lake))
     finally:
         data.close()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,7 +35,7 @@ import pyarrow as pa
 from trajlake.evaluators.stats import clustered_mean
 
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg
 from trajlake.query import connect, lake_versions
 
 __all__ = ["PERTURBATIONS", "check_reward", "load_reward", "perturb"]
@@ -214,7 +213,7 @@ def _wilson(k: float, n: int, confidence: float) -> tuple[float, float]:
 
 
 def check_reward(
-    lake: Lake | str | os.PathLike[str],
+    lake: LakeArg,
     run: str,
     reward: str,
     *,

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special, stats
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import StatsInputError
 
 __all__ = [
     "BootstrapResult",
@@ -62,10 +62,6 @@ BootstrapMethod = Literal["percentile", "bca"]
 _BLOCK = 256  # resamples per independently seeded block (the unit of work for threads)
 _CHUNK_ELEMS = 1 << 19  # random indices drawn per chunk: bounds memory and keeps chunks cache-sized
 _NAN = float("nan")
-
-
-class StatsInputError(TrajlakeError, ValueError):
-    """Invalid input to a statistics function (shape mismatch, NaN values, impossible counts)."""
 
 
 # --------------------------------------------------------------------------------------------- results

@@ -122,3 +122,57 @@ def test_the_check_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.Mon
     bad = _violations()
     assert any("store.py:2" in b and "a layer above it" in b for b in bad), bad
     assert any("other.py:1" in b and "facade" in b for b in bad), bad
+
+
+#: Where exception types may be defined: the one module that lists them all.
+ERRORS_MODULE = "trajlake.errors"
+
+
+def _exception_classes_outside_errors() -> list[str]:
+    """``file:line: Class`` for every public class outside ``trajlake.errors`` that derives from an exception
+    (by a base named ``*Error``, ``*Exception`` or ``Exception``/``BaseException``, directly or through a class of
+    the same module). Private control-flow exceptions (``_Name``) may stay where they are used."""
+    bad: list[str] = []
+    for module, path in sorted(_modules().items()):
+        if module == ERRORS_MODULE:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        local_exceptions: set[str] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in
+                     node.bases}
+            if any(b.endswith(("Error", "Exception")) or b in local_exceptions for b in bases):
+                local_exceptions.add(node.name)
+                if not node.name.startswith("_"):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}")
+    return bad
+
+
+def test_exception_types_are_defined_in_one_place() -> None:
+    bad = _exception_classes_outside_errors()
+    assert not bad, f"define exception types in {ERRORS_MODULE} (re-export them where they are raised):\n" + \
+        "\n".join(bad)
+
+
+def test_the_exception_check_sees_a_stray_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "trajlake"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "errors.py").write_text("class TrajlakeError(Exception):\n    pass\n")
+    (fake / "thing.py").write_text("from trajlake.errors import TrajlakeError\n\n\nclass ThingError(TrajlakeError):"
+                                   "\n    pass\n\n\nclass _Private(Exception):\n    pass\n\n\n"
+                                   "class Sub(ThingError):\n    pass\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE_DIRS", {"trajlake": "trajlake"})
+    assert _exception_classes_outside_errors() == ["trajlake/thing.py:4: ThingError", "trajlake/thing.py:12: Sub"]
+
+
+def test_every_exception_type_is_a_trajlake_error() -> None:
+    import trajlake.errors as errors
+
+    types = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, BaseException)]
+    assert len(types) > 20
+    assert all(issubclass(t, errors.TrajlakeError) for t in types), \
+        [t.__name__ for t in types if not issubclass(t, errors.TrajlakeError)]

@@ -349,3 +349,18 @@ def test_commit_path_sees_another_lake_objects_commits(lake: Lake) -> None:
     assert newer == version + 1 and acts.num_rows == 1
     ep = conform(to_table([make_episode("y")[0]], "episodes"), "episodes")
     assert lake.commit_if_unchanged("episodes", lake.write_files("episodes", ep), version) is None
+
+
+def test_a_lake_argument_is_a_lake_a_path_or_a_uri(tmp_path: Path) -> None:
+    """``as_lake`` opens a path (never creating one) and passes an open lake through; ``lake_location`` names an
+    open lake by its location and a path as given."""
+    from trajlake.lake.store import as_lake, lake_location
+
+    opened = Lake.init(tmp_path / "lk")
+    assert as_lake(opened) is opened
+    assert as_lake(tmp_path / "lk").location == opened.location == as_lake(str(tmp_path / "lk")).location
+    assert lake_location(opened) == opened.location
+    assert lake_location(tmp_path / "lk") == str(tmp_path / "lk") and lake_location("rel/lake") == "rel/lake"
+    with pytest.raises(LakeNotFoundError):
+        as_lake(tmp_path / "missing")
+    assert not (tmp_path / "missing").exists()

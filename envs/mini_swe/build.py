@@ -28,6 +28,8 @@ from typing import Any
 
 from trajlake.envs import taskset
 
+from trajlake.errors import BuildError
+
 from .grading import PASSING, TASKS_PATH, load_tasks
 from .library import Library, find_test_functions, function_key, list_libraries, load_library
 from .mutate import MUTATORS, Mutation, mutate_library, seeded_rng
@@ -67,10 +69,6 @@ BUDGETS: dict[str, dict[str, float | int]] = {
     "medium": {"max_steps": 40, "max_tokens": 200_000, "max_cost": 1.5},
     "hard": {"max_steps": 50, "max_tokens": 300_000, "max_cost": 2.0},
 }
-
-
-class BuildError(RuntimeError):
-    """The task set cannot be built (e.g. a library's clean suite does not pass reliably)."""
 
 
 # ------------------------------------------------------------------------------------- pure helpers

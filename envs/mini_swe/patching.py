@@ -12,14 +12,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trajlake.errors import PatchError
+
 __all__ = ["FilePatch", "PatchError", "apply_diff", "apply_patch", "make_diff", "parse_patch", "reverse_diff"]
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 MAX_OFFSET = 200
-
-
-class PatchError(ValueError):
-    """A diff could not be parsed or does not apply to the given text."""
 
 
 @dataclass

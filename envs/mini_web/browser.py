@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from trajlake.errors import BrowserUnavailable
+
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser")
 _SUBMIT_JS = """([index, fields]) => {
   const form = document.querySelectorAll('form')[index];
@@ -36,10 +38,6 @@ def find_chromium() -> str | None:
         if path:
             return path
     return None
-
-
-class BrowserUnavailable(RuntimeError):
-    """Chromium or Playwright is missing; the message says which."""
 
 
 class ChromiumDriver:

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from trajlake._version import __version__
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import Lake, LakeArg, as_lake
 from trajlake.schema import SCHEMA_VERSION, TABLES, table_def, to_arrow_type, type_to_str
 
 __all__ = [
@@ -658,7 +658,7 @@ class ExportTarget:
     api: Any
 
 
-def prepare_export(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], *, as_of: str | dict[str, int]
+def prepare_export(lake: LakeArg, out: str | os.PathLike[str], *, as_of: str | dict[str, int]
                    | None, license: str, push: str | None, overwrite: bool, api: Any,
                    shard_rows: int = 1, max_shard_bytes: int = 1) -> ExportTarget:
     """Check the options shared by every layout (one-line errors before anything is written) and pin versions."""
@@ -672,7 +672,7 @@ def prepare_export(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[s
         _check_repo_id(push)
         if api is None:
             api = _hf_api(None)  # fail before the (long) export when there is no token
-    lk = lake if isinstance(lake, Lake) else Lake.open(lake)
+    lk = as_lake(lake)
     out_p = Path(out)
     _check_out(out_p, overwrite, lk)
     return ExportTarget(lk, out_p, dict(lk.resolve_as_of(as_of) or lk.versions()), api)
@@ -721,7 +721,7 @@ def push_export(summary: ExportSummary, push: str | None, *, private: bool, api:
     return replace(summary, pushed_to=url, commit_url=commit)
 
 
-def export_hf(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], *,
+def export_hf(lake: LakeArg, out: str | os.PathLike[str], *,
               tables: str | Sequence[str] | None = None, as_of: str | dict[str, int] | None = None,
               license: str = "other", include_hidden: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS,
               max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, push: str | None = None, overwrite: bool = False,

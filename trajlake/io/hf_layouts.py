@@ -61,7 +61,7 @@ from trajlake.io.hf import (
     set_temp_directory,
     write_staged,
 )
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg
 from trajlake.schema import SCHEMA_VERSION
 from trajlake.schemas.vocab import Role, Split
 
@@ -547,7 +547,7 @@ class _Options:
     system_prompt: bool = True
 
 
-def export_layout(lake: Lake | str | os.PathLike[str], out: str | os.PathLike[str], *, layout: str,
+def export_layout(lake: LakeArg, out: str | os.PathLike[str], *, layout: str,
                   as_of: str | dict[str, int] | None = None, license: str = "other", include_hidden: bool = False,
                   shard_rows: int = DEFAULT_SHARD_ROWS, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                   push: str | None = None, overwrite: bool = False, private: bool = True,

@@ -32,7 +32,13 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake._version import __version__
-from trajlake.errors import LakeNotFoundError, SchemaVersionError, TrajlakeError, one_line
+from trajlake.errors import (
+    ConcurrentChangeError,
+    LakeNotFoundError,
+    SchemaVersionError,
+    TrajlakeError,
+    one_line,
+)
 from trajlake.lake.delta_log import DELTA_LOG, log_entry_name, version_name
 from trajlake.lake.storage import LakeStorage, is_uri, storage_error
 from trajlake.schema import (
@@ -825,10 +831,6 @@ def checksum_from_name(rel: str) -> str | None:
     return m.group(1) if m else None
 
 
-class ConcurrentChangeError(TrajlakeError):
-    """A maintenance transaction lost a race with another one; nothing was changed."""
-
-
 def _match(value: Any, op: str, target: Any) -> bool:
     if op == "=":
         return bool(value == target)
@@ -845,4 +847,20 @@ def _ms(v: Any) -> float:
     return float(v)
 
 
-__all__ = ["DEFAULT_RETENTION_HOURS", "ConcurrentChangeError", "DataFile", "Lake", "SchemaVersionError"]
+#: What the readers and reports accept as a lake: an open ``Lake``, a local path or an object-store URI.
+LakeArg = Lake | str | os.PathLike[str]
+
+
+def as_lake(lake: LakeArg) -> Lake:
+    """The ``Lake`` of ``lake``: itself when already open, else the existing lake at that path or URI (never
+    created)."""
+    return lake if isinstance(lake, Lake) else Lake.open(lake)
+
+
+def lake_location(lake: LakeArg) -> str:
+    """Where ``lake`` is, as reports name it: an open lake's location, or the path or URI as given."""
+    return lake.location if isinstance(lake, Lake) else os.fspath(lake)
+
+
+__all__ = ["DEFAULT_RETENTION_HOURS", "ConcurrentChangeError", "DataFile", "Lake", "LakeArg", "SchemaVersionError", "as_lake",
+           "lake_location"]

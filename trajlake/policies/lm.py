@@ -15,19 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trajlake.envs.policy import Policy, PolicyOutput, TaskView
-from trajlake.errors import TrajlakeError
+from trajlake.errors import ContextOverflowError, ModelServerError
 from trajlake.policies.settings import LMSettings
 from trajlake.render.chat import ChatRenderer, dropped_hash, system_prompt
 from trajlake.render.toolcall import parse_tool_call
 from trajlake.schemas.vocab import Status
-
-
-class ContextOverflowError(TrajlakeError):
-    """The context does not fit the window even after trimming."""
-
-
-class ModelServerError(TrajlakeError):
-    """The model server kept failing (timeouts, 5xx) after every retry: infrastructure, not a model error."""
 
 
 @dataclass

@@ -23,7 +23,7 @@ import duckdb
 
 from trajlake.errors import QueryError, TrajlakeError
 from trajlake.lake.storage import EMULATOR_ACCOUNT, storage_error
-from trajlake.lake.store import Lake
+from trajlake.lake.store import Lake, LakeArg, as_lake
 from trajlake.schema import TABLES, table_def
 
 if TYPE_CHECKING:
@@ -33,10 +33,6 @@ __all__ = ["READ_STATEMENT_TYPES", "check_read_only_sql", "connect", "lake_versi
            "sql_literal"]
 
 _COMMITTED_BY_EPISODE = ("turns", "gateway_events")
-
-
-def _open(lake: Lake | str | os.PathLike[str]) -> Lake:
-    return lake if isinstance(lake, Lake) else Lake.open(lake)
 
 
 def _extension_dir(lk: Lake) -> str:
@@ -172,7 +168,7 @@ def _duckdb_type(t: Any) -> str:
     raise TrajlakeError(f"no DuckDB type for {t}")
 
 
-def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | None = None, *,
+def connect(lake: LakeArg, as_of: str | dict[str, int] | None = None, *,
             memory_limit: str | None = None, threads: int | None = None,
             read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-process DuckDB connection with views ``episodes``, ``turns``, ``tasks``, ``runs``,
@@ -185,7 +181,7 @@ def connect(lake: Lake | str | os.PathLike[str], as_of: str | dict[str, int] | N
     load extensions and has its configuration locked. It can still run any statement DuckDB allows inside
     those folders (a ``COPY ... TO`` into the lake, for one): pass untrusted SQL through
     :func:`run_read_only`, which accepts read statements only."""
-    lk = _open(lake)
+    lk = as_lake(lake)
     versions = lk.resolve_as_of(as_of) or lk.versions()
     config: dict[str, Any] = {
         "autoinstall_known_extensions": False,
@@ -262,7 +258,7 @@ def check_read_only_sql(query: str) -> duckdb.Statement:
     return statement
 
 
-def run_query(lake: Lake | str | os.PathLike[str], query: str, as_of: str | dict[str, int] | None = None, *,
+def run_query(lake: LakeArg, query: str, as_of: str | dict[str, int] | None = None, *,
               memory_limit: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one untrusted read statement over the lake's views (``trajlake sql``) on a locked-down connection:
     (column names, rows). A refused statement or a DuckDB error becomes a one-line ``QueryError``."""
@@ -284,11 +280,11 @@ def lake_versions(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     return {str(t): int(v) for t, v in con.execute("SELECT table_name, version FROM lake_versions").fetchall()}
 
 
-def scan(lake: Lake | str | os.PathLike[str], table: str, as_of: str | dict[str, int] | None = None) -> pl.LazyFrame:
+def scan(lake: LakeArg, table: str, as_of: str | dict[str, int] | None = None) -> pl.LazyFrame:
     """A Polars LazyFrame over ``table`` (committed rows only), optionally pinned with ``as_of``."""
     import polars as pl
 
-    lk = _open(lake)
+    lk = as_lake(lake)
     if table not in TABLES:
         raise QueryError(f"unknown table {table!r}; tables are {', '.join(TABLES)}")
     versions = lk.resolve_as_of(as_of) or lk.versions()

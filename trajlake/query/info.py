@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg, as_lake
 from trajlake.query import connect
 from trajlake.schema import SCHEMA_VERSION, TABLES
 
@@ -29,9 +28,9 @@ class TableInfo:
 COLUMNS = ["table", "rows", "version", "files", "bytes", "schema_version"]
 
 
-def table_info(lake: Lake | str | os.PathLike[str]) -> list[TableInfo]:
+def table_info(lake: LakeArg) -> list[TableInfo]:
     """Every table of the lake at its current version."""
-    lk = lake if isinstance(lake, Lake) else Lake.open(lake)
+    lk = as_lake(lake)
     versions = lk.versions()
     con = connect(lk, versions)
     out = []

@@ -22,16 +22,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trajlake.errors import TemplateError
 from trajlake.render.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_call
 
 _OBS_MARK = "@@TRAJLAKE_OBSERVATION@@"
 _ASSISTANT_MARK = "@@TRAJLAKE_ASSISTANT@@"
 TOOL_RESPONSE_OPEN = "<tool_response>\n"
 TOOL_RESPONSE_CLOSE = "\n</tool_response>"
-
-
-class TemplateError(ValueError):
-    """The tokenizer's chat template cannot give token-exact multi-turn contexts."""
 
 
 def system_prompt(tools: Mapping[str, Mapping[str, Any]]) -> str:

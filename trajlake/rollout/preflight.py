@@ -17,12 +17,8 @@ from typing import Any
 
 from trajlake.envs.core import Requirement
 from trajlake.envs.registry import make, names, spec
-from trajlake.errors import TrajlakeError
+from trajlake.errors import PreflightError
 from trajlake.rollout.runner import play_episode
-
-
-class PreflightError(TrajlakeError):
-    """The environment cannot work on this machine; nothing was written."""
 
 
 @dataclass(frozen=True)

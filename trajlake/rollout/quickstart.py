@@ -10,17 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import OracleFailedError, TrajlakeError
 from trajlake.evaluators.metrics import Settings
 from trajlake.evaluators.report import build_report
 from trajlake.query import connect
 from trajlake.rollout.runner import RolloutConfig, RolloutSummary, run_rollout
 
 POLICIES = ("oracle", "heuristic", "random")
-
-
-class OracleFailedError(TrajlakeError):
-    """The oracle failed a task it played: grading or the environment is broken (ENV_BUG)."""
 
 
 @dataclass

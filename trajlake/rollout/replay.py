@@ -3,14 +3,13 @@ registry by the episode's ``env_id``; the outcome says where the first state has
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from trajlake.envs.core import ReplayReport
 from trajlake.envs.registry import make
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg
 from trajlake.query import connect
 from trajlake.rollout.runner import replay_log_from_rows
 
@@ -39,7 +38,7 @@ class ReplayOutcome:
                 f"(expected {str(self.report.expected_hash)[:12]}, got {str(self.report.actual_hash)[:12]})")
 
 
-def load_episode(lake: Lake | str | os.PathLike[str], episode_id: str, as_of: str | None = None
+def load_episode(lake: LakeArg, episode_id: str, as_of: str | None = None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The committed episode row and its turns (in order); raises when the episode is not in the lake."""
     con = connect(lake, as_of)
@@ -54,7 +53,7 @@ def load_episode(lake: Lake | str | os.PathLike[str], episode_id: str, as_of: st
     return episode, [dict(zip(tcols, r, strict=True)) for r in rel.fetchall()]
 
 
-def replay_episode(lake: Lake | str | os.PathLike[str], episode_id: str, as_of: str | None = None
+def replay_episode(lake: LakeArg, episode_id: str, as_of: str | None = None
                    ) -> ReplayOutcome:
     """Re-run a stored episode in a fresh instance of its environment and compare every state hash."""
     episode, turns = load_episode(lake, episode_id, as_of)

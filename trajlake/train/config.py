@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import ConfigError
 
 StageKind = Literal["sft", "rl"]
 Algorithm = Literal["rloo", "grpo", "ppo"]
@@ -25,10 +25,6 @@ ALGORITHMS = typing.get_args(Algorithm)
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 LOSS_AGGREGATIONS = typing.get_args(LossAggregation)
 TASK_REWARDS = ("success", "reward_total")
-
-
-class ConfigError(TrajlakeError):
-    """The training config is malformed (names the file and the key)."""
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import torch.distributed as tdist
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import TrainError
 from trajlake.evaluators import process_rewards
 from trajlake.lake.store import Lake
 from trajlake.policies import checkpoint_hash
@@ -57,10 +57,6 @@ from trajlake.train.config import RolloutSpec, StageConfig, TrainConfig, config_
 from trajlake.train.data import LakeTrajectories, Selection, pad_collate, select_episodes
 
 Log = Callable[[str], None]
-
-
-class TrainError(TrajlakeError):
-    """The training run cannot go on (names the stage and what to do)."""
 
 
 # -- the process group ---------------------------------------------------------------------------------------

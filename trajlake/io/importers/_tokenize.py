@@ -11,17 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trajlake.errors import Issue, TrajlakeError, ValidationError
+from trajlake.errors import Issue, PrefixError, TrajlakeError, ValidationError
 from trajlake.io.importers._common import file_sha256
-
-
-class PrefixError(Exception):
-    """Per-turn tokenization differs from tokenizing the whole conversation, first at ``turn``."""
-
-    def __init__(self, turn: int, message: str):
-        super().__init__(message)
-        self.turn = turn
-        self.message = message
 
 
 class TurnTokenizer:

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from trajlake.envs import registry
 from trajlake.envs.policy import BYTE_TOKENIZER_ID
-from trajlake.errors import TrajlakeError
+from trajlake.errors import RetokenizationError, TrainDataError, TrajlakeError
 from trajlake.render.chat import (
     ChatRenderer,
     TemplateError,
@@ -37,18 +37,6 @@ from trajlake.render.chat import (
 from trajlake.render.exactness import model_contexts
 from trajlake.render.toolcall import format_call, parse_tool_call
 from trajlake.schemas.vocab import Actor, Role
-
-
-class TrainDataError(TrajlakeError):
-    """Turn rows the trainer cannot use as they are (missing turn, misaligned arrays, a text-only episode without
-    the trainer's tokenizer); the message names the episode, the turn and the field."""
-
-
-class RetokenizationError(TrainDataError):
-    """An episode re-rendered with the trainer's tokenizer breaks the prefix property (its per-turn pieces do not
-    concatenate to the tokenization of the whole text), or a trimmed context was recorded with another
-    tokenizer; ``on_mismatch="skip"`` skips and counts such episodes instead."""
-
 
 # -- one episode's turns ---------------------------------------------------------------------------------------
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import Lake, LakeArg, as_lake
 from trajlake.schema import arrow_schema
 
 EPISODE_COLUMNS: tuple[str, ...] = (
@@ -64,10 +63,6 @@ def _values(name: str, v: Sequence[str] | None) -> list[str] | None:
     return out
 
 
-def open_lake_arg(lake: str | Path | Lake) -> Lake:
-    return lake if isinstance(lake, Lake) else Lake.open(lake)
-
-
 def pinned_versions(lake: Lake, as_of: str | dict[str, int] | None) -> dict[str, int]:
     """Versions of every table: the pin, else the current ones (so every later read sees the same snapshot)."""
     return lake.resolve_as_of(as_of) or lake.versions()
@@ -100,11 +95,11 @@ def _episode_schema() -> pa.Schema:
     return pa.schema([full.field(c).with_nullable(True) for c in EPISODE_COLUMNS])
 
 
-def select_episodes(lake: str | Path | Lake, selection: Selection = ALL_EPISODES) -> pa.Table:
+def select_episodes(lake: LakeArg, selection: Selection = ALL_EPISODES) -> pa.Table:
     """One row per selected episode, sorted by ``episode_id``, with the columns ``EPISODE_COLUMNS``. Reads only
     those columns of the ``episodes`` table (never the turns), pruning ``run_id`` partitions when ``runs`` is
     given, at the pinned version (``selection.as_of``)."""
-    lk = open_lake_arg(lake)
+    lk = as_lake(lake)
     version = pinned_versions(lk, selection.as_of)["episodes"]
     runs = _values("runs", selection.runs)
     pfilter = [("run_id", "in", runs)] if runs is not None else None
@@ -123,4 +118,4 @@ def select_episodes(lake: str | Path | Lake, selection: Selection = ALL_EPISODES
 
 
 
-__all__ = ["ALL_EPISODES", "EPISODE_COLUMNS", "Selection", "open_lake_arg", "pinned_versions", "select_episodes"]
+__all__ = ["ALL_EPISODES", "EPISODE_COLUMNS", "Selection", "pinned_versions", "select_episodes"]

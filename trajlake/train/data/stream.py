@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from torch.utils.data import IterableDataset, get_worker_info
 
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import Lake
+from trajlake.lake.store import LakeArg, as_lake
 from trajlake.schema import PARQUET_SCHEMA_KEY, check_schema_version
 from trajlake.schemas.vocab import Actor
 from trajlake.train.data.samples import (
@@ -40,7 +40,6 @@ from trajlake.train.data.samples import (
 from trajlake.train.data.selection import (
     ALL_EPISODES,
     Selection,
-    open_lake_arg,
     pinned_versions,
     select_episodes,
 )
@@ -111,7 +110,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
     main process's ``stats`` stay empty.
     """
 
-    def __init__(self, lake: str | Path | Lake, selection: Selection = ALL_EPISODES, *,
+    def __init__(self, lake: LakeArg, selection: Selection = ALL_EPISODES, *,
                  tokenizer: str | Path | Any | None = None, advantages: Mapping[str, float] | None = None,
                  max_length: int | None = None, rank: int = 0, world_size: int = 1,
                  episodes: pa.Table | None = None, on_mismatch: Literal["raise", "skip"] = "raise",
@@ -123,7 +122,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
             raise TrajlakeError(f"on_mismatch: 'raise' or 'skip', not {on_mismatch!r}")
         if batch_rows < 1:
             raise TrajlakeError(f"batch_rows must be >= 1, not {batch_rows}")
-        self.lake = open_lake_arg(lake)
+        self.lake = as_lake(lake)
         self.selection = selection
         self.versions = pinned_versions(self.lake, selection.as_of)
         pinned = dataclasses.replace(selection, as_of=dict(self.versions))
