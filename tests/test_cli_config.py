@@ -131,9 +131,6 @@ CASES = [
          lambda r: r.cfg.cost_model.price_tool_second, 0.001, 0.002, DEFAULT_TOOL_SECOND_USD),
     Case("env_arg", ["--env-arg", "k=1"], 'env_arg = ["k=2"]', lambda r: r.cfg.env_kwargs.get("k"), 1, 2, None),
     Case("preflight", ["--preflight"], "preflight = false", lambda r: r.preflight_ran, True, False, True),
-    Case("allow_unisolated", ["--allow-unisolated"], "allow_unisolated = false",
-         lambda r: r.cfg.env_kwargs.get("allow_unisolated", False), True, True, False,
-         file_only="allow_unisolated = true"),
     Case("attempts", ["--attempts", "1"], "attempts = 4", _cfg("attempts"), 1, 4, 1),
     Case("policy_arg", ["--policy-arg", "temperature=0.5"], 'policy_arg = ["temperature=0.9"]',
          lambda r: r.cfg.policy_args.get("temperature"), "0.5", "0.9", None, context=LM),
@@ -151,7 +148,21 @@ CASES = [
 
 def test_the_cases_cover_every_rollout_option() -> None:
     command = typer.main.get_command(app).commands["rollout"]  # type: ignore[attr-defined]
-    assert {c.option for c in CASES} == {p.name for p in command.params} - {"config"}
+    # allow_unisolated is command-line only (test_the_sandbox_opt_out_is_command_line_only)
+    assert {c.option for c in CASES} == {p.name for p in command.params} - {"config", "allow_unisolated"}
+
+
+@pytest.mark.parametrize("line", ["allow_unisolated = true", "allow-unisolated = false",
+                                  'env_arg = ["allow_unisolated=true"]'])
+def test_the_sandbox_opt_out_is_command_line_only(rollout: Invoke, tmp_path: Path, line: str) -> None:
+    """A shared config file cannot switch off Mini SWE's sandbox: only --allow-unisolated on the command line."""
+    err = rollout([], toml=f"[rollout]\n{line}\n")
+    assert isinstance(err, TrajlakeError), err
+    assert "\n" not in str(err) and (f"--config {tmp_path / 'rollout.toml'}: allow" in str(err)
+                                      or "use --allow-unisolated" in str(err)), err
+    assert built(rollout(["--allow-unisolated"])).cfg.env_kwargs["allow_unisolated"] is True
+    assert "allow_unisolated" not in built(rollout([])).cfg.env_kwargs
+    assert isinstance(rollout(["--env-arg", "allow_unisolated=true"]), TrajlakeError)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.option)

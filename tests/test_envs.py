@@ -13,6 +13,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from trajlake.envs import make_env, make_policy, task_view_fn
 from trajlake.envs.checker import check_env
 from trajlake.envs.core import Budget
+from trajlake.lake.delta_log import DELTA_LOG
 
 from tests.test_cli import run
 from trajlake import connect, open_lake, verify
@@ -257,7 +258,8 @@ def test_worker_crash_loses_nothing_and_resume_completes(tmp_path: Path) -> None
     deadline = time.time() + 120
     while time.time() < deadline:
         time.sleep(1.0)
-        if (lake / "episodes" / "_delta_log").exists() and len(list((lake / "episodes" / "_delta_log").glob("*.json"))) > 4:
+        log = lake / "episodes" / DELTA_LOG
+        if log.exists() and len(list(log.glob("*.json"))) > 4:
             break
     p.send_signal(signal.SIGKILL)
     p.wait()

@@ -59,20 +59,22 @@ def read_table(path: Path, table: str, *, top_level: bool) -> dict[str, Any]:
 
 
 def options_from(ctx: typer.Context, options_type: type[Options], config: Path | None, *, table: str,
-                 top_level: bool = True, ignored: Collection[str] = (),
-                 appended: Collection[str] = ()) -> tuple[Options, frozenset[str]]:
+                 top_level: bool = True, ignored: Collection[str] = (), appended: Collection[str] = (),
+                 command_line_only: Mapping[str, str] | None = None) -> tuple[Options, frozenset[str]]:
     """``options_type`` built from the command's parameters merged with the ``[table]`` of ``config``.
 
     ``top_level``: a file without that table gives its keys at the top level. ``ignored``: keys the file may
     hold for another command (any other unknown key is refused). ``appended``: repeatable ``KEY=VALUE`` options
     whose file entries come first and the command line's after, so the command line wins key by key.
+    ``command_line_only``: options a file may not set, each with the reason the refusal gives (a shared config
+    file must not switch off a safeguard).
     Returns the options and the names of those set explicitly (command line, environment or file)."""
     fields = {f.name for f in dataclasses.fields(typing.cast(Any, options_type))}
     params = {p.name: p for p in ctx.command.params if p.name in fields}
     values: dict[str, Any] = {name: ctx.params[name] for name in params}
     on_command_line = {name for name in params if given(ctx, name)}
     from_file = (_file_values(ctx, config, read_table(config, table, top_level=top_level), options_type, params,
-                              ignored) if config is not None else {})
+                              ignored, command_line_only or {}) if config is not None else {})
     for name, value in from_file.items():
         if name in appended:
             values[name] = [*value, *(values.get(name) or [])]
@@ -85,7 +87,8 @@ def options_from(ctx: typer.Context, options_type: type[Options], config: Path |
 
 
 def _file_values(ctx: typer.Context, path: Path, section: Mapping[str, Any], options_type: type[Any],
-                 params: Mapping[str, Any], ignored: Collection[str]) -> dict[str, Any]:
+                 params: Mapping[str, Any], ignored: Collection[str],
+                 command_line_only: Mapping[str, str]) -> dict[str, Any]:
     """The file's keys as option names, each value checked against the field's type and the option's checks."""
     hints = typing.get_type_hints(options_type)
     spellings: dict[str, str] = {}
@@ -103,6 +106,9 @@ def _file_values(ctx: typer.Context, path: Path, section: Mapping[str, Any], opt
         if key not in spellings:
             continue
         name = spellings[key]
+        if name in command_line_only:
+            raise TrajlakeError(f"--config {path}: {key} can only be given on the command line "
+                                f"({command_line_only[name]})")
         if name in seen:
             raise TrajlakeError(f"--config {path}: {seen[name]} and {key} are the same option")
         seen[name] = key

@@ -128,7 +128,7 @@ def diagnose_command(
 ) -> None:
     """Explain a success drop from --baseline to --candidate: walk a decision tree (oracle suite, environment
     and task changes, environment failures, schema errors and safety blocks, steps/duplicates/latency, policy
-    lag, reward drift, contamination) and print the path with its evidence. Exits 0 whatever the diagnosis."""
+    version switches, reward drift, contamination) and print the path with its evidence. Exits 0 whatever the diagnosis."""
     from trajlake.evaluators import render
     from trajlake.evaluators.diagnose import diagnose
     from trajlake.evaluators.report import to_json

@@ -146,7 +146,8 @@ def rollout(
 
     # The options arrive through ctx.params merged with --config FILE, not through the parameters above.
     options, explicit = options_from(ctx, RolloutOptions, config, table="rollout", ignored=("select",),
-                                     appended=("env_arg", "policy_arg"))
+                                     appended=("env_arg", "policy_arg"),
+                                     command_line_only={"allow_unisolated": "it switches off the sandbox"})
     cfg = rollout_config(options, explicit)
     if options.preflight:
         _print_checks(check_env(cfg.env, cfg.split, **cfg.env_kwargs), cfg.env)
@@ -213,6 +214,8 @@ def _parse_env_args(values: list[str] | None, allow_unisolated: bool = False) ->
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise TrajlakeError(f"--env-arg {item!r}: expected KEY=VALUE")
+        if key.strip() == "allow_unisolated":  # the opt-in has one spelling, which a config file cannot give
+            raise TrajlakeError(f"--env-arg {item!r}: use --allow-unisolated")
         try:
             out[key.strip()] = json.loads(value)
         except ValueError:
