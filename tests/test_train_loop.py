@@ -367,3 +367,20 @@ def test_a_too_small_max_new_tokens_is_one_loud_line_naming_both_numbers(tiny_mo
     need = int(lines[0].split("split: ")[1].split(" tokens")[0])
     assert need > 24 and TWO_TASKS[0] in lines[0]
     assert action_budget_warnings(cfg(need), tiny_model) == []  # type: ignore[arg-type]
+
+
+def test_the_mask_ablation_adds_the_observation_tokens_with_ratio_one() -> None:
+    import torch
+
+    from trajlake.train.loop import _with_observations
+
+    # prompt (2 tokens), policy turn (2), observation (2), policy turn (1), padding (1)
+    batch = {"attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]])}
+    mask = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 0]], dtype=torch.float32)
+    logp = torch.arange(8, dtype=torch.float32).view(1, 8) * -0.1
+    old = torch.full((1, 8), -5.0)
+    new_mask, new_old, new_prox = _with_observations(batch, logp, mask, old, old.clone())
+    assert new_mask.tolist() == [[0, 0, 1, 1, 1, 1, 1, 0]]  # the prompt and the padding stay out
+    on_obs = torch.tensor([[False, False, False, False, True, True, False, False]])
+    assert torch.equal(new_old[on_obs], logp[on_obs]) and torch.equal(new_prox[on_obs], logp[on_obs])
+    assert bool((new_old[~on_obs] == -5.0).all())

@@ -687,3 +687,17 @@ def test_learning_rate_warm_up_and_decay_hand_computed() -> None:
     assert lr(9, 10, 1.0, warmup_steps=3, schedule="cosine", min_lr_ratio=0.1) == pytest.approx(0.1)
     assert lr(0, 1, 0.5, schedule="cosine") == 0.5  # one step: no room to decay
     assert [lr(s, 4, 2.0) for s in range(4)] == [2.0] * 4  # the default: constant, as before
+
+
+def test_the_placebo_shuffles_rewards_within_groups_only() -> None:
+    rewards = t64([1.0, 0.0, 0.0, 5.0, 6.0, 7.0, 9.0])
+    groups = ["a", "a", "a", "b", "b", "b", "c"]
+    seen = set()
+    for seed in range(20):
+        out = M.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(seed))
+        assert sorted(out[:3].tolist()) == [0.0, 0.0, 1.0] and sorted(out[3:6].tolist()) == [5.0, 6.0, 7.0]
+        assert out[6] == 9.0  # a group of one keeps its reward
+        seen.add(tuple(out.tolist()))
+    assert len(seen) > 5  # the attempts' rewards really move
+    again = M.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(3))
+    assert torch.equal(again, M.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(3)))

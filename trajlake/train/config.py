@@ -113,6 +113,15 @@ class StageConfig:
     fault_rate_schedule: tuple[float, ...] = ()
     """rl (R3): the fault curriculum: iteration i plays with fault rate ``fault_rate_schedule[min(i, n-1)]``
     (rising rates); empty: ``rollout.fault_rate`` throughout."""
+    # -- controls of an experiment (never for a real run) -------------------------------------------------------
+    placebo_shuffle_rewards: bool = False
+    """rl, placebo control: shuffle the returns among the members of each group before the advantages (seeded by
+    the experiment's seed and the iteration), so the update has R1's shape and noise but no information about
+    which attempt did better. A gain that survives it is not the reward's."""
+    loss_on_observations: bool = False
+    """rl, mask ablation (pitfall 19.6): also put the policy-gradient loss on the tokens after the first policy
+    turn that the policy did not produce (tool observations and chat-template glue), as a trainer with a wrong
+    loss mask would; their ratio is taken as 1 (they have no behaviour log-probs)."""
     # -- both --------------------------------------------------------------------------------------------------
     steps: int = 10
     """Optimizer steps (sft: in total; rl: per iteration)."""

@@ -652,7 +652,7 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
             log(f"  {stage.name} it {it}: {excluded} episode(s) left out of the batch: the environment failed them "
                 f"({', '.join(ENV_ERROR_CLASSES)}), not the policy")
         returns = _episode_returns(cfg, stage, lake, episodes)
-        advantages = _advantages(stage, episodes, returns)
+        advantages = _advantages(stage, episodes, returns, placebo_seed=cfg.seed * 1_000_003 + it)
         staleness = {e: learner_index - published.index(v) for e, v in
                zip(episodes.column("episode_id").to_pylist(), episodes.column("policy_version_start").to_pylist(),
                    strict=True)}
@@ -758,16 +758,31 @@ def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: 
     return out
 
 
-def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float]) -> dict[str, float] | None:
+def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float], placebo_seed: int = 0
+                ) -> dict[str, float] | None:
     """Per-episode advantages for RLOO/GRPO (groups: same task, seed and environment version); None for PPO,
-    whose advantages come from GAE inside each step."""
+    whose advantages come from GAE inside each step. The placebo control shuffles the returns within each group
+    first (seeded by ``placebo_seed``)."""
     if stage.algo == "ppo":
         return None
     ids = episodes.column("episode_id").to_pylist()
     groups = episodes.column("group_id").to_pylist()
     rewards = torch.tensor([returns[e] for e in ids], dtype=torch.float64)
+    if stage.placebo_shuffle_rewards:
+        rewards = tm.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(placebo_seed))
     adv = tm.rloo_advantages(rewards, groups) if stage.algo == "rloo" else tm.grpo_advantages(rewards, groups)
     return {e: float(a) for e, a in zip(ids, adv.tolist(), strict=True)}
+
+
+def _with_observations(batch: dict[str, Any], logp: Any, mask: Any, old: Any, prox: Any) -> tuple[Any, Any, Any]:
+    """The mask ablation's loss mask: the policy's tokens plus every later token it did not produce (observations
+    and template glue), whose behaviour and proximal log-probs are taken as the learner's own (ratio 1)."""
+    attn = batch["attention_mask"].to(mask.device).to(mask.dtype)
+    after_first_action = torch.cumsum(mask, dim=-1) > 0
+    observations = attn * (1 - mask) * after_first_action.to(mask.dtype)
+    own = logp.detach()
+    on_obs = observations.bool()
+    return mask + observations, torch.where(on_obs, own, old), torch.where(on_obs, own, prox)
 
 
 def policy_objective(cfg: TrainConfig, logp: Any, logp_prox: Any, logp_behavior: Any, advantages: Any, mask: Any,
@@ -819,7 +834,11 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     prox = old
     if cfg.policy_loss == "clip" and bool((stale > 0).any()):
         prox = torch.where((stale > 0)[:, None], learner.proximal_logprobs(batch, cfg.temperature), old)
-    loss, stats = policy_objective(cfg, out["logp"], prox, old, advantages, mask, denominator)
+    loss_mask, behaviour = mask, old
+    if stage.loss_on_observations:  # the mask ablation: a wrong loss mask, on purpose
+        loss_mask, behaviour, prox = _with_observations(batch, out["logp"], mask, old, prox)
+        denominator = _all_sum(dist, float(loss_mask.sum()))
+    loss, stats = policy_objective(cfg, out["logp"], prox, behaviour, advantages, loss_mask, denominator)
     kl = tm.kl_to_behavior(out["logp"], old, mask)
     if cfg.kl_coef:
         loss = loss + cfg.kl_coef * kl

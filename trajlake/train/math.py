@@ -19,6 +19,7 @@ Conventions used by every function:
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
@@ -223,6 +224,20 @@ def grpo_advantages(rewards: Tensor, group_ids: Sequence[Hashable], scale: Liter
         adv = adv / (torch.sqrt(sq / (size - 1).clamp(min=1.0)) + eps)
     adv = torch.where((size > 1) & ~_group_all_equal(r, gidx, n_groups)[gidx], adv, torch.zeros_like(r))
     return adv.to(rewards.dtype)
+
+
+def shuffle_within_groups(rewards: Tensor, group_ids: Sequence[Hashable], generator: torch.Generator) -> Tensor:
+    """A placebo's rewards: each group's rewards permuted among its members (a random permutation per group
+    from ``generator``). Every group keeps its multiset of rewards (so its mean and spread), and the link between
+    an attempt and its reward is gone."""
+    out = rewards.clone()
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    for idx in members.values():
+        perm = torch.randperm(len(idx), generator=generator)
+        out[idx] = rewards[[idx[int(j)] for j in perm]]
+    return out
 
 
 def frac_zero_std_groups(rewards: Tensor, group_ids: Sequence[Hashable]) -> float:
