@@ -136,3 +136,68 @@ def test_the_tests_config_writer_round_trips(tmp_path: Path) -> None:
     assert r1.rollout.policy_args == {"max_new_tokens": "16", "price_out": "100"}
     assert r1.rollout.env_args == {"budget": {"max_steps": 2}} and r1.rollout.tasks == TWO_TASKS[:1]
     assert cfg.model.path == str(tmp_path / "m \\ \"q\"") and cfg.stages[0].lr == 3e-3
+
+
+# -- what cannot work is refused before anything is written (issue 24, section 1) ---------------------------------
+
+def _rl(**rollout_keys: object) -> dict:
+    return {"name": "R1", "kind": "rl", "rollout": {"attempts": 2, **rollout_keys}}
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"stages": [_rl(policy_args={"top_p": "0.9"})]}, "stages[0] (R1).rollout.policy_args.top_p = 0.9"),
+    ({"stages": [_rl(policy_args={"temperature": "0.7"})]}, "stages[0] (R1).rollout.policy_args.temperature = 0.7"),
+    ({"stages": [_rl(policy_args={"temperature": "nan"})]}, "stages[0] (R1).rollout.policy_args.temperature = nan"),
+    ({"temperature": 0.0, "stages": [_rl()]}, "temperature = 0"),
+    ({"temperature": -1.0}, "temperature = -1.0"),
+    ({"temperature": NAN}, "temperature = nan"),
+    ({"stages": [{"name": "B1", "kind": "sft", "lr": INF}]}, "stages[0] (B1).lr = inf"),
+    ({"stages": [{"name": "B1", "kind": "sft", "lr": NAN}]}, "stages[0] (B1).lr = nan"),
+    ({"stages": [{"name": "B1", "kind": "sft", "lr": 0.0}]}, "stages[0] (B1).lr = 0.0"),
+    ({"clip_low": 1.5}, "clip_low = 1.5"),
+    ({"clip_high": -0.1}, "clip_low = 0.2, clip_high = -0.1"),
+    ({"grad_clip": NAN}, "grad_clip = nan"),
+    ({"model": {"build_tiny": True, "hidden_size": 0}}, "model.hidden_size = 0"),
+    ({"model": {"build_tiny": True, "layers": -1}}, "model.layers = -1"),
+    ({"device": "gpu"}, "device = 'gpu'"),
+    ({"stages": [{"name": "B1", "kind": "sft", "warmup_steps": -1}]}, "stages[0] (B1).warmup_steps = -1"),
+    ({"stages": [{"name": "B1", "kind": "sft", "min_lr_ratio": 2.0}]}, "stages[0] (B1).min_lr_ratio = 2.0"),
+    ({"stages": [{"name": "B1", "kind": "sft", "eval": {"policy_args": {"top_p": "nan"}}}]},
+     "stages[0] (B1).eval.policy_args.top_p = nan"),
+    ({"is_max_weight": 0.0}, "is_max_weight = 0.0"),
+    ({"safety_violations": "some"}, "safety_violations: 'some' is not one of"),
+])
+def test_settings_that_cannot_work_are_one_line_naming_the_file_and_key(change: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_config({**MINIMAL, **change}, "c.toml")
+    message = str(e.value)
+    assert message.startswith(f"c.toml: {key}") and "\n" not in message, message
+
+
+def test_greedy_evaluation_and_sampling_settings_outside_training_stay_allowed() -> None:
+    """Greedy evaluation (temperature 0) and top-p in an evaluation are fine: nothing is re-scored there."""
+    cfg = parse_config({**MINIMAL, "stages": [
+        {"name": "B1", "kind": "sft", "eval": {"policy_args": {"temperature": "0", "top_p": "0.9"}}},
+        _rl(policy_args={"temperature": "1.0", "top_p": "1"})]}, "c.toml")
+    assert cfg.stages[0].eval is not None and cfg.stages[0].eval.policy_args["temperature"] == "0"
+
+
+def test_a_bad_env_or_split_is_refused_before_the_lake_or_the_output_exists(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from trajlake.train.loop import train
+
+    for change, key in [({"env": "mini-sve"}, "env = 'mini-sve'"),
+                        ({"stages": [{"name": "B1", "kind": "sft", "data": {"split": "tran"}}]},
+                         "stages[0] (B1).data.split = 'tran'"),
+                        ({"stages": [{"name": "B1", "kind": "sft", "data": {"tasks": ["mini-swe/nope/0"]}}]},
+                         "stages[0] (B1).data.tasks: mini-swe/nope/0"),
+                        ({"stages": [{"name": "B1", "kind": "sft", "data_policy": "oracel"}]},
+                         "stages[0] (B1).data_policy = 'oracel'")]:
+        cfg = parse_config({**MINIMAL, "out_dir": str(tmp_path / "out"), **change}, "c.toml")
+        with pytest.raises(ConfigError) as e:
+            train(cfg, tmp_path / "lake", log=lambda _: None)
+        assert str(e.value).startswith(f"c.toml: {key}") and "\n" not in str(e.value), str(e.value)
+        assert not (tmp_path / "out").exists() and not (tmp_path / "lake").exists()

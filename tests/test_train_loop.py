@@ -225,3 +225,162 @@ def test_r2_process_reward_and_r3_ppo_with_the_fault_curriculum(tmp_path: Path) 
     assert len(r2) == 1 and math.isfinite(r2[0]["loss"]) and r2[0]["clip_frac"] is None  # REINFORCE: no clip
     assert dict(con.execute("select run_id, policy_version from runs where run_id like '%.train'").fetchall()) == {
         "R2.train": "r23-R2", "R3.train": "r23-R3"}
+
+
+# -- issue 24, section 1: the trainer's correctness ---------------------------------------------------------------
+
+def _captured_rollouts(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The RolloutConfigs the loop hands the runner (nothing is played)."""
+    from trajlake.rollout.runner import RolloutSummary
+    from trajlake.train import loop
+
+    seen: list = []
+
+    def fake(rc: object) -> RolloutSummary:
+        seen.append(rc)
+        return RolloutSummary()
+
+    monkeypatch.setattr(loop, "run_rollout", fake)
+    return seen
+
+
+def test_training_rollouts_sample_a_fresh_stream_per_version_and_evaluations_common_seeds(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each RL iteration's rollout samples with its own seed (derived from the policy version); evaluation runs
+    keep the config's seed, the same for every arm; runs.config records which rule applied."""
+    from trajlake.rollout.runner import _config_json
+    from trajlake.train import loop
+    from trajlake.train.config import RolloutSpec, TrainConfig
+
+    seen = _captured_rollouts(monkeypatch)
+    cfg = TrainConfig(name="x", env="mini-swe")
+    spec = RolloutSpec(attempts=2, policy_args={"seed": "5"})
+    for version in ("x-B1", "x-R1.1"):
+        loop._rollout(cfg, spec, str(tmp_path), f"R1-{version}", "R1", tmp_path, version, lambda _: None,
+                      training=True)
+    loop._rollout(cfg, spec, str(tmp_path), "B1", "B1", tmp_path, "x-B1", lambda _: None)
+    loop._rollout(cfg, spec, str(tmp_path), "R1", "R1", tmp_path, "x-R1", lambda _: None)
+    train1, train2, eval_b1, eval_r1 = (rc.policy_args["seed"] for rc in seen)
+    assert train1 != train2 and {train1, train2}.isdisjoint({"5"})
+    assert train1 == str(loop.training_seed(5, "x-B1")) and train2 == str(loop.training_seed(5, "x-R1.1"))
+    assert eval_b1 == eval_r1 == "5"  # common across arms: paired comparisons
+    rules = [_config_json(rc)["sampling_seed_rule"] for rc in seen]
+    assert rules == [loop.FRESH_SEEDS, loop.FRESH_SEEDS, loop.COMMON_SEEDS, loop.COMMON_SEEDS]
+    # a scripted data policy samples nothing: no rule recorded
+    loop._rollout(cfg, spec, str(tmp_path), "B1-data", "B1", None, None, lambda _: None, scripted="oracle")
+    assert "sampling_seed_rule" not in _config_json(seen[-1])
+
+
+def test_environment_failures_never_enter_an_rl_batch() -> None:
+    import pyarrow as pa
+
+    from trajlake.train.loop import without_env_errors
+
+    eps = pa.table({"episode_id": ["a", "b", "c", "d", "e"],
+                    "error_class": [None, "ENV_BUG", "MODEL_INVALID_ACTION", "ENV_TRANSIENT", "BUDGET_EXHAUSTED"]})
+    kept, excluded = without_env_errors(eps)
+    assert kept["episode_id"].to_pylist() == ["a", "c", "e"] and excluded == 2
+
+
+def test_safety_violations_counted_as_the_config_says(tmp_path: Path) -> None:
+    """V of 19.3: denials (attempted), executed violations (attack success, or an irreversible call that ran with
+    untrusted text in the context) or both; hand-made episodes with known events."""
+    import datetime as dt
+
+    from tests.conftest import make_episode
+    from trajlake import Lake, LakeWriter
+    from trajlake.train.config import TrainConfig
+    from trajlake.train.loop import _violations
+
+    def event(eid: str, k: int, decision: str, executed: bool, side: str, taint: list[str]) -> dict:
+        return {"episode_id": eid, "turn_idx": 1, "event_idx": k, "tool": "refund", "capability": "write",
+                "args_hash": "0" * 64, "decision": decision, "reason": "r", "executed": executed,
+                "side_effect_class": side, "taint": taint, "at": dt.datetime(2026, 3, 1, tzinfo=dt.UTC)}
+
+    lake = Lake.init(tmp_path / "lake")
+    eps, turns, events = [], [], []
+    for eid, attack in (("a", None), ("b", True), ("c", False)):
+        ep, tu = make_episode(eid, n_steps=1, attack_success=attack)
+        eps.append(ep)
+        turns += tu
+    events += [event("a", 0, "deny", False, "irreversible", []), event("a", 1, "deny", False, "write", []),
+               event("b", 0, "allow", True, "irreversible", ["untrusted_web_content"]),
+               event("c", 0, "allow", True, "irreversible", []),  # a legitimate irreversible call: no violation
+               event("c", 1, "confirm", False, "irreversible", ["untrusted_web_content"])]
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_batch(eps, turns, events).raise_if_rejected()
+    con = connect(lake)
+    con.execute("create temp table sel(episode_id varchar)")
+    con.executemany("insert into sel values (?)", [["a"], ["b"], ["c"]])
+    counts = {kind: _violations(TrainConfig(name="x", safety_violations=kind), con)
+              for kind in ("denials", "executed", "both")}
+    assert counts["denials"] == {"a": 2.0}
+    assert {e: n for e, n in counts["executed"].items() if n} == {"b": 2.0}  # attack success + the tainted refund
+    assert {e: n for e, n in counts["both"].items() if n} == {"a": 2.0, "b": 2.0}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trajlake.policies.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", max_positions=512)
+
+
+def test_non_finite_numbers_stop_the_stage_and_are_never_saved(tiny_model: Path, tmp_path: Path) -> None:
+    import torch
+
+    from trajlake.errors import TrainError
+    from trajlake.train.loop import Dist, Learner
+
+    learner = Learner(tiny_model, "cpu", Dist())
+    learner.new_optimizer(1e-3)
+    learner.where = "stage B1 step 3"
+    before = [p.detach().clone() for p in learner.parameters()]
+    nan_loss = sum(p.sum() for p in learner.parameters()) * float("nan")
+    with pytest.raises(TrainError, match=r"^stage B1 step 3: the loss is not finite"):
+        learner.step(nan_loss, 1.0)
+    first = learner.parameters()[0]
+    hook = first.register_hook(lambda g: g * float("inf"))  # a finite loss whose gradient is not finite
+    with pytest.raises(TrainError, match=r"^stage B1 step 3: the gradient norm is not finite"):
+        learner.step(sum(p.sum() for p in learner.parameters()), 1.0)
+    hook.remove()
+    assert all(torch.equal(a, p.detach()) for a, p in zip(before, learner.parameters(), strict=True))
+    with torch.no_grad():
+        learner.parameters()[0][0, 0] = float("inf")
+    with pytest.raises(TrainError, match="refusing to save a checkpoint with non-finite weights"):
+        learner.save(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_too_small_max_new_tokens_is_one_loud_line_naming_both_numbers(tiny_model: Path) -> None:
+    from trajlake.train.config import parse_config
+    from trajlake.train.loop import action_budget_warnings
+
+    def cfg(max_new_tokens: int) -> object:
+        return parse_config(tiny_config("x", [{"name": "B1", "kind": "sft", "eval": rollout(
+            TWO_TASKS[:1], max_new_tokens=max_new_tokens)}]), "c.toml")
+
+    lines = action_budget_warnings(cfg(24), tiny_model)  # type: ignore[arg-type]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert lines[0].startswith("WARNING: stages[0] (B1).eval.policy_args.max_new_tokens = 24 cannot hold the oracle's "
+                               "longest tool call"), lines[0]
+    need = int(lines[0].split("split: ")[1].split(" tokens")[0])
+    assert need > 24 and TWO_TASKS[0] in lines[0]
+    assert action_budget_warnings(cfg(need), tiny_model) == []  # type: ignore[arg-type]
+
+
+def test_the_mask_ablation_adds_the_observation_tokens_with_ratio_one() -> None:
+    import torch
+
+    from trajlake.train.loop import _with_observations
+
+    # prompt (2 tokens), policy turn (2), observation (2), policy turn (1), padding (1)
+    batch = {"attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]])}
+    mask = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 0]], dtype=torch.float32)
+    logp = torch.arange(8, dtype=torch.float32).view(1, 8) * -0.1
+    old = torch.full((1, 8), -5.0)
+    new_mask, new_old, new_prox = _with_observations(batch, logp, mask, old, old.clone())
+    assert new_mask.tolist() == [[0, 0, 1, 1, 1, 1, 1, 0]]  # the prompt and the padding stay out
+    on_obs = torch.tensor([[False, False, False, False, True, True, False, False]])
+    assert torch.equal(new_old[on_obs], logp[on_obs]) and torch.equal(new_prox[on_obs], logp[on_obs])
+    assert bool((new_old[~on_obs] == -5.0).all())

@@ -626,3 +626,78 @@ def test_micro_batch_accumulation_with_global_denominator_equals_full_batch(seed
         (g_acc,) = torch.autograd.grad(acc, logp)
         close(acc, full_loss, 1e-12)
         close(g_acc, g_full, 1e-12)
+
+
+# ------------------------------------------------------------------- decoupled PPO: the correction counted once
+
+
+def test_the_rl_objective_counts_the_off_policy_correction_once() -> None:
+    """A hand-made two-episode batch: episode 0 was sampled by the learner at the iteration's start (staleness 0:
+    pi_prox = mu), episode 1 by an older version (staleness 1). Decoupled PPO: token ratios r = pi / pi_prox,
+    clipped to [0.8, 1.2]; mu only in episode 1's truncated weight w_1 = min(prod pi_prox / mu, 2). The gradient
+    of the token-mean loss with respect to log pi at each policy token is -w_i * r_t * A_i / 4 where the clip
+    leaves it, 0 where it removes it. (Today's loop took r = pi / mu and multiplied by min(prod pi / mu, 2) as
+    well: pi / mu counted twice.)"""
+    from trajlake.train.config import TrainConfig
+    from trajlake.train.loop import policy_objective
+
+    mask = t64([[0, 1, 1], [0, 1, 1]])
+    mu = t64([[0.0, -1.0, -0.5], [0.0, -0.8, -1.2]])
+    prox = t64([[0.0, -1.0, -0.5], [0.0, -0.6, -1.0]])
+    new = t64([[0.0, -0.9, -0.5], [0.0, -0.5, -1.3]]).requires_grad_(True)
+    adv = t64([1.0, -0.5])
+    cfg = TrainConfig(name="x", clip_low=0.2, clip_high=0.2, is_max_weight=2.0)
+    loss, stats = policy_objective(cfg, new, prox, mu, adv, mask, denominator=4.0)
+    loss.backward()
+    w1 = math.exp((-0.6 + 0.8) + (-1.0 + 1.2))  # 1.49 < 2: not truncated
+    # episode 0: r = e^0.1, e^0; episode 1: r = e^0.1 (kept), e^-0.3 = 0.74 < 0.8 with A < 0 (clipped: no grad)
+    expected = [[0.0, -math.exp(0.1) * 1.0 / 4, -1.0 * 1.0 / 4],
+                [0.0, -w1 * math.exp(0.1) * -0.5 / 4, 0.0]]
+    close(new.grad, expected, 1e-12)
+    # the loss itself: -(sum of w * min(r A, clip(r) A)) / 4
+    close(loss, -(math.exp(0.1) + 1.0 + w1 * math.exp(0.1) * -0.5 + w1 * 0.8 * -0.5) / 4, 1e-12)
+    close(stats["is_weight_max"], w1, 1e-12)
+    # an episode the learner sampled at the iteration's start gets weight 1 and a plain PPO ratio against mu
+    only0, _ = policy_objective(cfg, new[:1], prox[:1], mu[:1], adv[:1], mask[:1], denominator=2.0)
+    close(only0, -(math.exp(0.1) + 1.0) / 2, 1e-12)
+
+
+def test_reinforce_weights_by_the_truncated_trajectory_ratio_alone() -> None:
+    from trajlake.train.config import TrainConfig
+    from trajlake.train.loop import policy_objective
+
+    mask = t64([[1, 1]])
+    mu, new = t64([[-1.0, -1.0]]), t64([[-0.5, -0.5]]).requires_grad_(True)
+    cfg = TrainConfig(name="x", policy_loss="reinforce", is_max_weight=2.0)
+    loss, _ = policy_objective(cfg, new, mu, mu, t64([1.0]), mask, denominator=2.0)
+    loss.backward()
+    close(new.grad, [[-2.0 / 2, -2.0 / 2]], 1e-12)  # min(e^1, 2) = 2, detached; d(-A log pi)/d log pi = -A
+
+
+# ------------------------------------------------------------------------------------- learning-rate schedule
+
+
+def test_learning_rate_warm_up_and_decay_hand_computed() -> None:
+    lr = M.learning_rate
+    assert [lr(s, 10, 1.0, warmup_steps=3) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert lr(3, 10, 1.0, warmup_steps=3, schedule="linear", min_lr_ratio=0.1) == 1.0
+    assert lr(6, 10, 1.0, warmup_steps=3, schedule="linear", min_lr_ratio=0.1) == pytest.approx(0.55)
+    assert lr(9, 10, 1.0, warmup_steps=3, schedule="linear", min_lr_ratio=0.1) == pytest.approx(0.1)
+    assert lr(6, 10, 1.0, warmup_steps=3, schedule="cosine", min_lr_ratio=0.1) == pytest.approx(0.55)
+    assert lr(9, 10, 1.0, warmup_steps=3, schedule="cosine", min_lr_ratio=0.1) == pytest.approx(0.1)
+    assert lr(0, 1, 0.5, schedule="cosine") == 0.5  # one step: no room to decay
+    assert [lr(s, 4, 2.0) for s in range(4)] == [2.0] * 4  # the default: constant, as before
+
+
+def test_the_placebo_shuffles_rewards_within_groups_only() -> None:
+    rewards = t64([1.0, 0.0, 0.0, 5.0, 6.0, 7.0, 9.0])
+    groups = ["a", "a", "a", "b", "b", "b", "c"]
+    seen = set()
+    for seed in range(20):
+        out = M.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(seed))
+        assert sorted(out[:3].tolist()) == [0.0, 0.0, 1.0] and sorted(out[3:6].tolist()) == [5.0, 6.0, 7.0]
+        assert out[6] == 9.0  # a group of one keeps its reward
+        seen.add(tuple(out.tolist()))
+    assert len(seen) > 5  # the attempts' rewards really move
+    again = M.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(3))
+    assert torch.equal(again, M.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(3)))

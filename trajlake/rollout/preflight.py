@@ -9,15 +9,18 @@ to fix it.
 from __future__ import annotations
 
 import importlib
+import json
 import platform
 import shutil
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trajlake.envs.core import Requirement
 from trajlake.envs.registry import make, names, spec
 from trajlake.errors import PreflightError
+from trajlake.render.toolcall import format_call
 from trajlake.rollout.runner import play_episode
 
 
@@ -28,6 +31,36 @@ class Check:
     component: str
     """What needs it: ``lake``, ``python`` or an environment name."""
     requirement: Requirement
+
+
+def oracle_call_tokens(env_name: str, split: str, count_tokens: Callable[[str], int], n_tasks: int = 3,
+                       task_ids: Sequence[str] = (), **env_kwargs: Any) -> tuple[int, str]:
+    """The most tokens one of the oracle's tool calls takes, written as a language-model policy writes it
+    (``format_call``) and counted by ``count_tokens``, over its episodes on the first ``n_tasks`` tasks of
+    ``split`` (of ``task_ids`` when given); with where it was (tool and task). (0, "no oracle") when the
+    environment has none."""
+    cls = spec(env_name).env_class()
+    oracle = next((p for p in (cls.policies() if cls is not None else {}).values()
+                   if getattr(p, "needs_oracle", False)), None)
+    if oracle is None:
+        return 0, "no oracle"
+    best, where = 0, "no call"
+    env = make(env_name, split=split, **env_kwargs)
+    try:
+        tasks = [t for t in env.list_tasks() if not task_ids or t["task_id"] in task_ids]
+        for task in tasks[:n_tasks]:
+            rec = play_episode(env, oracle("preflight"), run_id="preflight", task_id=task["task_id"],
+                               task_version=task["task_version"], seed=0)
+            for turn in rec.turns:
+                if turn["actor"] != "policy":
+                    continue
+                call = json.loads(turn["raw_content"])
+                n = count_tokens(format_call(call["tool"], call.get("args", {})))
+                if n > best:
+                    best, where = n, f"{call['tool']} on {task['task_id']}"
+    finally:
+        env.close()
+    return best, where
 
 
 def oracle_check(env_name: str, split: str | None = None, **env_kwargs: Any) -> Requirement:
@@ -150,4 +183,4 @@ def doctor_checks(*, oracle: bool = True) -> list[Check]:
     return out
 
 
-__all__ = ["Check", "PreflightError", "doctor_checks", "oracle_check", "preflight"]
+__all__ = ["Check", "PreflightError", "doctor_checks", "oracle_call_tokens", "oracle_check", "preflight"]

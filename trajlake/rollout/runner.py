@@ -351,6 +351,10 @@ class RolloutConfig:
     policy_name: str | None = None
     """``runs.policy_name`` and the name its versions are published under (``PolicyVersions``; default: the
     policy spec). The trainer gives all its checkpoints one name so that lag counts across them."""
+    sampling_seed_rule: str | None = None
+    """How the policy's sampling seeds were derived (``runs.config.sampling_seed_rule``), set by the trainer:
+    common seeds for evaluation runs (paired comparisons across policies), a fresh stream per policy version for
+    training rollouts. None: not recorded (the LM policy's default rule, ``trajlake.policies.lm.sampling_seed``)."""
     ray_address: str | None = None
     """The Ray cluster ``engine="ray"`` attaches to (``--ray-address``): ``host:port`` of its head, ``ray://...``
     (Ray Client) or ``auto`` (the cluster ``ray start`` last started on this machine); default ``$RAY_ADDRESS``.
@@ -683,6 +687,7 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             **({"task_ids": list(cfg.task_ids)} if cfg.task_ids else {}),
             **({"data_cutoff": cfg.data_cutoff} if cfg.data_cutoff else {}),
             **({"policy_name": cfg.policy_name} if cfg.policy_name else {}),
+            **({"sampling_seed_rule": cfg.sampling_seed_rule} if cfg.sampling_seed_rule else {}),
             # the prompt-injection attack played (also in env_kwargs), named on its own for readers of runs
             **({"injection": cfg.env_kwargs["injection"]} if cfg.env_kwargs.get("injection") else {}),
             **({"fault_kinds": list(cfg.fault_kinds)} if tuple(cfg.fault_kinds) != DEFAULT_FAULT_KINDS else {}),

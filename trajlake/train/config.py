@@ -8,6 +8,8 @@ rollouts through the rollout runner (``[stages.rollout]``, ``[stages.data]``, ``
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import sys
 import tomllib
 import typing
@@ -25,6 +27,10 @@ ALGORITHMS = typing.get_args(Algorithm)
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 LOSS_AGGREGATIONS = typing.get_args(LossAggregation)
 TASK_REWARDS = ("success", "reward_total")
+LrSchedule = Literal["constant", "linear", "cosine"]
+SafetyViolations = Literal["denials", "executed", "both"]
+#: ``device`` values: auto, cpu, cuda, cuda:N, mps.
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -107,12 +113,32 @@ class StageConfig:
     fault_rate_schedule: tuple[float, ...] = ()
     """rl (R3): the fault curriculum: iteration i plays with fault rate ``fault_rate_schedule[min(i, n-1)]``
     (rising rates); empty: ``rollout.fault_rate`` throughout."""
+    # -- controls of an experiment (never for a real run) -------------------------------------------------------
+    placebo_shuffle_rewards: bool = False
+    """rl, placebo control: shuffle the returns among the members of each group before the advantages (seeded by
+    the experiment's seed and the iteration), so the update has R1's shape and noise but no information about
+    which attempt did better. A gain that survives it is not the reward's."""
+    loss_on_observations: bool = False
+    """rl, mask ablation (pitfall 19.6): also put the policy-gradient loss on the tokens after the first policy
+    turn that the policy did not produce (tool observations and chat-template glue), as a trainer with a wrong
+    loss mask would; their ratio is taken as 1 (they have no behaviour log-probs)."""
     # -- both --------------------------------------------------------------------------------------------------
     steps: int = 10
     """Optimizer steps (sft: in total; rl: per iteration)."""
     batch_size: int = 4
     """Sequences per optimizer step (across data-parallel ranks: each rank takes its share)."""
     lr: float = 1e-3
+    """Peak learning rate of the stage's AdamW. Every stage starts a fresh AdamW (its moment estimates are not
+    carried over from the previous stage), so its first step moves each weight by about ``lr`` whatever the
+    gradient's scale: ``warmup_steps`` keeps those first steps small."""
+    warmup_steps: int = 0
+    """Linear warm-up from ``lr / (warmup_steps + 1)`` to ``lr`` over the stage's first optimizer steps (rl: counted
+    over all its iterations)."""
+    lr_schedule: LrSchedule = "constant"
+    """After warm-up: ``constant``, or ``linear`` / ``cosine`` decay to ``lr * min_lr_ratio`` at the stage's last
+    step."""
+    min_lr_ratio: float = 0.0
+    """Where ``linear`` and ``cosine`` decay end, as a fraction of ``lr``."""
     eval: RolloutSpec | None = None
     """Play the stage's final checkpoint here as run ``<prefix><name>`` (e.g. the hidden split), for
     ``trajlake eval --baseline B1 --candidate R1``. None: no evaluation run."""
@@ -149,7 +175,12 @@ class TrainConfig:
     lambda_cost: float = 0.0
     """lambda_c of 19.3: weight of the episode's ``cost_usd``."""
     lambda_safety: float = 0.0
-    """lambda_s of 19.3: weight of the episode's gateway denials (safety violations)."""
+    """lambda_s of 19.3: weight of the episode's safety violations (counted as ``safety_violations`` says)."""
+    safety_violations: SafetyViolations = "denials"
+    """What V of 19.3 counts per episode: ``denials`` (gateway calls denied: attempted violations),
+    ``executed`` (violations that took effect: the attacker's goal achieved, ``attack_success``, plus
+    irreversible calls the gateway let run while untrusted text was in the context, ``executed`` with a taint), or
+    ``both`` (their sum)."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     policy_loss: Literal["clip", "reinforce"] = "clip"
@@ -262,28 +293,120 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> TrainCon
     for note in notes:
         print(f"{where}: {note}", file=sys.stderr)
     cfg = dataclasses.replace(cfg, source=source)
-    if cfg.model.build_tiny == (cfg.model.path is not None):
-        raise ConfigError(f"{where}: [model] needs exactly one of path = FOLDER and build_tiny = true")
+    problems = config_problems(cfg)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise ConfigError(f"{where}: {problems[0]}{more}")
+    return cfg
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def _float_arg(args: Mapping[str, str], key: str) -> float | None:
+    """A numeric policy setting of a rollout table (None when absent or not a number: LMSettings says why)."""
+    try:
+        return float(args[key]) if key in args else None
+    except ValueError:
+        return None
+
+
+def config_problems(cfg: TrainConfig) -> list[str]:
+    """What in ``cfg`` cannot work, each as ``key: why`` (the caller adds the file): checked before any file is
+    written, since a bad value found later leaves a half-written output folder and lake behind."""
+    out: list[str] = []
+    m = cfg.model
+    if m.build_tiny == (m.path is not None):
+        out.append("[model]: needs exactly one of path = FOLDER and build_tiny = true")
+    if m.build_tiny:
+        for key in ("hidden_size", "layers", "max_positions"):
+            if getattr(m, key) <= 0:
+                out.append(f"model.{key} = {getattr(m, key)}: must be > 0")
+        if m.hidden_size % 4:
+            out.append(f"model.hidden_size = {m.hidden_size}: must be a multiple of 4 (the tiny model's 4 heads)")
     if cfg.task_reward not in TASK_REWARDS:
-        raise ConfigError(f"{where}: task_reward must be one of {', '.join(TASK_REWARDS)}")
+        out.append(f"task_reward: must be one of {', '.join(TASK_REWARDS)}")
+    if not _DEVICE.fullmatch(cfg.device):
+        out.append(f"device = {cfg.device!r}: not a device (auto, cpu, cuda, cuda:N or mps)")
+    if not _finite(cfg.temperature) or cfg.temperature < 0:
+        out.append(f"temperature = {cfg.temperature}: must be a finite number >= 0")
+    elif cfg.temperature == 0 and any(s.kind == "rl" for s in cfg.stages):
+        out.append("temperature = 0: training rollouts must sample (temperature > 0); greedy decoding has no "
+                   "log-probabilities to learn from (set an evaluation's policy_args.temperature = 0 instead)")
+    if not (_finite(cfg.clip_low) and _finite(cfg.clip_high) and 0 <= cfg.clip_low < 1 and cfg.clip_high >= 0):
+        out.append(f"clip_low = {cfg.clip_low}, clip_high = {cfg.clip_high}: the clip range [1 - clip_low, "
+                   f"1 + clip_high] needs 0 <= clip_low < 1 and clip_high >= 0")
+    if math.isnan(cfg.grad_clip) or cfg.grad_clip < 0:
+        out.append(f"grad_clip = {cfg.grad_clip}: must be >= 0 (0: no clipping)")
+    if not _finite(cfg.is_max_weight) or cfg.is_max_weight <= 0:
+        out.append(f"is_max_weight = {cfg.is_max_weight}: must be a finite number > 0")
+    for key in ("gamma", "gae_lambda"):
+        v = getattr(cfg, key)
+        if not (_finite(v) and 0 <= v <= 1):
+            out.append(f"{key} = {v}: must lie in [0, 1]")
+    for key in ("lambda_cost", "lambda_safety", "kl_coef", "value_coef"):
+        v = getattr(cfg, key)
+        if not _finite(v) or v < 0:
+            out.append(f"{key} = {v}: must be a finite number >= 0")
+    if cfg.max_length <= 0:
+        out.append(f"max_length = {cfg.max_length}: must be > 0")
     if not cfg.stages:
-        raise ConfigError(f"{where}: no [[stages]]")
+        out.append("no [[stages]]")
     names = [s.name for s in cfg.stages]
     if len(set(names)) != len(names):
-        raise ConfigError(f"{where}: stage names repeat: {', '.join(names)}")
+        out.append(f"stage names repeat: {', '.join(names)}")
     for i, s in enumerate(cfg.stages):
-        at = f"{where}: stages[{i}] ({s.name})"
-        if s.steps < 0 or s.batch_size < 1 or s.iterations < 1 or s.lr <= 0:
-            raise ConfigError(f"{at}: steps >= 0, batch_size >= 1, iterations >= 1 and lr > 0")
+        at = f"stages[{i}] ({s.name})"
+        if s.steps < 0 or s.batch_size < 1 or s.iterations < 1:
+            out.append(f"{at}: steps >= 0, batch_size >= 1 and iterations >= 1")
+        if not _finite(s.lr) or s.lr <= 0:
+            out.append(f"{at}.lr = {s.lr}: must be a finite number > 0")
+        if s.warmup_steps < 0:
+            out.append(f"{at}.warmup_steps = {s.warmup_steps}: must be >= 0")
+        if not (_finite(s.min_lr_ratio) and 0 <= s.min_lr_ratio <= 1):
+            out.append(f"{at}.min_lr_ratio = {s.min_lr_ratio}: must lie in [0, 1]")
+        if s.max_staleness < 0:
+            out.append(f"{at}.max_staleness = {s.max_staleness}: must be >= 0")
         if s.kind == "sft" and s.data_policy is None and not s.data_runs:
-            raise ConfigError(f"{at}: an sft stage needs data_policy or data_runs")
+            out.append(f"{at}: an sft stage needs data_policy or data_runs")
         if s.kind == "rl" and s.algo in ("rloo", "grpo") and s.rollout.attempts < 2:
-            raise ConfigError(f"{at}: {s.algo} needs groups: rollout.attempts >= 2")
+            out.append(f"{at}.rollout.attempts = {s.rollout.attempts}: {s.algo} needs groups (attempts >= 2)")
         if s.process_reward is not None and s.process_reward not in PROCESS_REWARDS:
-            raise ConfigError(f"{at}: process_reward must be one of {', '.join(PROCESS_REWARDS)}")
+            out.append(f"{at}: process_reward must be one of {', '.join(PROCESS_REWARDS)}")
         if any(not 0 <= r <= 1 for r in s.fault_rate_schedule):
-            raise ConfigError(f"{at}: fault_rate_schedule values must lie in [0, 1]")
-    return cfg
+            out.append(f"{at}.fault_rate_schedule: values must lie in [0, 1]")
+        specs = [("rollout", s.rollout)] if s.kind == "rl" else [("data", s.data)]
+        out += [f"{at}.{name}.{p}" for name, spec in specs for p in _training_sampling_problems(cfg, spec)]
+        if s.eval is not None:
+            out += [f"{at}.eval.{p}" for p in _sampling_problems(s.eval)]
+    return out
+
+
+def _sampling_problems(spec: RolloutSpec) -> list[str]:
+    """Sampling settings no rollout can use (any rollout, evaluations included)."""
+    out = []
+    for key in ("temperature", "top_p"):
+        v = _float_arg(spec.policy_args, key)
+        if v is not None and math.isnan(v):
+            out.append(f"policy_args.{key} = nan: not a number")
+    return out
+
+
+def _training_sampling_problems(cfg: TrainConfig, spec: RolloutSpec) -> list[str]:
+    """Sampling settings of a training rollout that the learner does not reproduce: its log-probs divide the
+    logits by ``cfg.temperature`` and apply no top-p filter, so another temperature or a top-p < 1 would make
+    every importance ratio compare two different distributions."""
+    out = _sampling_problems(spec)
+    temperature = _float_arg(spec.policy_args, "temperature")
+    if temperature is not None and not math.isnan(temperature) and temperature != cfg.temperature:
+        out.append(f"policy_args.temperature = {temperature}: training rollouts sample at the learner's temperature "
+                   f"({cfg.temperature}, the top-level key temperature); drop it or set temperature = {temperature}")
+    top_p = _float_arg(spec.policy_args, "top_p")
+    if top_p is not None and not math.isnan(top_p) and top_p < 1:
+        out.append(f"policy_args.top_p = {top_p}: the learner re-scores without a top-p filter, so training "
+                   f"rollouts must sample with top_p = 1")
+    return out
 
 
 #: Process rewards a stage may name (functions of ``trajlake.evaluators.process_rewards``; only sound ones).
@@ -320,4 +443,4 @@ def config_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 
 __all__ = ["ALGORITHMS", "PROCESS_REWARDS", "RENAMED_KEYS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
-           "StageConfig", "TrainConfig", "config_dict", "load_config", "parse_config"]
+           "StageConfig", "TrainConfig", "config_dict", "config_problems", "load_config", "parse_config"]

@@ -21,7 +21,9 @@ rollouts, writes the lake and saves checkpoints; the others wait at a barrier.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -33,25 +35,29 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as tdist
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from trajlake.errors import TrainError
+from trajlake.envs import list_tasks, policy_names
+from trajlake.errors import ConfigError, LakeNotFoundError, TrainError, TrajlakeError, one_line
 from trajlake.evaluators import process_rewards
 from trajlake.lake.store import Lake
 from trajlake.policies import checkpoint_hash
+from trajlake.policies.settings import LMSettings
 from trajlake.policies.tiny import build_tiny_model
 from trajlake.provenance import code_version
 from trajlake.query import connect
 from trajlake.record.episode import CostModel, utcnow
 from trajlake.record.writer import LakeWriter
 from trajlake.rollout.faults import DEFAULT_FAULT_KINDS, fault_rate_at
+from trajlake.rollout.preflight import oracle_call_tokens
 from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 from trajlake.rollout.versions import PolicyVersions
-from trajlake.schemas.vocab import Decision
+from trajlake.schemas.vocab import Decision, ErrorClass, SideEffectClass
 from trajlake.train import math as tm
 from trajlake.train.config import RolloutSpec, StageConfig, TrainConfig, config_dict
 from trajlake.train.data import LakeTrajectories, Selection, pad_collate, select_episodes
@@ -107,7 +113,12 @@ def _all_sum(dist: Dist, value: float) -> float:
 
 # -- the learner ---------------------------------------------------------------------------------------------
 class Learner:
-    """The model being trained, its optimizer and (for PPO) a value head on the last hidden state."""
+    """The model being trained, its optimizer and (for PPO) a value head on the last hidden state.
+
+    Every stage makes a fresh Learner and a fresh AdamW: the moment estimates of the previous stage are not
+    carried over. Adam's first step moves each weight by about the learning rate whatever the gradient's scale,
+    which the stage's ``warmup_steps`` keep small. Non-finite numbers are fatal: a loss, gradient norm or weight
+    that is not finite stops the stage (``TrainError``) before the step is taken or the checkpoint is saved."""
 
     def __init__(self, model_path: Path, device: str, dist: Dist, *, value_head: bool = False):
         self.device = device
@@ -122,6 +133,11 @@ class Learner:
             self.value_head.load_state_dict(torch.load(model_path / "value_head.pt", map_location=device))
         self.optimizer: Any = None
         self.lr = 0.0
+        self.where = ""
+        """Stage, iteration and step being trained, for the errors."""
+        self.proximal: Any = None
+        """A frozen copy of the model at the start of the RL iteration (decoupled PPO's pi_prox), when stale
+        episodes need its log-probs."""
 
     def parameters(self) -> list[Any]:
         params = list(self.model.parameters())
@@ -131,14 +147,36 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.0)
         self.lr = lr
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next optimizer step (the stage's schedule)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.lr = lr
+
+    def freeze_proximal(self) -> None:
+        """Keep a copy of the current weights as the proximal policy of this RL iteration."""
+        self.proximal = copy.deepcopy(self.model).eval()
+        for p in self.proximal.parameters():
+            p.requires_grad_(False)
+
+    def proximal_logprobs(self, batch: dict[str, Any], temperature: float) -> Any:
+        """Token log-probs of the batch under the proximal policy (no gradient)."""
+        ids = batch["input_ids"].to(self.device)
+        attn = batch["attention_mask"].to(self.device)
+        with torch.no_grad(), self._autocast():
+            logits = self.proximal(input_ids=ids, attention_mask=attn).logits.float()
+        return tm.token_logprobs(logits, ids, temperature)
+
+    def _autocast(self) -> Any:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.device.startswith("cuda") \
+            else contextlib.nullcontext()
+
     def forward(self, batch: dict[str, Any], temperature: float) -> dict[str, Any]:
         """Token log-probs and entropies (aligned: position t scores token t), and the last hidden states when
         a value head exists."""
         ids = batch["input_ids"].to(self.device)
         attn = batch["attention_mask"].to(self.device)
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.startswith("cuda") \
-            else contextlib.nullcontext()
-        with autocast:
+        with self._autocast():
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=self.value_head is not None)
         logits = out.logits.float()
         result = {"logp": tm.token_logprobs(logits, ids, temperature),
@@ -152,7 +190,11 @@ class Learner:
         return sum(p.sum() * 0.0 for p in self.parameters())
 
     def step(self, loss: Any, grad_clip: float) -> float:
-        """Backward, sum gradients across ranks, clip, step. Returns the gradient norm."""
+        """Backward, sum gradients across ranks, clip, step. Returns the gradient norm. A non-finite loss or
+        gradient norm raises before the weights change; non-finite weights after the step raise too."""
+        if not bool(torch.isfinite(loss.detach()).all()):
+            raise TrainError(f"{self.where}: the loss is not finite ({float(loss.detach())}); lower lr or check "
+                             f"the rewards (nothing of this step was applied)")
         self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
         params = [p for p in self.parameters() if p.requires_grad]
@@ -163,12 +205,29 @@ class Learner:
                 tdist.all_reduce(p.grad)
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip > 0 else \
             torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        if not math.isfinite(float(norm)):
+            raise TrainError(f"{self.where}: the gradient norm is not finite ({float(norm)}); lower lr or check the "
+                             f"rewards (nothing of this step was applied)")
         self.optimizer.step()
+        bad = self.non_finite()
+        if bad:
+            raise TrainError(f"{self.where}: the weights are not finite after the step ({bad}); lower lr")
         return float(norm)
+
+    def non_finite(self) -> str | None:
+        """Names the first parameter tensor holding a NaN or an infinity, with how many do (None: all finite)."""
+        names = [(n, p) for n, p in self.model.named_parameters()]
+        if self.value_head is not None:
+            names += [(f"value_head.{n}", p) for n, p in self.value_head.named_parameters()]
+        bad = [n for n, p in names if not bool(torch.isfinite(p.detach()).all())]
+        return f"{bad[0]} and {len(bad) - 1} other tensor(s)" if bad else None
 
     def save(self, folder: Path) -> str:
         """Save in Hugging Face format (weights, config, tokenizer; the value head beside them) and return the
-        checkpoint hash recorded in ``runs.policy_checkpoint_hash``."""
+        checkpoint hash recorded in ``runs.policy_checkpoint_hash``. Non-finite weights are never saved."""
+        bad = self.non_finite()
+        if bad:
+            raise TrainError(f"{self.where}: refusing to save a checkpoint with non-finite weights ({bad})")
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
@@ -254,16 +313,20 @@ def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResul
     """Run every stage of ``cfg`` against ``lake`` (created when missing)."""
     hf_logging.disable_progress_bar()  # the trainer's log says what is loaded and saved
     device = _device(cfg.device)
+    lake = str(lake)
+    check_environment(cfg)  # before any file is written: a typo must not leave a half-made output behind
     dist = init_distributed(device)
     torch.manual_seed(cfg.seed + dist.rank)
     out_dir = cfg.resolve(cfg.out_dir)
-    lake = str(lake)
     if dist.main:
+        _refuse_trained_stages(cfg, lake)
         Lake.init(lake)
         out_dir.mkdir(parents=True, exist_ok=True)
-        _refuse_trained_stages(cfg, lake)
     _barrier(dist)
     model_path = _base_model(cfg, out_dir, dist)
+    if dist.main:
+        for line in action_budget_warnings(cfg, model_path):
+            log(line)
     versions = PolicyVersions(lake, cfg.name)
     current_version = f"{cfg.name}-base"
     if dist.main:
@@ -308,9 +371,77 @@ def _device(name: str) -> str:
     return name
 
 
+def _rollout_specs(cfg: TrainConfig) -> Iterator[tuple[str, StageConfig, RolloutSpec]]:
+    """(key path, stage, spec) of every rollout the config plays: sft data, rl rollouts, evaluations."""
+    for i, s in enumerate(cfg.stages):
+        at = f"stages[{i}] ({s.name})"
+        if s.kind == "sft" and s.data_policy is not None:
+            yield f"{at}.data", s, s.data
+        if s.kind == "rl":
+            yield f"{at}.rollout", s, s.rollout
+        if s.eval is not None:
+            yield f"{at}.eval", s, s.eval
+
+
+def check_environment(cfg: TrainConfig) -> None:
+    """The environment, its splits, task ids and scripted data policies exist (a ConfigError naming the file and
+    the key otherwise). Runs before anything is written."""
+    where = cfg.source or "config"
+    try:
+        policies = policy_names(cfg.env)
+    except TrajlakeError as e:
+        raise ConfigError(f"{where}: env = {cfg.env!r}: {one_line(e)}") from None
+    tasks: dict[str, set[str]] = {}
+    for at, stage, spec in _rollout_specs(cfg):
+        if spec.split not in tasks:
+            try:
+                tasks[spec.split] = {t["task_id"] for t in list_tasks(cfg.env, spec.split)}
+            except TrajlakeError as e:
+                raise ConfigError(f"{where}: {at}.split = {spec.split!r}: {one_line(e)}") from None
+        unknown = sorted(set(spec.tasks) - tasks[spec.split])
+        if unknown:
+            raise ConfigError(f"{where}: {at}.tasks: {', '.join(unknown[:3])} not in {cfg.env}'s {spec.split!r} "
+                              f"split")
+        if at.endswith(".data") and stage.data_policy not in policies:
+            raise ConfigError(f"{where}: {at.removesuffix('.data')}.data_policy = {stage.data_policy!r}: not a "
+                              f"scripted policy of {cfg.env} ({', '.join(policies) or 'none'})")
+
+
+def action_budget_warnings(cfg: TrainConfig, model_path: Path, n_tasks: int = 3) -> list[str]:
+    """One loud line per language-model rollout whose ``max_new_tokens`` cannot hold the longest tool call the
+    environment's oracle makes on the first ``n_tasks`` tasks it plays, under the model's tokenizer: such a
+    policy can never act as the oracle does, so its rollouts cannot succeed (the Mini SWE B1 -> R1 run's flaw)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+    eos = 1 if tok.eos_token_id is not None else 0
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"]) + eos
+
+    longest: dict[str, tuple[int, str]] = {}
+    out: list[str] = []
+    for at, _stage, spec in _rollout_specs(cfg):
+        if at.endswith(".data"):
+            continue  # a scripted policy plays the data, not the model
+        limit = int(spec.policy_args.get("max_new_tokens", LMSettings().max_new_tokens))
+        key = f"{spec.split}:{','.join(spec.tasks)}"
+        if key not in longest:
+            longest[key] = oracle_call_tokens(cfg.env, spec.split, count, n_tasks, spec.tasks, **spec.env_args)
+        need, which = longest[key]
+        if need > limit:
+            out.append(f"WARNING: {at}.policy_args.max_new_tokens = {limit} cannot hold the oracle's longest tool "
+                       f"call on {cfg.env}'s {spec.split!r} split: {need} tokens ({which}) under {model_path}'s "
+                       f"tokenizer; those episodes cannot succeed as the oracle does (raise max_new_tokens)")
+    return out
+
+
 def _refuse_trained_stages(cfg: TrainConfig, lake: str) -> None:
     ids = [f"{cfg.run_prefix}{s.name}.train" for s in cfg.stages]
-    con = connect(lake)
+    try:
+        con = connect(lake)
+    except LakeNotFoundError:
+        return  # a new lake holds no stage
     found = [r[0] for r in con.execute(f"select run_id from runs where run_id in ({', '.join('?' * len(ids))})",
                                        ids).fetchall()]
     if found:
@@ -342,16 +473,39 @@ def _save_and_publish(learner: Learner, folder: Path, version: str, versions: An
     return digest
 
 
+#: ``runs.config.sampling_seed_rule`` of the trainer's rollouts. Every episode samples with
+#: ``trajlake.policies.lm.sampling_seed(seed, task_id, env_seed, attempt)``; what differs is ``seed``.
+COMMON_SEEDS = ("common: sampling_seed(seed, task_id, env_seed, attempt) with seed = policy_args.seed, the same for "
+                "every policy (paired comparisons)")
+FRESH_SEEDS = ("per-version: sampling_seed(seed, task_id, env_seed, attempt) with seed = training_seed(policy_args.seed, "
+               "policy_version), a fresh stream for every policy version")
+
+
+def training_seed(base: int, policy_version: str) -> int:
+    """The sampling seed of a training rollout of ``policy_version``: each iteration samples a fresh stream (with
+    one seed for all, iteration k+1 would replay most of iteration k's tokens, and a stale episode's group
+    baseline would hold its own near-copy)."""
+    digest = hashlib.sha256(f"train:{base}:{policy_version}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
 def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label: str, policy_folder: Path | None,
-             version: str | None, log: Log, *, scripted: str | None = None, fault_rate: float | None = None) -> None:
+             version: str | None, log: Log, *, scripted: str | None = None, fault_rate: float | None = None,
+             training: bool = False) -> None:
     """Play ``spec`` into the lake through the rollout runner: the checkpoint in ``policy_folder`` as an ``hf:``
-    policy pinned to ``version``, or a scripted policy of the environment."""
+    policy pinned to ``version``, or a scripted policy of the environment. ``training``: sampling seeds fresh
+    for this version (``FRESH_SEEDS``); otherwise common to every policy (``COMMON_SEEDS``)."""
+    rule = None
     if scripted is not None:
         policy, args, name = scripted, {}, None
     else:
         policy = f"hf:{policy_folder}"
         args = {"temperature": str(cfg.temperature), **spec.policy_args}
         name = cfg.name
+        rule = COMMON_SEEDS
+        if training:
+            args["seed"] = str(training_seed(int(args.get("seed", LMSettings().seed)), str(version)))
+            rule = FRESH_SEEDS
     rc = RolloutConfig(lake=lake, run_id=run_id, env=cfg.env, policy=policy, split=spec.split,
                        seeds=parse_seeds(spec.seeds), workers=spec.workers,
                        fault_rate=spec.fault_rate if fault_rate is None else fault_rate,
@@ -359,7 +513,7 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
                        task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=0.0,
                        env_kwargs=dict(spec.env_args), cost_model=CostModel.for_run(args),
                        held_out_fault_kind=spec.held_out_fault_kind,
-                       fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS)
+                       fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS, sampling_seed_rule=rule)
     t0 = time.monotonic()
     summary = run_rollout(rc)
     if summary.failed_items:
@@ -404,6 +558,7 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
     losses: list[float] = []
     tokens = 0
     for step in range(stage.steps):
+        _schedule(learner, stage, step, f"stage {stage.name} step {step}")
         batch = next(batches)
         n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
         denominator = _denominator(cfg, dist, batch, n_tokens)  # a collective: every rank, every step
@@ -430,6 +585,14 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
             log(f"  {stage.name} step {step}: loss {value:.4f} over {int(n_tokens)} policy tokens")
     return {"runs": runs, "steps": stage.steps, "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None, "tokens": tokens}
+
+
+def _schedule(learner: Learner, stage: StageConfig, step: int, where: str) -> None:
+    """Set the learning rate of the stage's ``step``-th optimizer step (0-based, over all its iterations)."""
+    total = stage.steps * (stage.iterations if stage.kind == "rl" else 1)
+    learner.set_lr(tm.learning_rate(step, total, stage.lr, warmup_steps=stage.warmup_steps,
+                                    schedule=stage.lr_schedule, min_lr_ratio=stage.min_lr_ratio))
+    learner.where = where
 
 
 def _per_rank(batch_size: int, dist: Dist) -> int:
@@ -477,16 +640,19 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         fault_rate = _fault_rate(stage, it - 1)
         if dist.main:
             _rollout(cfg, stage.rollout, lake, run, stage.name, behaviour_folder, behaviour_version, log,
-                     fault_rate=fault_rate)
+                     fault_rate=fault_rate, training=True)
         _barrier(dist)
         runs.append(run)
         published = versions.all()
         learner_index = published.index(behaviour_version)
         allowed = published[max(0, learner_index - stage.max_staleness):learner_index + 1]
         selection = Selection(runs=runs, policy_versions=allowed, as_of=_pin(dist, lake))
-        episodes = select_episodes(lake, selection)
+        episodes, excluded = without_env_errors(select_episodes(lake, selection))
+        if dist.main and excluded:
+            log(f"  {stage.name} it {it}: {excluded} episode(s) left out of the batch: the environment failed them "
+                f"({', '.join(ENV_ERROR_CLASSES)}), not the policy")
         returns = _episode_returns(cfg, stage, lake, episodes)
-        advantages = _advantages(stage, episodes, returns)
+        advantages = _advantages(stage, episodes, returns, placebo_seed=cfg.seed * 1_000_003 + it)
         staleness = {e: learner_index - published.index(v) for e, v in
                zip(episodes.column("episode_id").to_pylist(), episodes.column("policy_version_start").to_pylist(),
                    strict=True)}
@@ -495,9 +661,13 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
                                    episodes=episodes)
         batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
         reward_mean = sum(returns.values()) / max(1, len(returns))
+        if cfg.policy_loss == "clip" and any(v > 0 for v in staleness.values()):
+            learner.freeze_proximal()  # decoupled PPO's pi_prox: the learner as this iteration starts
         for step in range(stage.steps):
+            _schedule(learner, stage, (it - 1) * stage.steps + step, f"stage {stage.name} iteration {it} step {step}")
             row = _rl_step(cfg, stage, learner, dist, next(batches), staleness, returns)
-            row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time())
+            row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time(),
+                       excluded_env_errors=excluded)
             train_log.add(row)
             losses.append(row["loss"])
             tokens += row["policy_tokens"]
@@ -505,6 +675,7 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
                 log(f"  {stage.name} it {it} step {step}: loss {row['loss']:.4g}, kl {_fmt(row['kl'])}, ratio "
                     f"mean {_fmt(row['ratio_mean'])}, staleness max {row['staleness_max']}, return mean "
                     f"{reward_mean:.4g}")
+        learner.proximal = None
         if it < stage.iterations:  # the next iteration plays the updated policy as a new version
             behaviour_version = f"{cfg.name}-{stage.name}.{it}"
             behaviour_folder = Path(cfg.resolve(cfg.out_dir)) / f"{stage.name}.{it}"
@@ -521,10 +692,44 @@ def _fault_rate(stage: StageConfig, iteration: int) -> float:
     return fault_rate_at(iteration, sched) if sched else stage.rollout.fault_rate
 
 
+#: Error classes of episodes the environment failed, not the policy: never a model failure in an RL batch.
+ENV_ERROR_CLASSES = (ErrorClass.ENV_BUG, ErrorClass.ENV_TRANSIENT)
+
+
+def without_env_errors(episodes: pa.Table) -> tuple[pa.Table, int]:
+    """The episodes whose ``error_class`` is not an environment failure (ENV_BUG, ENV_TRANSIENT), and how many
+    were left out: punishing the policy for a broken grader or a flaky tool would teach it nothing true."""
+    env_failed = pc.is_in(episodes["error_class"], value_set=pa.array([str(c) for c in ENV_ERROR_CLASSES]))
+    keep = pc.invert(pc.fill_null(env_failed, False))
+    kept = episodes.filter(keep)
+    return kept, episodes.num_rows - kept.num_rows
+
+
+def _violations(cfg: TrainConfig, con: Any) -> dict[str, float]:
+    """V of 19.3 per episode of the temp table ``sel``, as ``cfg.safety_violations`` counts them: ``denials``
+    (gateway calls denied), ``executed`` (the attacker's goal achieved, plus
+    irreversible calls that ran while untrusted text was in the context) or ``both``."""
+    out: dict[str, float] = {}
+    if cfg.safety_violations in ("denials", "both"):
+        rows = con.execute("select g.episode_id, count(*) from gateway_events g join sel using (episode_id) "
+                           "where g.decision = ? group by 1", [str(Decision.DENY)])
+        for e, n in rows.fetchall():
+            out[e] = out.get(e, 0.0) + float(n)
+    if cfg.safety_violations in ("executed", "both"):
+        rows = con.execute(
+            "select e.episode_id, coalesce(e.attack_success::int, 0) + (select count(*) from gateway_events g "
+            "where g.episode_id = e.episode_id and g.executed and g.side_effect_class = ? "
+            "and coalesce(len(g.taint), 0) > 0) from episodes e join sel using (episode_id)",
+            [str(SideEffectClass.IRREVERSIBLE)])
+        for e, n in rows.fetchall():
+            out[e] = out.get(e, 0.0) + float(n)
+    return out
+
+
 def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: Any) -> dict[str, float]:
-    """G_0 of 19.3 per episode: R_task - lambda_c * cost_usd - lambda_s * (gateway denials) + the process
-    reward's weighted sum over the trajectory (the process reward is one value per trajectory here, so it enters
-    at t = 0; discounting inside it is the reward function's business)."""
+    """G_0 of 19.3 per episode: R_task - lambda_c * cost_usd - lambda_s * V (safety violations, counted as
+    ``safety_violations`` says) + the process reward's weighted sum over the trajectory (the process reward is one
+    value per trajectory here, so it enters at t = 0; discounting inside it is the reward function's business)."""
     ids = episodes.column("episode_id").to_pylist()
     if not ids:
         return {}
@@ -533,8 +738,7 @@ def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: 
     con = connect(lake)
     con.execute("create temp table sel(episode_id varchar)")
     con.executemany("insert into sel values (?)", [[i] for i in ids])
-    denials = dict(con.execute("select g.episode_id, count(*) from gateway_events g join sel using (episode_id) "
-                               "where g.decision = ? group by 1", [str(Decision.DENY)]).fetchall())
+    violations = _violations(cfg, con) if cfg.lambda_safety else {}
     process: dict[str, float] = {}
     if stage.process_reward is not None:
         fn = getattr(process_rewards, stage.process_reward)
@@ -549,21 +753,53 @@ def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: 
     out = {}
     for e, r, c in zip(ids, task, cost, strict=True):
         r_task = float(bool(r)) if cfg.task_reward == "success" else float(r or 0.0)
-        out[e] = (r_task - cfg.lambda_cost * float(c or 0.0) - cfg.lambda_safety * float(denials.get(e, 0))
+        out[e] = (r_task - cfg.lambda_cost * float(c or 0.0) - cfg.lambda_safety * violations.get(e, 0.0)
                   + stage.process_weight * process.get(e, 0.0))
     return out
 
 
-def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float]) -> dict[str, float] | None:
+def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float], placebo_seed: int = 0
+                ) -> dict[str, float] | None:
     """Per-episode advantages for RLOO/GRPO (groups: same task, seed and environment version); None for PPO,
-    whose advantages come from GAE inside each step."""
+    whose advantages come from GAE inside each step. The placebo control shuffles the returns within each group
+    first (seeded by ``placebo_seed``)."""
     if stage.algo == "ppo":
         return None
     ids = episodes.column("episode_id").to_pylist()
     groups = episodes.column("group_id").to_pylist()
     rewards = torch.tensor([returns[e] for e in ids], dtype=torch.float64)
+    if stage.placebo_shuffle_rewards:
+        rewards = tm.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(placebo_seed))
     adv = tm.rloo_advantages(rewards, groups) if stage.algo == "rloo" else tm.grpo_advantages(rewards, groups)
     return {e: float(a) for e, a in zip(ids, adv.tolist(), strict=True)}
+
+
+def _with_observations(batch: dict[str, Any], logp: Any, mask: Any, old: Any, prox: Any) -> tuple[Any, Any, Any]:
+    """The mask ablation's loss mask: the policy's tokens plus every later token it did not produce (observations
+    and template glue), whose behaviour and proximal log-probs are taken as the learner's own (ratio 1)."""
+    attn = batch["attention_mask"].to(mask.device).to(mask.dtype)
+    after_first_action = torch.cumsum(mask, dim=-1) > 0
+    observations = attn * (1 - mask) * after_first_action.to(mask.dtype)
+    own = logp.detach()
+    on_obs = observations.bool()
+    return mask + observations, torch.where(on_obs, own, old), torch.where(on_obs, own, prox)
+
+
+def policy_objective(cfg: TrainConfig, logp: Any, logp_prox: Any, logp_behavior: Any, advantages: Any, mask: Any,
+                     denominator: float) -> tuple[Any, dict[str, float]]:
+    """The policy loss of an RL step, with the off-policy correction counted once (docs/training.md, "The
+    loss"). ``clip``: decoupled PPO, ratios against the proximal policy ``logp_prox`` and the behaviour policy
+    only in the truncated trajectory weight min(prod pi_prox / mu, c). ``reinforce``: -A log pi weighted by the
+    truncated trajectory ratio min(prod pi / mu, c) (detached), its only correction."""
+    if cfg.policy_loss == "reinforce":
+        weights = tm.truncated_importance_weights(tm.sequence_log_ratio(logp.detach(), logp_behavior, mask),
+                                                  cfg.is_max_weight)
+        scale = weights if advantages.dim() == 1 else weights[:, None]
+        loss = tm.reinforce_loss(logp, advantages * scale, mask, cfg.loss_aggregation, denominator)
+        return loss, {"is_weight_mean": float(weights.mean())}
+    return tm.decoupled_clip_loss(logp, logp_prox, logp_behavior, advantages, mask, max_weight=cfg.is_max_weight,
+                                  clip_low=cfg.clip_low, clip_high=cfg.clip_high, level=cfg.ratio_level,
+                                  mode=cfg.loss_aggregation, denominator=denominator)
 
 
 def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist, batch: dict[str, Any],
@@ -588,22 +824,21 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     stale = torch.tensor([staleness[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
     seq_log_ratio = tm.sequence_log_ratio(out["logp"].detach(), old, mask)
     lengths = mask.sum(-1)
-    truncated = tm.truncated_importance_weights(seq_log_ratio, cfg.is_max_weight)
-    weights = truncated if cfg.policy_loss == "reinforce" else torch.where(stale > 0, truncated,
-                                                                           torch.ones_like(seq_log_ratio))
     value_loss = None
     if stage.algo == "ppo":
         advantages, value_loss = _gae_advantages(cfg, out, batch, returns, mask)
     else:
         advantages = batch["advantage"].to(dev).float()
-    if cfg.policy_loss == "reinforce":
-        scale = weights if advantages.dim() == 1 else weights[:, None]
-        loss = tm.reinforce_loss(out["logp"], advantages * scale, mask, cfg.loss_aggregation, denominator)
-        stats: dict[str, float] = {}
-    else:
-        loss, stats = tm.ppo_clip_loss(out["logp"], old, advantages, mask, clip_low=cfg.clip_low,
-                                       clip_high=cfg.clip_high, level=cfg.ratio_level, mode=cfg.loss_aggregation,
-                                       denominator=denominator, is_weights=weights)
+    # pi_prox: for an episode the learner sampled at this iteration's start (staleness 0) it is the behaviour
+    # policy itself; a stale one is re-scored by the frozen copy made when the iteration started.
+    prox = old
+    if cfg.policy_loss == "clip" and bool((stale > 0).any()):
+        prox = torch.where((stale > 0)[:, None], learner.proximal_logprobs(batch, cfg.temperature), old)
+    loss_mask, behaviour = mask, old
+    if stage.loss_on_observations:  # the mask ablation: a wrong loss mask, on purpose
+        loss_mask, behaviour, prox = _with_observations(batch, out["logp"], mask, old, prox)
+        denominator = _all_sum(dist, float(loss_mask.sum()))
+    loss, stats = policy_objective(cfg, out["logp"], prox, behaviour, advantages, loss_mask, denominator)
     kl = tm.kl_to_behavior(out["logp"], old, mask)
     if cfg.kl_coef:
         loss = loss + cfg.kl_coef * kl
@@ -618,7 +853,7 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
             "log_ratio_var": diag.get("log_ratio_var"), "log_ratio_var_slope": diag.get("log_ratio_var_slope"),
             "ess_frac": diag.get("ess_frac"), "frac_truncated": diag.get("frac_truncated"),
             "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
-            "clip_frac": stats.get("clip_frac"),
+            "clip_frac": stats.get("clip_frac"), "is_weight_mean": stats.get("is_weight_mean"),
             "value_loss": None if value_loss is None else float(value_loss.detach())}
 
 

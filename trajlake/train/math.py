@@ -19,6 +19,7 @@ Conventions used by every function:
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
@@ -223,6 +224,20 @@ def grpo_advantages(rewards: Tensor, group_ids: Sequence[Hashable], scale: Liter
         adv = adv / (torch.sqrt(sq / (size - 1).clamp(min=1.0)) + eps)
     adv = torch.where((size > 1) & ~_group_all_equal(r, gidx, n_groups)[gidx], adv, torch.zeros_like(r))
     return adv.to(rewards.dtype)
+
+
+def shuffle_within_groups(rewards: Tensor, group_ids: Sequence[Hashable], generator: torch.Generator) -> Tensor:
+    """A placebo's rewards: each group's rewards permuted among its members (a random permutation per group
+    from ``generator``). Every group keeps its multiset of rewards (so its mean and spread), and the link between
+    an attempt and its reward is gone."""
+    out = rewards.clone()
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    for idx in members.values():
+        perm = torch.randperm(len(idx), generator=generator)
+        out[idx] = rewards[[idx[int(j)] for j in perm]]
+    return out
 
 
 def frac_zero_std_groups(rewards: Tensor, group_ids: Sequence[Hashable]) -> float:
@@ -446,6 +461,48 @@ def ppo_clip_loss(logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: 
             "ratio_mean": float(_masked(ratio, mask).sum()) / n,
         }
     return loss, stats
+
+
+def decoupled_clip_loss(logp_new: Tensor, logp_prox: Tensor, logp_behavior: Tensor, advantages: Tensor,
+                        mask: Tensor, *, max_weight: float, clip_low: float = 0.2, clip_high: float = 0.2,
+                        level: Literal["token", "sequence"] = "token", mode: LossAggregation = "token-mean",
+                        denominator: float | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Decoupled PPO (Hilton et al., 2022): the off-policy correction counted once.
+
+        L = -agg_t [ w_i * min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t) ]
+        r_t = pi_new(a_t) / pi_prox(a_t),   w_i = min(prod_t pi_prox(a_t) / mu(a_t), c)
+
+    ``logp_prox`` is the proximal policy pi_prox (the learner at the start of the iteration), ``logp_behavior``
+    the behaviour policy mu that sampled the tokens. The clip keeps each update near pi_prox, which the learner
+    controls; mu enters only the truncated trajectory weight w_i (19.5), detached. For an episode sampled by
+    pi_prox itself (staleness 0) the weight is 1 and this is ``ppo_clip_loss`` against mu. Returns (loss, stats):
+    ``ppo_clip_loss``'s stats plus ``is_weight_mean`` and ``is_weight_max``."""
+    weights = truncated_importance_weights(sequence_log_ratio(logp_prox, logp_behavior, mask), max_weight)
+    loss, stats = ppo_clip_loss(logp_new, logp_prox, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                                level=level, mode=mode, denominator=denominator, is_weights=weights)
+    stats["is_weight_mean"] = float(weights.mean()) if weights.numel() else 0.0
+    stats["is_weight_max"] = float(weights.max()) if weights.numel() else 0.0
+    return loss, stats
+
+
+def learning_rate(step: int, total_steps: int, lr: float, *, warmup_steps: int = 0,
+                  schedule: Literal["constant", "linear", "cosine"] = "constant",
+                  min_lr_ratio: float = 0.0) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of ``total_steps``: a linear warm-up from
+    lr / (warmup_steps + 1) to lr over the first ``warmup_steps`` steps, then ``constant``, or ``linear`` /
+    ``cosine`` decay from lr to lr * min_lr_ratio at the last step."""
+    if step < warmup_steps:
+        return lr * (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return lr
+    span = total_steps - 1 - warmup_steps
+    progress = 0.0 if span <= 0 else min(1.0, (step - warmup_steps) / span)  # one step: the peak
+    floor = lr * min_lr_ratio
+    if schedule == "linear":
+        return lr - (lr - floor) * progress
+    if schedule == "cosine":
+        return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}; expected constant, linear or cosine")
 
 
 def kl_to_behavior(logp_new: Tensor, logp_old: Tensor, mask: Tensor, kind: Literal["k1", "k3"] = "k3") -> Tensor:

@@ -18,7 +18,7 @@ from trajlake.schema import arrow_schema
 EPISODE_COLUMNS: tuple[str, ...] = (
     "episode_id", "run_id", "task_id", "env_id", "env_version", "env_seed", "group_id", "attempt",
     "policy_version_start", "policy_lag", "success", "terminated", "truncated", "termination_reason",
-    "reward_total", "reward_components", "cost_usd", "n_turns", "n_policy_tokens", "split")
+    "reward_total", "reward_components", "cost_usd", "n_turns", "n_policy_tokens", "split", "error_class")
 """Columns of ``select_episodes``'s table (``split`` in addition to the ones the trainer uses)."""
 
 
