@@ -110,7 +110,8 @@ class HFPolicy(LMPolicy):
         self.model = model
         self._generator: Any = None
         self._maskers: dict[str, TokenMasker] = {}
-        self.n_vocab = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        self.n_vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
         """Width of the model's logits (the masks' width)."""
 
     def reset(self, task: Any, seed: int) -> None:

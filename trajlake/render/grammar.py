@@ -137,17 +137,21 @@ def _llguidance() -> Any:
     return llguidance
 
 
+_LL_TOKENIZERS: dict[int, tuple[Any, Any]] = {}
+"""id(tokenizer) -> (tokenizer, llguidance tokenizer); the tokenizer is held so that its id stays its own. Kept
+beside the tokenizer, not on it, so a tokenizer pickled into a dataloader worker carries nothing of llguidance."""
+
+
 def _ll_tokenizer(tokenizer: Any) -> Any:
     """llguidance's view of a Hugging Face fast tokenizer, built once per tokenizer object (~ms to 1 s)."""
-    cached = getattr(tokenizer, "_trajlake_ll_tokenizer", None)
+    cached = _LL_TOKENIZERS.get(id(tokenizer))
     if cached is None:
         llg = _llguidance()
         try:
-            cached = llg.hf.from_tokenizer(tokenizer)
+            cached = _LL_TOKENIZERS[id(tokenizer)] = (tokenizer, llg.hf.from_tokenizer(tokenizer))
         except ValueError as e:
             raise GrammarError(f"grammar-constrained decoding needs a fast tokenizer: {e}") from None
-        tokenizer._trajlake_ll_tokenizer = cached
-    return cached
+    return cached[1]
 
 
 class TokenMasker:
