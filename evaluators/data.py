@@ -62,6 +62,12 @@ class RunInfo:
     policy_name: str | None
     policy_version: str | None
     n_episodes: int
+    grammar_sha256: str | None = None
+    """The grammar the run decoded under (``runs.config.grammar.sha256``); None: unconstrained."""
+
+    @property
+    def constrained(self) -> bool:
+        return self.grammar_sha256 is not None
 
 
 @dataclass
@@ -148,7 +154,7 @@ def select_runs(info: Mapping[str, Any], runs: Sequence[str] | None) -> list[str
 def list_runs(con: duckdb.DuckDBPyConnection) -> dict[str, RunInfo]:
     """Every run of the lake (``runs.sql``)."""
     rows = con.sql(sql.render("runs", {})).fetchall()
-    return {str(r[0]): RunInfo(str(r[0]), r[1], r[2], r[3], int(r[4])) for r in rows}
+    return {str(r[0]): RunInfo(str(r[0]), r[1], r[2], r[3], int(r[4]), r[5]) for r in rows}
 
 
 def load(lake: LakeArg, runs: list[str] | None = None, *,

@@ -86,6 +86,13 @@ def _sources(sources: dict[str, int]) -> str:
     return ", ".join(f"{k} ({v})" for k, v in sources.items()) or "none"
 
 
+def _decoding(run: dict[str, Any]) -> str:
+    """``constrained (grammar sha256:1234abcd)`` or ``free``."""
+    if not run.get("constrained"):
+        return "free"
+    return f"constrained (grammar {str(run.get('grammar_sha256'))[:15]})"
+
+
 def _metric_names(report: dict[str, Any]) -> list[str]:
     names = list(_CORE)
     extra: list[str] = []
@@ -107,7 +114,8 @@ def report_tables(report: dict[str, Any]) -> list[TextTable]:
             ["graded / ungraded"] + [f"{runs[r].get('n_graded', '?')} / {runs[r].get('n_ungraded', '?')}"
                                      for r in ids],
             ["verification source"] + [_sources(runs[r].get("verification_sources", {})) for r in ids],
-            ["isolation"] + [_sources(runs[r].get("isolation", {})) for r in ids]]
+            ["isolation"] + [_sources(runs[r].get("isolation", {})) for r in ids],
+            ["decoding"] + [_decoding(runs[r]) for r in ids]]
     for name in _metric_names(report):
         rows.append([name] + [cell(runs[r]["metrics"].get(name)) for r in ids])
     settings = report["settings"]
@@ -133,7 +141,8 @@ def report_tables(report: dict[str, Any]) -> list[TextTable]:
         power = (f"power: MDD {num(pw['mdd'])} on success at alpha {pw['alpha']}, power {pw['power']} with "
                  f"{pw['n_tasks']} task(s); {pw['tasks_needed']} task(s) needed to detect {num(pw['target'])}"
                  if pw.get("tasks_needed") is not None else f"power: MDD {num(pw['mdd'])}; {pw.get('note', '')}")
-        note = (f"{cmp['candidate']} - {cmp['baseline']} over {cmp['n_pairs']} matched pairs in {cmp['n_tasks']} "
+        note = "".join(f"WARNING: {w}. " for w in cmp.get("warnings", [])) + (
+                f"{cmp['candidate']} - {cmp['baseline']} over {cmp['n_pairs']} matched pairs in {cmp['n_tasks']} "
                 f"task(s); dropped: baseline {d['baseline']['total']} (unmatched {d['baseline']['unmatched']}, "
                 f"ambiguous {d['baseline']['ambiguous']}), candidate {d['candidate']['total']} (unmatched "
                 f"{d['candidate']['unmatched']}, ambiguous {d['candidate']['ambiguous']}). * p_holm < {alpha}. "

@@ -231,6 +231,8 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
             "label": info.label if info else None,
             "policy_name": info.policy_name if info else None,
             "policy_version": info.policy_version if info else None,
+            "constrained": bool(info and info.constrained),
+            "grammar_sha256": info.grammar_sha256 if info else None,
             **_grading(data, idx, sources),
             "isolation": isolation.get(run, {}),
             "metrics": _with_sources(vector, sources),
@@ -259,8 +261,25 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
                       f"{baseline}\x1d{candidate}")
         report["comparison"] = {"baseline": baseline, "candidate": candidate, "n_pairs": cmp["n_pairs"],
                                 "n_tasks": cmp["n_tasks"], "dropped": dropped, "metrics": cmp["metrics"],
-                                "power": cmp["power"]}
+                                "power": cmp["power"], **_decoding(data, baseline, candidate)}
     return report
+
+
+def _decoding(data: EvalData, baseline: str, candidate: str) -> dict[str, Any]:
+    """``constrained`` per side and ``warnings``: a run decoded under a grammar cannot write an unparsable call,
+    so its invalid-action rate (and what follows from it) is not comparable with a free run's."""
+    info = data.run_info
+    sides = {"baseline": info[baseline].grammar_sha256 if baseline in info else None,
+             "candidate": info[candidate].grammar_sha256 if candidate in info else None}
+    warnings: list[str] = []
+    if (sides["baseline"] is None) != (sides["candidate"] is None):
+        which = "candidate" if sides["candidate"] else "baseline"
+        warnings.append(f"the {which} ({candidate if which == 'candidate' else baseline}) decoded under a tool-call "
+                        f"grammar and the other did not: invalid-action rates (and success, through them) compare "
+                        f"constrained with free decoding")
+    elif sides["baseline"] != sides["candidate"]:
+        warnings.append("the two runs decoded under different grammars")
+    return {"constrained": {k: v is not None for k, v in sides.items()}, "warnings": warnings}
 
 
 def build_report(lake: LakeArg, *, runs: list[str] | None = None,

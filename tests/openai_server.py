@@ -1,6 +1,8 @@
 """A small OpenAI-compatible HTTP server on loopback that serves a local Hugging Face model (for tests and the
 benchmark): ``/v1/chat/completions`` and ``/v1/completions`` with vLLM's extra fields (``return_token_ids`` gives
-``prompt_token_ids`` and per-choice ``token_ids``; ``logprobs``), and scripted failures (HTTP 5xx, timeouts)."""
+``prompt_token_ids`` and per-choice ``token_ids``; ``logprobs``; ``structured_outputs.grammar``, a Lark grammar the
+sampler masks with, as vLLM does, returning the processed log-probs), and scripted failures (HTTP 5xx, timeouts,
+a server that refuses structured outputs)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ from typing import Any
 import torch
 
 from trajlake.policies.hf import forward_step, load_model, process_logits
+from trajlake.render.grammar import TokenMasker
 
 
 class ModelServer:
     """``with ModelServer(path) as srv: srv.base_url``; ``srv.faults`` is a list of "503", "500" or "timeout"
-    consumed one per request; ``srv.requests`` logs (endpoint, prompt token ids) of the requests answered."""
+    consumed one per request; ``srv.requests`` logs (endpoint, prompt token ids) of the requests answered and
+    ``srv.bodies`` their JSON bodies; with ``srv.reject_structured`` a request carrying ``structured_outputs`` gets
+    HTTP 400 (a server without structured outputs)."""
 
     def __init__(self, model_path: str, *, token_ids: bool = True, timeout_sleep_s: float = 1.5):
         self.model, self.tok = load_model(model_path)
@@ -25,6 +30,9 @@ class ModelServer:
         self.timeout_sleep_s = timeout_sleep_s
         self.faults: list[str] = []
         self.requests: list[tuple[str, list[int]]] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.reject_structured = False
+        self._maskers: dict[str, TokenMasker] = {}
         self.lock = threading.Lock()
         server = self
 
@@ -36,6 +44,9 @@ class ModelServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
                     fault = server.faults.pop(0) if server.faults else None
+                    server.bodies.append(body)
+                if server.reject_structured and "structured_outputs" in body:
+                    return self._send(400, {"error": {"message": "unknown field: structured_outputs"}})
                 if fault == "timeout":
                     time.sleep(server.timeout_sleep_s)
                     return self._send(504, {"error": {"message": "too late"}})
@@ -79,13 +90,23 @@ class ModelServer:
         temp, top_p = float(body.get("temperature", 1.0)), float(body.get("top_p", 1.0))
         out: list[int] = []
         lps: list[float] = []
+        grammar = (body.get("structured_outputs") or {}).get("grammar")
         with self.lock, torch.inference_mode():  # one request at a time on the model
+            masker = None
+            if grammar:
+                masker = self._maskers.get(grammar)
+                if masker is None:
+                    masker = self._maskers[grammar] = TokenMasker(grammar, self.tok, self.model.config.vocab_size)
+                masker.reset()
             logits, cache = forward_step(self.model, torch.tensor([ids]))
             for _ in range(int(body.get("max_tokens") or 16)):
-                logp = process_logits(logits, temp, top_p)
+                allowed = None if masker is None else torch.from_numpy(masker.allowed())
+                logp = process_logits(logits, temp, top_p, allowed)
                 tok = int(torch.argmax(logp)) if temp == 0 else int(torch.multinomial(logp.exp(), 1, generator=g))
                 out.append(tok)
                 lps.append(float(logp[tok]))
+                if masker is not None:
+                    masker.consume(tok)
                 if tok == self.tok.eos_token_id:
                     break
                 logits, cache = forward_step(self.model, torch.tensor([[tok]]), cache)

@@ -314,6 +314,41 @@ def test_openai_chat_without_token_ids_records_text(tiny: Path, env: Any) -> Non
     assert all(t["tokens"] > 0 and t["cost_usd"] == pytest.approx(t["tokens"] / 1e6) for t in pol)
 
 
+def test_openai_sends_the_grammar_and_records_which_logprobs(tiny: Path, env: Any, server: Any) -> None:
+    pytest.importorskip("llguidance")
+    from trajlake.policies import lm_run_config
+    from trajlake.render.grammar import tool_call_grammar
+
+    for mode in ({"tokenizer": str(tiny)}, {}):  # token in, token out; chat
+        server.bodies.clear()
+        policy = _openai("tiny", server, grammar="tools", grammar_max_chars=4, max_new_tokens=200, **mode)
+        rec = _play(env, policy)
+        assert policy.grammar == tool_call_grammar(TOOL_DOCS, 4)
+        # every request carried the grammar as vLLM's structured outputs ...
+        sent = [b.get("structured_outputs") for b in server.bodies]
+        assert sent and all(s == {"grammar": policy.grammar.text} for s in sent)
+        # ... which the server enforced: every reply is a call of the environment's tools
+        pol = [t for t in rec.turns if t["actor"] == "policy"]
+        assert pol and all(t["status"] != "MODEL_INVALID_ACTION" for t in pol)
+    # the run's config says the run was constrained and which log-probs the server returns
+    args = {"base_url": server.base_url, "grammar": "tools", "grammar_max_chars": "4", "server_logprobs": "processed"}
+    assert lm_run_config("openai:tiny", args, TOOL_DOCS) == {"grammar": tool_call_grammar(TOOL_DOCS, 4).to_config(),
+                                                             "server_logprobs": "processed"}
+
+
+def test_openai_server_refusing_the_grammar_fails_in_one_line(env: Any, server: Any) -> None:
+    pytest.importorskip("llguidance")
+    from trajlake.policies.lm import ModelServerError
+
+    server.reject_structured = True
+    try:
+        with pytest.raises(ModelServerError, match="refused the request with the tool-call grammar") as err:
+            _play(env, _openai("tiny", server, grammar="tools"))
+        assert "\n" not in str(err.value) and "HTTP 400" in str(err.value)
+    finally:
+        server.reject_structured = False
+
+
 @pytest.mark.slow
 def test_openai_retries_timeouts_and_5xx_as_infrastructure(tiny: Path, env: Any, server: Any) -> None:
     from trajlake.policies.lm import ModelServerError

@@ -118,6 +118,11 @@ class TemplateError(TrajlakeError, ValueError):
     """The tokenizer's chat template cannot give token-exact multi-turn contexts."""
 
 
+class GrammarError(TrajlakeError):
+    """Grammar-constrained decoding: the grammar library is missing, a grammar does not compile, or stored tokens
+    do not replay under their run's grammar."""
+
+
 # -- importers ---------------------------------------------------------------------------------------------------
 class PrefixError(TrajlakeError):
     """Per-turn tokenization differs from tokenizing the whole conversation, first at ``turn``."""

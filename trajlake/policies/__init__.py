@@ -29,6 +29,9 @@ def check_policy_spec(env: str, spec: str, policy_args: Mapping[str, str]) -> No
         return
     settings = LMSettings.from_args(policy_args)
     inner = spec.removeprefix("single-turn:")
+    if settings.grammar and spec.startswith("single-turn:"):
+        raise TrajlakeError(f"--policy {spec}: single-turn answers with a diff, not a tool call: --policy-arg grammar "
+                            f"does not apply")
     if inner.startswith("hf:"):
         path = Path(inner[3:])
         if not (path / "config.json").is_file():
@@ -40,6 +43,22 @@ def check_policy_spec(env: str, spec: str, policy_args: Mapping[str, str]) -> No
             raise TrajlakeError(f"--policy {spec} needs --base-url URL (or --policy-arg base_url=URL)")
     else:
         raise TrajlakeError(f"--policy {spec}: single-turn wraps an hf: or openai: policy")
+
+
+def lm_run_config(spec: str, policy_args: Mapping[str, str], tool_docs: Mapping[str, Mapping[str, Any]]
+                  ) -> dict[str, Any]:
+    """What an LM policy adds to its run's ``runs.config``: ``grammar`` (``{text, sha256, library, version}``)
+    for a constrained run, ``server_logprobs`` for an ``openai:`` one; nothing for scripted policies."""
+    if not is_lm_policy(spec):
+        return {}
+    settings = LMSettings.from_args(policy_args)
+    out: dict[str, Any] = {}
+    grammar = settings.tool_grammar(tool_docs)
+    if grammar is not None:
+        out["grammar"] = grammar.to_config()
+    if spec.removeprefix("single-turn:").startswith("openai:"):
+        out["server_logprobs"] = settings.server_logprobs
+    return out
 
 
 def checkpoint_hash(spec: str) -> str | None:
@@ -92,5 +111,5 @@ def make_rollout_policy(env: str, spec: str, policy_version: str, policy_args: M
     return make_policy(env, spec, policy_version)
 
 
-__all__ = ["LMSettings", "check_policy_spec", "checkpoint_hash", "is_lm_policy", "make_lm_policy", "make_rollout_policy",
-           "parse_policy_args"]
+__all__ = ["LMSettings", "check_policy_spec", "checkpoint_hash", "is_lm_policy", "lm_run_config", "make_lm_policy",
+           "make_rollout_policy", "parse_policy_args"]

@@ -3,6 +3,12 @@
 Sampling is this module's own loop over the model's KV cache (not ``generate``), so that the recorded behaviour
 log-probability of each token is exactly the log-probability it was sampled with: log-softmax of the logits
 divided by the temperature, after the top-p filter. ``score_tokens`` recomputes them from stored turns.
+
+Under ``--policy-arg grammar=tools`` each step first masks the logits to the tokens the grammar allows
+(``trajlake.render.grammar``): mask, then temperature, then top-p, then sample; the recorded log-prob is that of
+the masked, renormalised distribution. A token the grammar forced (the only one allowed) has log-prob 0 under
+every parameter value: it stays in the episode with loss_mask 0, so it is out of the loss and of its
+token-mean denominator.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from trajlake.errors import TrajlakeError
 from trajlake.policies.lm import Generation, LMPolicy
 from trajlake.policies.settings import LMSettings
 from trajlake.render.chat import ChatRenderer
+from trajlake.render.grammar import GrammarError, TokenMasker
 
 
 def _torch() -> Any:
@@ -42,10 +49,13 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32") ->
     return model, tok
 
 
-def process_logits(logits: Any, temperature: float, top_p: float) -> Any:
-    """Log-probabilities of the sampling distribution: temperature, then top-p (nucleus) filtering."""
+def process_logits(logits: Any, temperature: float, top_p: float, allowed: Any = None) -> Any:
+    """Log-probabilities of the sampling distribution: the grammar's mask (``allowed``, a bool tensor like the
+    logits; None: no grammar), then temperature, then top-p (nucleus) filtering."""
     torch = _torch()
     x = logits.float()
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
     if temperature > 0:
         x = x / temperature
     logp = torch.log_softmax(x, dim=-1)
@@ -70,14 +80,17 @@ def forward_step(model: Any, input_ids: Any, cache: Any = None) -> tuple[Any, An
 
 
 def score_tokens(model: Any, context_ids: Sequence[int], generated_ids: Sequence[int], temperature: float = 1.0,
-                 top_p: float = 1.0) -> list[float]:
-    """Re-score ``generated_ids`` after ``context_ids`` in one forward pass (the trainer's view)."""
+                 top_p: float = 1.0, allowed: Any = None) -> list[float]:
+    """Re-score ``generated_ids`` after ``context_ids`` in one forward pass (the trainer's view); ``allowed``:
+    the grammar's masks before each generated token (``[n, V]`` booleans, e.g. ``unpack_mask(replay_masks(...))``)
+    for a constrained turn."""
     torch = _torch()
     ids = torch.tensor([list(context_ids) + list(generated_ids)], device=model.device)
     with torch.inference_mode():
         logits = model(input_ids=ids).logits[0]
     n = len(context_ids)
-    lp = process_logits(logits[n - 1:n - 1 + len(generated_ids)], temperature, top_p)
+    mask = None if allowed is None else torch.as_tensor(allowed, dtype=torch.bool, device=logits.device)
+    lp = process_logits(logits[n - 1:n - 1 + len(generated_ids)], temperature, top_p, mask)
     gen = torch.tensor(list(generated_ids), device=lp.device)
     return [float(v) for v in lp.gather(-1, gen.view(-1, 1)).view(-1)]
 
@@ -96,35 +109,64 @@ class HFPolicy(LMPolicy):
         super().__init__(policy_version, settings, renderer, window)
         self.model = model
         self._generator: Any = None
+        self._maskers: dict[str, TokenMasker] = {}
+        head = model.get_output_embeddings()
+        self.n_vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+        """Width of the model's logits (the masks' width)."""
 
     def reset(self, task: Any, seed: int) -> None:
         super().reset(task, seed)
         torch = _torch()
         self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
 
+    def masker(self) -> TokenMasker | None:
+        """The matcher of the episode's grammar (one per distinct grammar, reused across episodes)."""
+        if self.grammar is None:
+            return None
+        m = self._maskers.get(self.grammar.sha256)
+        if m is None:
+            assert self.renderer is not None
+            m = self._maskers[self.grammar.sha256] = TokenMasker(self.grammar.text, self.renderer.tokenizer,
+                                                                 self.n_vocab)
+        return m
+
     def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
         torch = _torch()
         s = self.settings
         assert self.renderer is not None
         eos = self.renderer.eos_id
+        masker = self.masker()
+        if masker is not None:
+            masker.reset()  # each policy turn is one call, from the grammar's start
         out_ids: list[int] = []
         logprobs: list[float] = []
+        loss_mask: list[int] = []
         with torch.inference_mode():
             logits, cache = forward_step(self.model, torch.tensor([context_ids], device=self.model.device))
             for _ in range(max_new_tokens):
-                logp = process_logits(logits, s.temperature, s.top_p)
+                allowed = None
+                if masker is not None:
+                    allowed = torch.from_numpy(masker.allowed()).to(logits.device)
+                    if not bool(allowed.any()):
+                        raise GrammarError(f"the grammar allows no token after {len(out_ids)} generated token(s)")
+                logp = process_logits(logits, s.temperature, s.top_p, allowed)
                 if s.temperature == 0:
                     tok = int(torch.argmax(logp))
                 else:
                     tok = int(torch.multinomial(logp.exp().cpu(), 1, generator=self._generator))
+                forced = allowed is not None and int(allowed.sum()) == 1
                 out_ids.append(tok)
-                logprobs.append(float(logp[tok]))
+                logprobs.append(0.0 if forced else float(logp[tok]))
+                loss_mask.append(0 if forced else 1)
+                if masker is not None:
+                    masker.consume(tok)
                 if tok == eos:
                     break
                 logits, cache = forward_step(self.model, torch.tensor([[tok]], device=self.model.device), cache)
         text = self.renderer.decode(out_ids[:-1] if out_ids and out_ids[-1] == eos else out_ids)
         return Generation(out_ids, logprobs, text, len(context_ids), len(out_ids),
-                          ended_with_eos=bool(out_ids) and out_ids[-1] == eos)
+                          ended_with_eos=bool(out_ids) and out_ids[-1] == eos,
+                          loss_mask=loss_mask if masker is not None else None)
 
 
 __all__ = ["HFPolicy", "forward_step", "load_model", "process_logits", "score_tokens"]

@@ -18,6 +18,7 @@ from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 from trajlake.errors import ContextOverflowError, ModelServerError
 from trajlake.policies.settings import LMSettings
 from trajlake.render.chat import ChatRenderer, dropped_hash, system_prompt
+from trajlake.render.grammar import Grammar
 from trajlake.render.toolcall import parse_tool_call
 from trajlake.schemas.vocab import Status
 
@@ -37,6 +38,8 @@ class Generation:
     retries: int = 0
     prompt_token_ids: list[int] | None = None
     """The context as the server tokenized it (chat servers that return it)."""
+    loss_mask: list[int] | None = None
+    """Per sampled token: 1 where the policy chose it, 0 where a grammar forced it (None: all 1)."""
 
 
 @dataclass
@@ -81,6 +84,8 @@ class LMPolicy(Policy):
         self.n_turns = 0
         self.last_ended_with_eos = True
         self.seed = 0
+        self.grammar: Grammar | None = None
+        """The episode's tool-call grammar (``--policy-arg grammar``; None: unconstrained)."""
 
     # -- the model ---------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -99,6 +104,7 @@ class LMPolicy(Policy):
         self.last_ended_with_eos = True
         self.seed = sampling_seed(self.settings.seed, task.task_id, seed, self.attempt)
         self.system = system_prompt(task.tools)
+        self.grammar = self.settings.tool_grammar(task.tools)
 
     def _observation_piece(self, observation: str) -> list[int]:
         assert self.renderer is not None
@@ -126,7 +132,8 @@ class LMPolicy(Policy):
         ids = np.asarray(gen.token_ids, dtype=np.int32)
         return PolicyOutput(
             action=parsed.action, policy_version=self.policy_version, token_ids=ids,
-            loss_mask=np.ones(ids.shape[0], dtype=np.int8),
+            loss_mask=np.ones(ids.shape[0], dtype=np.int8) if gen.loss_mask is None
+            else np.asarray(gen.loss_mask, dtype=np.int8),
             behavior_logprobs=None if gen.logprobs is None else np.asarray(gen.logprobs, dtype=np.float32),
             tokenizer_id=self.renderer.tokenizer_id, prompt_tokens=gen.prompt_tokens,
             context_token_ids=np.asarray(obs_ids, dtype=np.int32), context_tokenizer_id=self.renderer.tokenizer_id,

@@ -13,6 +13,12 @@ Two ways to talk to the server:
   named by ``context_dropped_hash``. When the server returns no token ids, turns are text only
   (``tokenizer_id`` null) and a warning says so once per worker.
 
+Under ``--policy-arg grammar=tools`` every request carries the episode's tool-call grammar (Lark, see
+``trajlake.render.grammar``) as vLLM's structured outputs, ``extra_body={"structured_outputs": {"grammar": ...}}``;
+a server that refuses the field fails the episode with one line saying so. Which log-probs the server returns
+(``--policy-arg server_logprobs``: ``raw`` or ``processed``, vLLM's ``--logprobs-mode``) is recorded in the run's
+config.
+
 Timeouts, connection errors, 429 and 5xx are retried with exponential backoff; a turn that needed a retry has
 status ``ENV_TRANSIENT`` (infrastructure, never a model error); when every retry fails the episode fails and is
 played again when the run resumes.
@@ -85,6 +91,12 @@ class OpenAIPolicy(LMPolicy):
             except (o.APITimeoutError, o.APIConnectionError, o.InternalServerError, o.RateLimitError) as e:
                 err: Exception = e
             except o.APIStatusError as e:
+                if e.status_code < 500 and "structured_outputs" in (kw.get("extra_body") or {}):
+                    raise ModelServerError(
+                        f"openai:{self.model} at {self.settings.base_url} refused the request with the tool-call "
+                        f"grammar (structured_outputs.grammar, Lark): HTTP {e.status_code}: {e.message}; it needs "
+                        f"a server that takes vLLM's structured outputs (vLLM >= 0.12), or drop --policy-arg "
+                        f"grammar") from e
                 if e.status_code < 500:
                     raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: HTTP {e.status_code}: "
                                            f"{e.message}") from e
@@ -97,14 +109,17 @@ class OpenAIPolicy(LMPolicy):
 
     def _sampling(self) -> dict[str, Any]:
         s = self.settings
+        extra: dict[str, Any] = {"return_token_ids": True}
+        if self.grammar is not None:
+            extra["structured_outputs"] = {"grammar": self.grammar.text}
         return {"model": self.model, "max_tokens": s.max_new_tokens, "temperature": s.temperature,
-                "top_p": s.top_p, "seed": self.seed + self.n_turns}
+                "top_p": s.top_p, "seed": self.seed + self.n_turns, "extra_body": extra}
 
     # -- token in, token out -----------------------------------------------------------------------------------
     def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
         assert self.renderer is not None
         resp, retries = self._call(self.client.completions.create, prompt=context_ids, logprobs=1,
-                                   extra_body={"return_token_ids": True}, **self._sampling())
+                                   **self._sampling())
         choice = resp.choices[0]
         ids = _extra(choice, "token_ids")
         if ids is None:
@@ -140,7 +155,7 @@ class OpenAIPolicy(LMPolicy):
         self.messages.append({"role": "user", "content": observation if first else
                               TOOL_RESPONSE_OPEN + observation + TOOL_RESPONSE_CLOSE})
         resp, retries = self._call(self.client.chat.completions.create, messages=self.messages, logprobs=True,
-                                   extra_body={"return_token_ids": True}, **self._sampling())
+                                   **self._sampling())
         choice = resp.choices[0]
         text = choice.message.content or ""
         self.messages.append({"role": "assistant", "content": text})

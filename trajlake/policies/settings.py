@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from trajlake.errors import TrajlakeError
+from trajlake.render.grammar import DEFAULT_MAX_ARG_CHARS, GRAMMAR_MODES, Grammar, tool_call_grammar
 
 CONTEXT_STRATEGIES = ("drop_oldest", "none")
+SERVER_LOGPROBS = ("raw", "processed")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,16 @@ class LMSettings:
     """hf: torch CPU threads of this process (0: torch's default). One per worker avoids oversubscription."""
     n_files: int = 4
     """single-turn: most files named in the task statement to show the model."""
+    grammar: str = ""
+    """``tools``: decode under a grammar built from the environment's tool docs (one Hermes tool call, then the
+    end-of-turn token; see ``trajlake.render.grammar``); empty: unconstrained. hf: masks every step; openai: sends
+    the grammar to the server (vLLM structured outputs). The run's config records it as ``grammar``."""
+    grammar_max_chars: int = DEFAULT_MAX_ARG_CHARS
+    """Most characters of one argument value under the grammar."""
+    server_logprobs: str = "raw"
+    """openai: which log-probs the server returns: ``raw`` (vLLM's default ``--logprobs-mode raw_logprobs``:
+    before temperature and top-p) or ``processed`` (``processed_logprobs``: the distribution sampled from);
+    recorded in the run's config as ``server_logprobs``."""
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> LMSettings:
@@ -73,7 +85,20 @@ class LMSettings:
             raise TrajlakeError(f"--policy-arg context_strategy must be one of {', '.join(CONTEXT_STRATEGIES)}")
         if s.temperature < 0 or not 0 < s.top_p <= 1 or s.max_new_tokens < 1:
             raise TrajlakeError("--policy-arg: temperature >= 0, 0 < top_p <= 1 and max_new_tokens >= 1")
+        if s.grammar and s.grammar not in GRAMMAR_MODES:
+            raise TrajlakeError(f"--policy-arg grammar must be one of {', '.join(GRAMMAR_MODES)} (or empty: "
+                                f"unconstrained), not {s.grammar!r}")
+        if s.grammar_max_chars < 1:
+            raise TrajlakeError("--policy-arg grammar_max_chars must be >= 1")
+        if s.server_logprobs not in SERVER_LOGPROBS:
+            raise TrajlakeError(f"--policy-arg server_logprobs must be one of {', '.join(SERVER_LOGPROBS)}")
         return s
+
+    def tool_grammar(self, tool_docs: Mapping[str, Mapping[str, Any]]) -> Grammar | None:
+        """The grammar of ``--policy-arg grammar`` over an environment's tool docs (None: unconstrained)."""
+        if not self.grammar:
+            return None
+        return tool_call_grammar(tool_docs, self.grammar_max_chars)
 
 
 def parse_policy_args(items: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -87,4 +112,4 @@ def parse_policy_args(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-__all__ = ["CONTEXT_STRATEGIES", "LMSettings", "parse_policy_args"]
+__all__ = ["CONTEXT_STRATEGIES", "SERVER_LOGPROBS", "LMSettings", "parse_policy_args"]

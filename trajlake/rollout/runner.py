@@ -504,7 +504,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     from trajlake.envs import check_injection, list_tasks, make_policy, spec, task_rows
     from trajlake.errors import ConflictError
     from trajlake.lake.store import Lake
-    from trajlake.policies import check_policy_spec, checkpoint_hash, is_lm_policy
+    from trajlake.policies import check_policy_spec, checkpoint_hash, is_lm_policy, lm_run_config
     from trajlake.provenance import code_version
     from trajlake.query import connect
     from trajlake.record.writer import LakeWriter
@@ -517,6 +517,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
                       env_class.fault_kinds if env_class is not None else ())
     lake = Lake.init(cfg.lake)
     settings = _config_json(cfg)
+    settings.update(lm_run_config(cfg.policy, cfg.policy_args, env_class.tool_docs if env_class is not None else {}))
     old = connect(lake).execute("select config from runs where run_id = ?", [cfg.run_id]).fetchall()
     if old:
         recorded = _identity(json.loads(old[0][0] or "{}"))

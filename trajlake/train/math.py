@@ -106,6 +106,49 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
     return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
 
 
+def masked_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float, positions: Tensor,
+                          allowed: Tensor) -> Tensor:
+    """``token_logprobs`` where some tokens were sampled under a grammar: at those tokens, the log-prob under
+    the masked, renormalised distribution (logits outside the allowed set -> -inf, then temperature, then
+    log-softmax), the distribution the behaviour policy recorded (trajlake/policies/hf.py ``process_logits``).
+
+    ``positions``: ``[N, 2]`` (row, position t) of the masked tokens, t aligned like ``token_logprobs`` (the
+    logits at t-1 score token t, so t >= 1); ``allowed``: ``[N, ceil(V / 8)]`` uint8, the allowed tokens as
+    little-endian bits (``trajlake.train.data.masks``), or ``[N, V]`` bool. Other positions are as in
+    ``token_logprobs``. A token outside its own allowed set is an error (its log-prob would be -inf). Gradients
+    flow through both parts; the masked rows cost ``[N, V]`` beside the logits.
+    """
+    lp = token_logprobs(logits, input_ids, temperature)
+    if positions.shape[0] == 0:
+        return lp
+    if positions.dim() != 2 or positions.shape[1] != 2 or allowed.shape[0] != positions.shape[0]:
+        raise ValueError(f"positions must be [N, 2] and allowed [N, ...] with the same N; got "
+                         f"{tuple(positions.shape)} and {tuple(allowed.shape)}")
+    vocab = logits.shape[-1]
+    rows, cols = positions[:, 0].long(), positions[:, 1].long()
+    if bool((cols < 1).any()):
+        raise ValueError("masked positions must be >= 1 (nothing predicts position 0)")
+    if allowed.dtype == torch.bool:
+        ok = allowed[:, :vocab]
+    else:
+        bits = torch.arange(8, device=allowed.device, dtype=torch.uint8)
+        ok = ((allowed.to(torch.uint8).unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab].bool()
+    if ok.shape[1] < vocab:  # ids past the mask's width: never allowed
+        ok = torch.cat([ok, ok.new_zeros(ok.shape[0], vocab - ok.shape[1])], dim=1)
+    ok = ok.to(logits.device)
+    x = logits[rows, cols - 1].float()
+    if temperature > 0:
+        x = x / temperature
+    x = x.masked_fill(~ok, float("-inf"))
+    tokens = input_ids[rows, cols].long()
+    if not bool(ok.gather(-1, tokens.unsqueeze(-1)).all()):
+        bad = int((~ok.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)).nonzero()[0])
+        raise ValueError(f"token {int(tokens[bad])} at row {int(rows[bad])} position {int(cols[bad])} is outside "
+                         f"its allowed set")
+    masked = x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+    return lp.index_put((rows, cols), masked)
+
+
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """``[B, T]`` entropy of the distribution that predicts token t, aligned like ``token_logprobs``.
 

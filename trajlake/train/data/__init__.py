@@ -6,7 +6,8 @@ shards that selection across data-parallel ranks and dataloader workers, streams
 Arrow record batches (only the needed columns, only the shard's episode ids, row groups skipped by their
 ``episode_id`` statistics), assembles an episode once all its ``n_turns`` rows are in, and yields one sample per
 episode (or per policy turn for trimmed contexts) as numpy arrays (``stream.py``). ``pad_collate`` and ``pack``
-make batches of them (``collate.py``).
+make batches of them (``collate.py``); ``BatchGrammarMasks`` rebuilds the grammar masks of a batch's constrained
+policy turns for the learner's re-score (``masks.py``).
 
 Token ids are used exactly as recorded (token in, token out) when the episode was recorded with the trainer's
 tokenizer and chat template; otherwise (text-only or byte-token episodes, another model's tokenizer) the episode
@@ -16,6 +17,7 @@ concatenate to the tokenization of the whole text (the prefix check; ``samples.p
 """
 
 from trajlake.train.data.collate import pack, pad_collate
+from trajlake.train.data.masks import BatchGrammarMasks, GrammarMasks
 from trajlake.train.data.samples import RetokenizationError, TrainDataError
 from trajlake.train.data.selection import EPISODE_COLUMNS, Selection, select_episodes
 from trajlake.train.data.stream import SAMPLE_KEYS, LakeTrajectories
@@ -23,6 +25,8 @@ from trajlake.train.data.stream import SAMPLE_KEYS, LakeTrajectories
 __all__ = [
     "EPISODE_COLUMNS",
     "SAMPLE_KEYS",
+    "BatchGrammarMasks",
+    "GrammarMasks",
     "LakeTrajectories",
     "RetokenizationError",
     "Selection",

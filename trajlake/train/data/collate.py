@@ -25,7 +25,14 @@ def _scalars(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "policy_version": [s["policy_version"] for s in samples],
         "policy_lag": [s.get("policy_lag") for s in samples],
         "retokenized": [bool(s.get("retokenized")) for s in samples],
+        "grammar": [s.get("grammar") for s in samples],
     }
+
+
+def _generated_turn(s: Mapping[str, Any], n: int) -> Any:
+    """The sample's ``generated_turn`` (all -1 for a sample built without one)."""
+    g = s.get("generated_turn")
+    return np.full(n, -1, np.int64) if g is None else g
 
 
 def _has_logprobs(s: Mapping[str, Any]) -> bool:
@@ -37,9 +44,9 @@ def _has_logprobs(s: Mapping[str, Any]) -> bool:
 def pad_collate(samples: Sequence[Mapping[str, Any]], pad_id: int = 0) -> dict[str, Any]:
     """Right-padded ``[B, Lmax]`` tensors: input_ids (long), attention_mask (long), loss_mask (float, 0 on padding),
     behavior_logprobs (float, NaN -> 0; ``has_behavior_logprobs`` [B] says whether every loss token of a sample
-    had one, ``behavior_logprobs_mask`` [B, Lmax] which tokens did), token_turn (long, -1 on padding); [B]:
-    advantage, reward, terminated, n_policy_turns; lists: episode_id, group_id, task_id, policy_version,
-    policy_lag, retokenized."""
+    had one, ``behavior_logprobs_mask`` [B, Lmax] which tokens did), token_turn and generated_turn (long, -1 on
+    padding); [B]: advantage, reward, terminated, n_policy_turns; lists: episode_id, group_id, task_id,
+    policy_version, policy_lag, retokenized, grammar (the sha256 of the run's grammar, None: unconstrained)."""
     if not samples:
         raise TrajlakeError("pad_collate: no samples")
     b = len(samples)
@@ -50,6 +57,7 @@ def pad_collate(samples: Sequence[Mapping[str, Any]], pad_id: int = 0) -> dict[s
     lp = np.zeros((b, lmax), np.float32)
     lp_ok = np.zeros((b, lmax), np.float32)
     tturn = np.full((b, lmax), -1, np.int64)
+    gturn = np.full((b, lmax), -1, np.int64)
     for i, s in enumerate(samples):
         n = int(np.asarray(s["input_ids"]).shape[0])
         ids[i, :n] = s["input_ids"]
@@ -60,16 +68,17 @@ def pad_collate(samples: Sequence[Mapping[str, Any]], pad_id: int = 0) -> dict[s
         lp[i, :n] = np.where(finite, row_lp, 0.0)
         lp_ok[i, :n] = finite
         tturn[i, :n] = s["token_turn"]
+        gturn[i, :n] = _generated_turn(s, n)
     return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(att),
             "loss_mask": torch.from_numpy(mask), "behavior_logprobs": torch.from_numpy(lp),
             "behavior_logprobs_mask": torch.from_numpy(lp_ok), "token_turn": torch.from_numpy(tturn),
-            **_scalars(samples)}
+            "generated_turn": torch.from_numpy(gturn), **_scalars(samples)}
 
 
 def pack(samples: Iterable[Mapping[str, Any]], max_tokens: int, pad_id: int = 0) -> Iterator[dict[str, Any]]:
     """Pack samples, in order, into ``[1, max_tokens]`` rows: input_ids, attention_mask, position_ids (restarting
     at 0 for each sample), ``segment`` (the sample's index in the row, -1 on padding), loss_mask, behavior_logprobs
-    (NaN -> 0), behavior_logprobs_mask, token_turn; per segment: ``cu_seqlens`` and the [S] values and lists of
+    (NaN -> 0), behavior_logprobs_mask, token_turn, generated_turn; per segment: ``cu_seqlens`` and the [S] values and lists of
     ``pad_collate``. Attention is NOT masked across segments by these tensors: only a model that honours
     position_ids-based packing (transformers' flash-attention varlen path) keeps samples apart; otherwise use
     ``pad_collate`` (the default). A sample longer than ``max_tokens`` is an error (never cut)."""
@@ -98,6 +107,7 @@ def _packed(row: Sequence[Mapping[str, Any]], max_tokens: int, pad_id: int) -> d
     lp = np.zeros(max_tokens, np.float32)
     lp_ok = np.zeros(max_tokens, np.float32)
     tturn = np.full(max_tokens, -1, np.int64)
+    gturn = np.full(max_tokens, -1, np.int64)
     cu = [0]
     at = 0
     for j, s in enumerate(row):
@@ -113,10 +123,11 @@ def _packed(row: Sequence[Mapping[str, Any]], max_tokens: int, pad_id: int) -> d
         lp[sl] = np.where(finite, row_lp, 0.0)
         lp_ok[sl] = finite
         tturn[sl] = s["token_turn"]
+        gturn[sl] = _generated_turn(s, n)
         at += n
         cu.append(at)
     out = {"input_ids": ids, "attention_mask": att, "position_ids": pos, "segment": seg, "loss_mask": mask,
-           "behavior_logprobs": lp, "behavior_logprobs_mask": lp_ok, "token_turn": tturn}
+           "behavior_logprobs": lp, "behavior_logprobs_mask": lp_ok, "token_turn": tturn, "generated_turn": gturn}
     tensors: dict[str, Any] = {k: torch.from_numpy(v).unsqueeze(0) for k, v in out.items()}
     tensors["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32)
     return {**tensors, **_scalars(row)}

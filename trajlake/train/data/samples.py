@@ -77,8 +77,10 @@ class Turn:
             self.logprobs = self.logprobs.copy()
 
 
-Piece = tuple[Any, Any, Any, Any, "int | None"]
-"""(input_ids, loss_mask, behavior_logprobs, token_turn, policy_turn) of one sample."""
+Piece = tuple[Any, Any, Any, Any, "int | None", Any]
+"""(input_ids, loss_mask, behavior_logprobs, token_turn, policy_turn, generated_turn) of one sample.
+``generated_turn`` is k on every token the k-th policy turn generated (sampled or forced by a grammar), -1
+elsewhere: the stretch a grammar matcher replays (``trajlake.train.data.masks``)."""
 
 
 def where(episode_id: str, turn: int | None, column: str | None = None) -> str:
@@ -146,7 +148,7 @@ def check_alignment(eid: str, turns: Sequence[Turn]) -> None:
 
 def whole_exact(turns: Sequence[Turn]) -> Piece:
     """The episode as one sample from its stored ids (``SampleBuilder.exact`` said they are usable)."""
-    ids_parts, mask_parts, lp_parts, turn_parts = [], [], [], []
+    ids_parts, mask_parts, lp_parts, turn_parts, gen_parts = [], [], [], [], []
     k = 0
     for t in turns:
         assert t.ids is not None
@@ -157,15 +159,18 @@ def whole_exact(turns: Sequence[Turn]) -> Piece:
         lp_parts.append(t.logprobs if t.logprobs is not None else np.full(n, np.nan, np.float32))
         if t.actor == Actor.POLICY:
             turn_parts.append(np.where(m == 1, np.int32(k), np.int32(-1)).astype(np.int32))
+            gen_parts.append(np.full(n, k, np.int32))
             k += 1
         else:
             turn_parts.append(np.full(n, -1, np.int32))
+            gen_parts.append(np.full(n, -1, np.int32))
     ids = np.concatenate(ids_parts).astype(np.int64) if ids_parts else np.zeros(0, np.int64)
     mask = np.concatenate(mask_parts).astype(np.int8, copy=False) if mask_parts else np.zeros(0, np.int8)
     lp = np.concatenate(lp_parts).astype(np.float32, copy=True) if lp_parts else np.zeros(0, np.float32)
     lp[mask != 1] = np.nan
     tturn = np.concatenate(turn_parts) if turn_parts else np.zeros(0, np.int32)
-    return ids, mask, lp, tturn, None
+    gturn = np.concatenate(gen_parts) if gen_parts else np.zeros(0, np.int32)
+    return ids, mask, lp, tturn, None, gturn
 
 
 class SampleBuilder:
@@ -250,7 +255,8 @@ class SampleBuilder:
             lp[mask != 1] = np.nan
             k = policy_k[c.turn_idx]
             tturn = np.where(mask == 1, np.int32(k), np.int32(-1)).astype(np.int32)
-            out.append((ids, mask, lp, tturn, k))
+            gturn = np.concatenate([np.full(ctx.shape[0], -1, np.int32), np.full(gen.shape[0], k, np.int32)])
+            out.append((ids, mask, lp, tturn, k, gturn))
         return out
 
     # -- re-rendering ------------------------------------------------------------------------------------------
@@ -326,9 +332,9 @@ class SampleBuilder:
         lens = [len(p) for p in pieces]
         ids = np.asarray(flat, np.int64)
         mask = np.repeat(np.asarray(masks, np.int8), lens)
-        tturn = np.repeat(np.asarray(policy_k, np.int32), lens)
-        tturn[mask != 1] = -1
-        return ids, mask, np.full(ids.shape[0], np.nan, np.float32), tturn, None
+        gturn = np.repeat(np.asarray(policy_k, np.int32), lens)
+        tturn = np.where(mask == 1, gturn, np.int32(-1)).astype(np.int32)
+        return ids, mask, np.full(ids.shape[0], np.nan, np.float32), tturn, None, gturn
 
     def _prefix_error(self, eid: str, texts: Sequence[str], pieces: Sequence[Sequence[int]], owners: Sequence[int],
                       flat: Sequence[int], whole: Sequence[int]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from trajlake.errors import TrajlakeError
 from trajlake.lake.store import LakeArg, as_lake
+from trajlake.render.grammar import Grammar
 from trajlake.schema import PARQUET_SCHEMA_KEY, check_schema_version
 from trajlake.schemas.vocab import Actor
 from trajlake.train.data.samples import (
@@ -50,7 +52,8 @@ _LIGHT_COLUMNS = ("episode_id", "turn_idx", "actor", "role", "tokenizer_id", "co
 
 SAMPLE_KEYS: tuple[str, ...] = (
     "episode_id", "group_id", "task_id", "input_ids", "loss_mask", "behavior_logprobs", "token_turn",
-    "n_policy_turns", "advantage", "reward", "terminated", "policy_version", "policy_lag", "retokenized")
+    "n_policy_turns", "advantage", "reward", "terminated", "policy_version", "policy_lag", "retokenized",
+    "generated_turn", "grammar")
 """Keys of every sample (see docs/training.md, "Reading the lake")."""
 
 
@@ -136,6 +139,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
         runs = sorted(set(self.episodes["run_id"].to_pylist())) if "run_id" in self.episodes.column_names else None
         self.turn_files = self.lake.files("turns", self.versions["turns"],
                                           [("run_id", "in", runs)] if runs is not None else None)
+        self.run_grammars, self.grammars = self._run_grammars(runs)
         self.advantages = dict(advantages or {})
         self.max_length = max_length
         self.rank, self.world_size = rank, world_size
@@ -150,6 +154,27 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
     def renderer(self) -> Any:
         """The ``ChatRenderer`` of the trainer's tokenizer (built on first use)."""
         return self.builder.renderer()
+
+    def _run_grammars(self, runs: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]]:
+        """({run_id: grammar sha256}, {sha256: grammar text}) of the selected runs that decoded under a grammar
+        (``runs.config.grammar``), at the pinned runs version."""
+        by_run: dict[str, str] = {}
+        texts: dict[str, str] = {}
+        wanted = None if runs is None else set(runs)
+        for _, t in self.lake.iter_tables("runs", self.versions.get("runs"), columns=["run_id", "config"]):
+            for run_id, config in zip(t["run_id"].to_pylist(), t["config"].to_pylist(), strict=True):
+                if wanted is not None and run_id not in wanted:
+                    continue
+                try:
+                    cfg = json.loads(config or "{}")
+                except ValueError:
+                    continue  # not ours to judge here; such a run has no grammar
+                g = cfg.get("grammar") if isinstance(cfg, dict) else None
+                if isinstance(g, dict) and g.get("text"):
+                    grammar = Grammar.from_config(g)
+                    by_run[str(run_id)] = grammar.sha256
+                    texts[grammar.sha256] = grammar.text
+        return by_run, texts
 
     @staticmethod
     def _fresh_stats() -> dict[str, int]:
@@ -330,7 +355,10 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
         lag = meta.get("policy_lag")
         reward = meta.get("reward_total")
         adv = self.advantages.get(eid)
-        for ids, mask, lp, tturn, policy_turn in pieces:
+        # the grammar whose masks the learner rebuilds: only for stored ids (a re-rendered episode's tokens were
+        # not sampled under it)
+        grammar = None if retok else self.run_grammars.get(str(meta.get("run_id")))
+        for ids, mask, lp, tturn, policy_turn, gturn in pieces:
             if self.max_length is not None and ids.shape[0] > self.max_length:
                 stats["n_skipped_too_long"] += 1
                 continue
@@ -343,11 +371,9 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
                 "n_policy_turns": k_total, "advantage": math.nan if adv is None else float(adv),
                 "reward": math.nan if reward is None else float(reward), "terminated": bool(meta.get("terminated")),
                 "policy_version": meta.get("policy_version_start"), "policy_lag": None if lag is None else int(lag),
-                "retokenized": retok, "policy_turn": policy_turn, "run_id": meta.get("run_id"),
-                "success": meta.get("success"), "truncated": meta.get("truncated"),
+                "retokenized": retok, "generated_turn": gturn, "grammar": grammar, "policy_turn": policy_turn,
+                "run_id": meta.get("run_id"), "success": meta.get("success"), "truncated": meta.get("truncated"),
             }
-
-    @staticmethod
 
     @staticmethod
     def _fill_raw(eid: str, turns: Sequence[Turn]) -> None:
