@@ -60,7 +60,7 @@ from trajlake.rollout.versions import PolicyVersions
 from trajlake.schemas.vocab import Decision, ErrorClass, SideEffectClass
 from trajlake.train import math as tm
 from trajlake.train.config import RolloutSpec, StageConfig, TrainConfig, config_dict
-from trajlake.train.data import LakeTrajectories, Selection, pad_collate, select_episodes
+from trajlake.train.data import BatchGrammarMasks, LakeTrajectories, Selection, pad_collate, select_episodes
 
 Log = Callable[[str], None]
 
@@ -165,7 +165,15 @@ class Learner:
         attn = batch["attention_mask"].to(self.device)
         with torch.no_grad(), self._autocast():
             logits = self.proximal(input_ids=ids, attention_mask=attn).logits.float()
-        return tm.token_logprobs(logits, ids, temperature)
+        return self._logprobs(logits, ids, temperature, batch.get("grammar_masks"))
+
+    def _logprobs(self, logits: Any, ids: Any, temperature: float, masks: Any) -> Any:
+        """Token log-probs as the sampler drew them: under the replayed grammar masks for the tokens of
+        constrained turns (``BatchGrammarMasks``), so ratios compare like with like."""
+        if masks is None:
+            return tm.token_logprobs(logits, ids, temperature)
+        return tm.masked_token_logprobs(logits, ids, temperature, masks.positions.to(self.device),
+                                        masks.allowed.to(self.device))
 
     def _autocast(self) -> Any:
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.device.startswith("cuda") \
@@ -179,7 +187,7 @@ class Learner:
         with self._autocast():
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=self.value_head is not None)
         logits = out.logits.float()
-        result = {"logp": tm.token_logprobs(logits, ids, temperature),
+        result = {"logp": self._logprobs(logits, ids, temperature, batch.get("grammar_masks")),
                   "entropy": tm.entropy_from_logits(logits, temperature)}
         if self.value_head is not None:
             result["values"] = self.value_head(out.hidden_states[-1].float()).squeeze(-1)
@@ -610,8 +618,18 @@ def _denominator(cfg: TrainConfig, dist: Dist, batch: dict[str, Any], global_tok
 
 def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, Any]]:
     """Padded batches of ``size`` samples, cycling over the dataset (epochs); an empty dict when this rank's
-    shard is empty."""
+    shard is empty. A batch holding turns sampled under a grammar carries their replayed masks
+    (``grammar_masks``), which the learner's log-probs apply."""
     pad_id = int(getattr(learner.model.config, "pad_token_id", None) or 0)
+    grammars = getattr(dataset, "grammars", None)
+    vocab = int(learner.model.get_output_embeddings().weight.shape[0])
+    masks = BatchGrammarMasks(dataset.tokenizer, grammars, vocab) if grammars else None
+
+    def collated(buf: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = pad_collate(buf, pad_id)
+        batch["grammar_masks"] = masks(batch) if masks is not None else None
+        return batch
+
     while True:
         buf: list[dict[str, Any]] = []
         seen = False
@@ -619,10 +637,10 @@ def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, An
             seen = True
             buf.append(sample)
             if len(buf) == size:
-                yield pad_collate(buf, pad_id)
+                yield collated(buf)
                 buf = []
         if buf:
-            yield pad_collate(buf, pad_id)
+            yield collated(buf)
         if not seen:
             yield {}
 
@@ -864,11 +882,16 @@ def _gae_advantages(cfg: TrainConfig, out: dict[str, Any], batch: dict[str, Any]
     bootstrapped from the value after the last observation when the episode was truncated."""
     values = out["values"]
     token_turn = batch["token_turn"].to(values.device)
+    # a turn starts at its first generated token: under a grammar the first loss token may come after a forced
+    # prefix (generated_turn marks every generated token; token_turn only the loss tokens)
+    generated = batch.get("generated_turn")
+    turn_of = generated.to(values.device) if generated is not None else token_turn
     lengths = batch["attention_mask"].sum(-1)
     adv_rows, value_terms = [], []
     for b in range(values.shape[0]):
         k_turns = int(batch["n_policy_turns"][b])
-        starts = [int((token_turn[b] == k).nonzero()[0]) for k in range(k_turns)]
+        starts = [int(((turn_of[b] == k) if bool((turn_of[b] == k).any()) else (token_turn[b] == k)).nonzero()[0])
+                  for k in range(k_turns)]
         v = torch.stack([values[b, s - 1] for s in starts]) if starts else values.new_zeros(0)
         rewards = torch.zeros(k_turns, device=values.device)
         if k_turns:
