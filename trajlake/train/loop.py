@@ -24,9 +24,11 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
+import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -481,6 +483,9 @@ def _save_and_publish(learner: Learner, folder: Path, version: str, versions: An
     return digest
 
 
+#: Seconds between a trainer rollout worker's commits: committing every episode made a 2,040-episode data rollout
+#: take 18 min instead of 16 s; run_rollout commits the rest when it returns, so a stage always sees them all.
+ROLLOUT_COMMIT_EVERY_S = 10.0
 #: ``runs.config.sampling_seed_rule`` of the trainer's rollouts. Every episode samples with
 #: ``trajlake.policies.lm.sampling_seed(seed, task_id, env_seed, attempt)``; what differs is ``seed``.
 COMMON_SEEDS = ("common: sampling_seed(seed, task_id, env_seed, attempt) with seed = policy_args.seed, the same for "
@@ -518,7 +523,7 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
                        seeds=parse_seeds(spec.seeds), workers=spec.workers,
                        fault_rate=spec.fault_rate if fault_rate is None else fault_rate,
                        fault_seed=cfg.seed, policy_version=version, attempts=spec.attempts, policy_args=args,
-                       task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=0.0,
+                       task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=ROLLOUT_COMMIT_EVERY_S,
                        env_kwargs=dict(spec.env_args), cost_model=CostModel.for_run(args),
                        held_out_fault_kind=spec.held_out_fault_kind,
                        fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS, sampling_seed_rule=rule)
@@ -562,7 +567,7 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
     selection = Selection(runs=runs, success=True if stage.success_only else None, as_of=_pin(dist, lake))
     dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, max_length=cfg.max_length,
                                rank=dist.rank, world_size=dist.world)
-    batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
+    batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner, _shuffle_seed(cfg, dist, stage.name))
     losses: list[float] = []
     tokens = 0
     for step in range(stage.steps):
@@ -603,6 +608,13 @@ def _schedule(learner: Learner, stage: StageConfig, step: int, where: str) -> No
     learner.where = where
 
 
+def _shuffle_seed(cfg: TrainConfig, dist: Dist, what: str) -> int | None:
+    """The seed of a stage's (or iteration's) sample order on this rank; None when ``cfg.shuffle`` is off."""
+    if not cfg.shuffle:
+        return None
+    return int.from_bytes(hashlib.sha256(f"shuffle:{cfg.seed}:{what}:{dist.rank}".encode()).digest()[:4], "little")
+
+
 def _per_rank(batch_size: int, dist: Dist) -> int:
     return max(1, math.ceil(batch_size / dist.world))
 
@@ -616,10 +628,45 @@ def _denominator(cfg: TrainConfig, dist: Dist, batch: dict[str, Any], global_tok
     return _all_sum(dist, local)
 
 
-def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, Any]]:
-    """Padded batches of ``size`` samples, cycling over the dataset (epochs); an empty dict when this rank's
-    shard is empty. A batch holding turns sampled under a grammar carries their replayed masks
-    (``grammar_masks``), which the learner's log-probs apply."""
+#: A rank's shard of at most this many samples is read from the lake once and kept in memory for later epochs
+#: (and shuffled as a whole); a larger one is streamed every epoch through a shuffle buffer of this size.
+CACHED_SAMPLES = 50_000
+
+
+def _epoch_samples(dataset: Any, rng: random.Random | None) -> Iterator[Iterator[dict[str, Any]]]:
+    """The dataset's samples, epoch after epoch. Without ``rng``: in the lake's order, read each epoch. With it:
+    shuffled; a shard of at most ``CACHED_SAMPLES`` samples is read once and permuted anew each epoch, a larger one
+    streamed through a shuffle buffer (consecutive episodes of a lake come from one run, one task family)."""
+    if rng is None:
+        while True:
+            yield iter(dataset)
+    first = list(itertools.islice(iter(dataset), CACHED_SAMPLES + 1))
+    cache = first if len(first) <= CACHED_SAMPLES else None
+    while True:
+        if cache is not None:
+            rng.shuffle(cache)
+            yield iter(list(cache))
+        else:
+            yield _shuffle_buffer(iter(dataset), rng, CACHED_SAMPLES)
+
+
+def _shuffle_buffer(stream: Iterator[dict[str, Any]], rng: random.Random, size: int) -> Iterator[dict[str, Any]]:
+    buf: list[dict[str, Any]] = []
+    for sample in stream:
+        buf.append(sample)
+        if len(buf) >= size:
+            i = rng.randrange(len(buf))
+            buf[i], buf[-1] = buf[-1], buf[i]
+            yield buf.pop()
+    rng.shuffle(buf)
+    yield from buf
+
+
+def _batches(dataset: Any, size: int, learner: Learner, shuffle_seed: int | None = None
+             ) -> Iterator[dict[str, Any]]:
+    """Padded batches of ``size`` samples, cycling over the dataset (epochs), shuffled when ``shuffle_seed`` is
+    given (``_epoch_samples``); an empty dict when this rank's shard is empty. A batch holding turns sampled under
+    a grammar carries their replayed masks (``grammar_masks``), which the learner's log-probs apply."""
     pad_id = int(getattr(learner.model.config, "pad_token_id", None) or 0)
     grammars = getattr(dataset, "grammars", None)
     vocab = int(learner.model.get_output_embeddings().weight.shape[0])
@@ -630,10 +677,11 @@ def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, An
         batch["grammar_masks"] = masks(batch) if masks is not None else None
         return batch
 
-    while True:
+    rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
+    for epoch in _epoch_samples(dataset, rng):
         buf: list[dict[str, Any]] = []
         seen = False
-        for sample in dataset:
+        for sample in epoch:
             seen = True
             buf.append(sample)
             if len(buf) == size:
@@ -677,7 +725,8 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, advantages=advantages,
                                    max_length=cfg.max_length, rank=dist.rank, world_size=dist.world,
                                    episodes=episodes)
-        batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
+        batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner,
+                           _shuffle_seed(cfg, dist, f"{stage.name}.{it}"))
         reward_mean = sum(returns.values()) / max(1, len(returns))
         if cfg.policy_loss == "clip" and any(v > 0 for v in staleness.values()):
             learner.freeze_proximal()  # decoupled PPO's pi_prox: the learner as this iteration starts
