@@ -13,10 +13,10 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from trajlake.envs import make_env, make_policy, task_view_fn
 from trajlake.envs.checker import check_env
 from trajlake.envs.core import Budget
-from trajlake.lake.delta_log import DELTA_LOG
 
 from tests.test_cli import run
 from trajlake import connect, open_lake, verify
+from trajlake.lake.delta_log import DELTA_LOG
 from trajlake.rollout.faults import FaultInjector
 from trajlake.rollout.runner import RolloutConfig, play_episode, run_rollout
 from trajlake.rollout.versions import PolicyVersions
