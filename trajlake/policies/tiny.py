@@ -178,12 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden-size", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--max-positions", type=int, default=4096)
+    ap.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size, special tokens included")
     ap.add_argument("--env", help="train the tokenizer on this registered environment's rendered oracle episodes")
     ap.add_argument("--corpus-tasks", type=int, default=CORPUS_TASKS,
                     help=f"train-split tasks the oracle plays for --env's corpus (default {CORPUS_TASKS})")
     args = ap.parse_args(argv)
     episodes = oracle_episodes(args.env, args.corpus_tasks) if args.env is not None else None
-    path = build_tiny_model(args.out, hidden_size=args.hidden_size, layers=args.layers,
+    path = build_tiny_model(args.out, vocab_size=args.vocab_size, hidden_size=args.hidden_size, layers=args.layers,
                             max_positions=args.max_positions, seed=args.seed, env=args.env, episodes=episodes)
     print(f"wrote a tiny model and tokenizer to {path}")
     if args.env is not None and episodes is not None:
