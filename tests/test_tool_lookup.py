@@ -118,7 +118,7 @@ def test_oracle_solves_every_instance_and_the_baselines_differ() -> None:
     for split in (Split.TRAIN, Split.DEV, Split.HIDDEN):
         e = make_env("tool-lookup", split=split)
         try:
-            tasks = e.list_tasks() if split != Split.TRAIN else e.list_tasks()[::10]
+            tasks = e.list_tasks()
             assert all(play(e, "oracle", t).reward_components["resolved"] == 1.0 for t in tasks), split
             if split == Split.HIDDEN:
                 heuristic = Counter((t["kind"], play(e, "heuristic", t).reward_components["resolved"]) for t in tasks)
