@@ -14,7 +14,7 @@ import pytest
 from trajlake.envs import make, make_env, make_policy, taskset
 from trajlake.envs.checker import check_env
 from trajlake.envs.core import StepResult
-from trajlake.envs.tool_lookup import ToolLookupEnv, load_tasks, make_task, task_row
+from trajlake.envs.tool_lookup import ToolLookupEnv, load_tasks, make_task
 from trajlake.envs.tool_lookup.env import BUSY
 from trajlake.envs.tool_lookup.tasks import INSTANCES_PER_FAMILY, KINDS, MAX_STEPS, PHRASINGS, families
 from trajlake.evaluators.process_rewards import lookup_progress, lookup_progress_per_turn
@@ -100,7 +100,7 @@ def test_tasks_are_a_pure_function_of_family_and_seed() -> None:
 
 def test_task_rows_keep_the_solution_out_and_documents_give_the_directory(env: ToolLookupEnv) -> None:
     t = env.list_tasks()[0]
-    row = task_row(t)
+    row = env.task_row(t)
     text = json.dumps(row, default=str)
     assert t["answer"] not in text.replace(t["statement"], "")
     assert row["provenance"]["seed"] == t["seed"] and row["budget"]["max_steps"] == MAX_STEPS

@@ -11,8 +11,8 @@ Fields of a task record that must never reach the agent: ``directory``, ``answer
 
 from __future__ import annotations
 
-from .env import ENV_VERSION, TOOL_DOCS, ToolLookupEnv, task_row
+from .env import ENV_VERSION, TOOL_DOCS, ToolLookupEnv
 from .policies import POLICIES
 from .tasks import ENV_ID, load_tasks, make_task
 
-__all__ = ["ENV_ID", "ENV_VERSION", "POLICIES", "TOOL_DOCS", "ToolLookupEnv", "load_tasks", "make_task", "task_row"]
+__all__ = ["ENV_ID", "ENV_VERSION", "POLICIES", "TOOL_DOCS", "ToolLookupEnv", "load_tasks", "make_task"]

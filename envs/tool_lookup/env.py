@@ -89,7 +89,11 @@ class ToolLookupEnv(ToolEnv):
         return _code_digest()
 
     def task_row(self, task: Mapping[str, Any]) -> dict[str, Any]:
-        return task_row(task)
+        """The ``tasks`` table row of a task (its directory, answer and plan stay out of the lake)."""
+        prov = task["provenance"]
+        return taskset.task_row(task, ENV_ID, created_at=dt.datetime.fromisoformat(task["created_at"]), provenance={
+            "generator": prov["generator"], "source": prov["source"], "commit": prov["commit"],
+            "mutator": prov["template"], "seed": prov["seed"], "diff_hash": prov["diff_hash"]})
 
     def oracle_view(self, task: Mapping[str, Any]) -> Mapping[str, Any]:
         """The oracle's calls, in order (``{"tool", "args"}`` each)."""
@@ -126,21 +130,16 @@ class ToolLookupEnv(ToolEnv):
         res = self.gateway.call(tool, args, idempotency_key=idempotency_key, taint=self._taint)
         status = Status.MODEL_INVALID_ACTION if problem is not None or self._invalid is not None else res.status
         obs = problem or res.output
-        comps: dict[str, float] = {}
-        terminated = truncated = False
-        reason: str | None = None
-        if self.ended:
-            terminated = True
-            comps = self._final_grade()
+        spent = self.tracker.add(tokens, cost_usd)
+        terminated, truncated = self.ended, not self.ended and spent is not None
+        comps = self._final_grade() if terminated or truncated else {}
+        reason: str | None = spent if truncated else None
+        if terminated:
             reason = TerminationReason.SUCCESS if comps["resolved"] else TerminationReason.SUBMITTED
             obs = f"The episode is over. Your answer: {self.answer}"
-        spent = self.tracker.add(tokens, cost_usd)
-        if not terminated and spent is not None:
-            truncated, reason = True, spent
-            comps = self._final_grade()
-            obs += f"\nThe {spent.removeprefix('budget_')} budget is spent: the episode ends here."
-            if status == Status.OK:
-                status = Status.BUDGET_EXHAUSTED
+        elif truncated:
+            obs += f"\nThe {str(spent).removeprefix('budget_')} budget is spent: the episode ends here."
+            status = Status.BUDGET_EXHAUSTED if status == Status.OK else status
         self.done = terminated or truncated
         return StepResult(observation=clip(obs), reward_components=comps, terminated=terminated, truncated=truncated,
                           status=status, cost_usd=0.0, state_hash=self.state_hash(), termination_reason=reason,
@@ -217,12 +216,4 @@ class ToolLookupEnv(ToolEnv):
         return {"resolved": 1.0 if solved else 0.0}
 
 
-def task_row(task: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``tasks`` table row of a tool-lookup task (the directory, answer and plan stay out of the lake)."""
-    prov = task["provenance"]
-    return taskset.task_row(task, ENV_ID, created_at=dt.datetime.fromisoformat(task["created_at"]), provenance={
-        "generator": prov["generator"], "source": prov["source"], "commit": prov["commit"],
-        "mutator": prov["template"], "seed": prov["seed"], "diff_hash": prov["diff_hash"]})
-
-
-__all__ = ["ACTION_SCHEMAS", "ENV_VERSION", "TOOL_DOCS", "ToolLookupEnv", "task_row"]
+__all__ = ["ACTION_SCHEMAS", "ENV_VERSION", "TOOL_DOCS", "ToolLookupEnv"]
