@@ -2,7 +2,8 @@
 
 Every environment is reached through the registry (``trajlake.envs.registry``): ``make("mini-swe", split=...)``.
 Importing this package registers the built-in environments (and their Gymnasium ids, when gymnasium is
-installed: Mini SWE as ``trajlake/MiniSWE-v0``, Mini Web as ``trajlake/MiniWeb-v0``); third-party ones come from the ``trajlake.envs`` entry-point
+installed: Mini SWE as ``trajlake/MiniSWE-v0``, Mini Web as ``trajlake/MiniWeb-v0``, tool-lookup as
+``trajlake/ToolLookup-v0``); third-party ones come from the ``trajlake.envs`` entry-point
 group. The helpers below resolve everything through the registry and the ``Env`` contract.
 """
 
@@ -31,6 +32,8 @@ from trajlake.errors import TrajlakeError
 register("mini-swe", "trajlake.envs.mini_swe.env:MiniSWEEnv", gym_id="trajlake/MiniSWE-v0",
          gym_kwargs={"split": "dev"})
 register("mini-web", "trajlake.envs.mini_web.env:MiniWebEnv", gym_id="trajlake/MiniWeb-v0",
+         gym_kwargs={"split": "dev"})
+register("tool-lookup", "trajlake.envs.tool_lookup.env:ToolLookupEnv", gym_id="trajlake/ToolLookup-v0",
          gym_kwargs={"split": "dev"})
 
 

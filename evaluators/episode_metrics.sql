@@ -94,8 +94,8 @@
 --   fault_retried              see above; NULL when not recovery_eligible
 --   met_fault_<kind>           1 when a turn of the episode has fault_injected = <kind>, else 0, for each kind
 --                              the rollout injector knows (transient, timeout, http_5xx, slow_response,
---                              truncated_result, stale_element_ids, flaky_test_run): the denominator of
---                              recovery_rate_<kind> (an episode that met two kinds is in both)
+--                              truncated_result, stale_element_ids, flaky_test_run, directory_busy): the
+--                              denominator of recovery_rate_<kind> (an episode that met two kinds is in both)
 --   duplicate_actions          number of duplicates (loops), retries excluded
 --   retries                    number of retries right after an ENV_TRANSIENT outcome
 --   repeated_failing_actions   actions with a non-OK outcome whose key occurs again later with a non-OK outcome
@@ -466,6 +466,7 @@ SELECT
     list_contains(fault_kinds_met, 'truncated_result')::INTEGER AS met_fault_truncated_result,
     list_contains(fault_kinds_met, 'stale_element_ids')::INTEGER AS met_fault_stale_element_ids,
     list_contains(fault_kinds_met, 'flaky_test_run')::INTEGER AS met_fault_flaky_test_run,
+    list_contains(fault_kinds_met, 'directory_busy')::INTEGER AS met_fault_directory_busy,
     duplicate_actions::BIGINT AS duplicate_actions,
     retries::BIGINT AS retries,
     repeated_failing_actions::BIGINT AS repeated_failing_actions,

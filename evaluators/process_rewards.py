@@ -1,4 +1,4 @@
-"""Two example process rewards for ``trajlake reward-check`` (docs/contamination.md, "Counterfactual test").
+"""Process rewards for ``trajlake reward-check`` (docs/contamination.md, "Counterfactual test") and the trainer.
 
 A process reward here is ``fn(turns) -> float`` over one trajectory: ``turns`` is the list of turn dicts in
 order, with the keys ``turn_idx``, ``role``, ``actor``, ``raw_content``, ``action_schema``, ``tool_args``,
@@ -10,15 +10,26 @@ order, with the keys ``turn_idx``, ``role``, ``actor``, ``raw_content``, ``actio
   tests pass" in a message can only lower it or leave it unchanged.
 - :func:`passed_text_reward` (hackable): counts "passed" text anywhere in the transcript and pays for activity.
   A fabricated progress message or a padding call raises it: ``reward-check`` shows it moving the wrong way.
+- :func:`lookup_progress` (sound, tool-lookup): credit for each directory entry the task needs whose ``lookup``
+  the environment answered (status OK, the entry's JSON line in the observation), in order: the entries the
+  statement quotes, and, when the statement asks for a partner, the partner the first entry's answer named, once
+  that answer was seen. Each needed entry is worth ``1 / needed``, each tool call costs ``CALL_COST``. A repeated
+  lookup, a lookup of an entry the task does not need, the partner looked up before the entry that names it, a
+  failed or faulted lookup, or text written by the policy earns nothing. :func:`lookup_progress_per_turn` gives
+  the same reward turn by turn (credit on the observation turn, the cost on the call turn); it sums to
+  :func:`lookup_progress`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["grounded_progress", "passed_text_reward"]
+from trajlake.schemas.vocab import Status
+
+__all__ = ["grounded_progress", "lookup_progress", "lookup_progress_per_turn", "passed_text_reward"]
 
 _PASSED = re.compile(r"\b(\d+) passed\b|\ball tests pass", re.IGNORECASE)
 _TEST_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed", re.MULTILINE)
@@ -65,3 +76,53 @@ def passed_text_reward(turns: Sequence[Mapping[str, Any]]) -> float:
     said = sum(1 for t in turns if _PASSED.search(str(t.get("raw_content") or "")))
     calls = sum(1 for t in turns if t.get("actor") == "policy" and t.get("action_schema"))
     return float(said) + 0.05 * calls
+
+
+_QUOTED_NAME = re.compile(r'"([A-Za-z]+)"')
+_LOOKUP_TOOLS = frozenset({"lookup"})
+
+
+def _attested_entry(turn: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, partner) of the entry an environment turn shows in answer to a lookup that ran, or None."""
+    if turn.get("actor") != "env" or turn.get("action_schema") not in _LOOKUP_TOOLS or turn.get("status") != Status.OK:
+        return None
+    try:
+        entry = json.loads(str(turn.get("raw_content") or ""))
+    except ValueError:
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return None
+    return entry["name"], str(entry.get("partner", ""))
+
+
+def lookup_progress_per_turn(turns: Sequence[Mapping[str, Any]]) -> list[float]:
+    """tool-lookup's process reward per turn (one value per turn, in order): ``1 / needed`` on the observation
+    turn that first shows a needed entry, ``-CALL_COST`` on every tool call, 0 elsewhere. Needed: the names the
+    task statement (the first user turn) quotes, plus the first one's partner when the statement says
+    "partner" (needed only from the turn that showed it)."""
+    statement = next((str(t.get("raw_content") or "") for t in turns if t.get("actor") == "user"), "")
+    quoted = list(dict.fromkeys(_QUOTED_NAME.findall(statement)))
+    two_hop = "partner" in statement.lower()
+    units = len(quoted) + (1 if two_hop and quoted else 0)
+    needed = set(quoted)
+    credited: set[str] = set()
+    out: list[float] = []
+    for t in turns:
+        if t.get("actor") == "policy" and t.get("action_schema"):
+            out.append(-CALL_COST)
+            continue
+        entry = _attested_entry(t)
+        if entry is None or entry[0] not in needed or entry[0] in credited:
+            out.append(0.0)
+            continue
+        name, partner = entry
+        credited.add(name)
+        if two_hop and quoted and name == quoted[0] and partner:
+            needed.add(partner)
+        out.append(1.0 / units)
+    return out
+
+
+def lookup_progress(turns: Sequence[Mapping[str, Any]]) -> float:
+    """Sound (tool-lookup): the sum of :func:`lookup_progress_per_turn`, at most 1 minus the calls' cost."""
+    return float(sum(lookup_progress_per_turn(turns)))

@@ -147,8 +147,8 @@ class FaultKind(StrEnum):
 
     ``transient``, ``timeout`` and ``http_5xx`` replace the call (it never reaches the environment);
     ``slow_response`` (the call ran, its answer came too late) and ``truncated_result`` (the answer is cut) perturb
-    what the agent sees of an executed call; ``stale_element_ids`` (Mini Web) and ``flaky_test_run`` (Mini SWE) are
-    made by the environment (``Env.fault_kinds``)."""
+    what the agent sees of an executed call; ``stale_element_ids`` (Mini Web), ``flaky_test_run`` (Mini SWE) and
+    ``directory_busy`` (tool-lookup) are made by the environment (``Env.fault_kinds``)."""
 
     TRANSIENT = "transient"
     TIMEOUT = "timeout"
@@ -157,6 +157,7 @@ class FaultKind(StrEnum):
     TRUNCATED_RESULT = "truncated_result"
     STALE_ELEMENT_IDS = "stale_element_ids"
     FLAKY_TEST_RUN = "flaky_test_run"
+    DIRECTORY_BUSY = "directory_busy"
 
 
 #: Which JSON column each enum mirrors: (table, column).

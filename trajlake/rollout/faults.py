@@ -9,8 +9,9 @@ and resumed runs inject the same faults. Kinds (``trajlake.schemas.vocab.FaultKi
   check the state before retrying (a retry with the same idempotency key is deduplicated by the gateway).
 - ``truncated_result``: the call ran; the agent sees only the first third of its output.
 - environment kinds (``Env.fault_kinds``, made by ``Env.step_with_fault``): ``stale_element_ids`` (Mini Web:
-  the page was re-rendered after the agent read it; the action does not run) and ``flaky_test_run`` (Mini SWE:
-  a test run reports a failure of the test infrastructure).
+  the page was re-rendered after the agent read it; the action does not run), ``flaky_test_run`` (Mini SWE:
+  a test run reports a failure of the test infrastructure) and ``directory_busy`` (tool-lookup: a lookup does
+  not run).
 
 A held-out kind (``held_out``) is never injected: training rollouts leave it out and a held-out evaluation run
 injects only it (``kinds=(K,)``), for the seed's H3 (recovery on faults never seen in training). The curriculum
@@ -33,7 +34,8 @@ GENERIC_FAULT_KINDS: tuple[str, ...] = (FaultKind.TRANSIENT, FaultKind.TIMEOUT, 
 #: Kinds whose call never reaches the environment (the runner answers instead).
 REPLACING_FAULT_KINDS: frozenset[str] = frozenset({FaultKind.TRANSIENT, FaultKind.TIMEOUT, FaultKind.HTTP_5XX})
 #: Kinds after which the environment's state is unchanged because the call did not run (replay skips them).
-NOT_EXECUTED_FAULT_KINDS: frozenset[str] = REPLACING_FAULT_KINDS | {FaultKind.STALE_ELEMENT_IDS}
+NOT_EXECUTED_FAULT_KINDS: frozenset[str] = REPLACING_FAULT_KINDS | {FaultKind.STALE_ELEMENT_IDS,
+                                                                    FaultKind.DIRECTORY_BUSY}
 #: What ``--fault-rate`` injects without ``--fault-kinds`` (the first kinds; runs recorded before the others
 #: existed resume with the same faults).
 DEFAULT_FAULT_KINDS: tuple[str, ...] = (FaultKind.TRANSIENT, FaultKind.TIMEOUT)

@@ -1,0 +1,159 @@
+"""The tool-lookup task set, generated from (family, seed) when first needed (no bundled file: ~2,700 tasks take
+a few tens of milliseconds, and the same code always gives the same tasks).
+
+Every instance has a small hidden directory: 4-8 entries of made-up pronounceable names (2-3 random syllables,
+so no name can be memorised across tasks), each with a 3-digit ``code`` and a ``partner`` (another entry's name).
+A template family is a task kind with one phrasing of its statement:
+
+- ``code``: look up the named entry, submit its code (one lookup);
+- ``two_hop``: look up the named entry, then its partner (named only in the first observation), submit the
+  partner's code; every phrasing of this kind says "partner";
+- ``pair``: look up two named entries, submit their codes joined by a dash in the order the statement gives.
+
+Splits are assigned by family, explicitly: per kind, the first phrasings are train, one is dev and one is hidden
+(:data:`PHRASINGS`), so every kind is in every split and no phrasing crosses splits. Sizes are fixed up front
+(:data:`INSTANCES_PER_FAMILY`): hidden 240, dev 60, train 2,040. Names and codes appear in quotes in statements,
+observations and calls alike, so a tokenizer splits them the same way wherever they occur.
+
+Fields of a record the agent never sees: ``directory``, ``answer`` and ``plan`` (the oracle's calls).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from trajlake.envs import taskset
+from trajlake.schemas.vocab import Split
+
+ENV_ID = "tool-lookup"
+GENERATOR = "trajlake.envs.tool_lookup.tasks"
+CREATED_AT = "2026-12-01T00:00:00+00:00"
+MAX_STEPS = 6
+"""Step budget of every task: the oracle needs 2 or 3 calls, so a looping model is cut off early."""
+
+KINDS = ("code", "two_hop", "pair")
+DIFFICULTY = {"code": "easy", "two_hop": "medium", "pair": "hard"}
+
+# Per kind: (split, statement template). ``{a}`` and ``{b}`` are entry names: for ``pair`` the answer is the code
+# of {a}, a dash, the code of {b}, whatever order the phrasing names them in.
+PHRASINGS: dict[str, tuple[tuple[Split, str], ...]] = {
+    "code": (
+        (Split.TRAIN, 'Look up "{a}" and submit its code.'),
+        (Split.TRAIN, 'What is the code of "{a}"? Submit it.'),
+        (Split.TRAIN, 'Find the entry "{a}" in the directory and submit the code it lists.'),
+        (Split.TRAIN, 'Submit the code that the directory gives for "{a}".'),
+        (Split.DEV, 'Submit the code stored for "{a}".'),
+        (Split.HIDDEN, 'The directory has an entry "{a}". Submit the code of that entry.'),
+    ),
+    "two_hop": (
+        (Split.TRAIN, 'Look up "{a}", then look up its partner, and submit the code of the partner.'),
+        (Split.TRAIN, 'What is the code of the partner of "{a}"? Submit it.'),
+        (Split.TRAIN, 'Find who "{a}" lists as partner and submit the code of that partner.'),
+        (Split.TRAIN, 'The entry "{a}" names a partner. Look the partner up and submit its code.'),
+        (Split.DEV, 'Submit the code of the partner named in the entry "{a}".'),
+        (Split.HIDDEN, '"{a}" has a partner in the directory. Submit the code of the partner.'),
+    ),
+    "pair": (
+        (Split.TRAIN, 'Submit the code of "{a}", a dash, then the code of "{b}".'),
+        (Split.TRAIN, 'Look up "{a}" and "{b}" and submit their codes joined by a dash, in that order.'),
+        (Split.TRAIN, 'Submit the code of "{b}" after the code of "{a}", with a dash between them.'),
+        (Split.TRAIN, 'Submit two codes joined by a dash: first the code of "{a}", then the code of "{b}".'),
+        (Split.DEV, 'Answer with the code of "{a}" and the code of "{b}", in that order, joined by a dash.'),
+        (Split.HIDDEN, 'Look up "{a}" and "{b}". Submit the code of "{a}", then a dash, then the code of "{b}".'),
+    ),
+}
+INSTANCES_PER_FAMILY: dict[str, int] = {Split.TRAIN: 170, Split.DEV: 20, Split.HIDDEN: 80}
+"""Instances of every family of a split: 12 train families x 170, 3 dev x 20, 3 hidden x 80."""
+
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+
+
+def family_name(kind: str, phrasing: int) -> str:
+    return f"{kind}/p{phrasing}"
+
+
+def families() -> dict[str, tuple[str, int, Split]]:
+    """Every template family: name -> (kind, phrasing index, split)."""
+    return {family_name(kind, i): (kind, i, split) for kind in KINDS for i, (split, _) in enumerate(PHRASINGS[kind])}
+
+
+def make_name(rng: random.Random) -> str:
+    """A made-up pronounceable name of 2-3 consonant-vowel syllables (4-6 letters), capitalised."""
+    return "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.randint(2, 3))).capitalize()
+
+
+def make_directory(rng: random.Random) -> dict[str, dict[str, str]]:
+    """4-8 entries with distinct names and codes; every partner is another entry."""
+    size = rng.randint(4, 8)
+    names: list[str] = []
+    while len(names) < size:
+        name = make_name(rng)
+        if name not in names:
+            names.append(name)
+    codes = rng.sample(range(100, 1000), len(names))
+    return {n: {"code": str(c), "partner": rng.choice([m for m in names if m != n])} for n, c in zip(names, codes,
+                                                                                                    strict=True)}
+
+
+def entry_line(name: str, entry: Mapping[str, str]) -> str:
+    """What ``lookup`` shows of an entry: one JSON object, quoted like the calls."""
+    return json.dumps({"name": name, "code": entry["code"], "partner": entry["partner"]})
+
+
+def make_task(family: str, seed: int) -> dict[str, Any]:
+    """The task of ``family`` and ``seed``: a pure function of both."""
+    kind, phrasing, split = families()[family]
+    rng = random.Random(f"{ENV_ID}:{family}:{seed}")
+    directory = make_directory(rng)
+    names = list(directory)
+    a = rng.choice(names)
+    if kind == "code":
+        b, order, answer = None, [a], directory[a]["code"]
+    elif kind == "two_hop":
+        b = directory[a]["partner"]
+        order, answer = [a, b], directory[b]["code"]
+    else:
+        b = rng.choice([n for n in names if n != a])
+        order, answer = [a, b], f"{directory[a]['code']}-{directory[b]['code']}"
+    plan = [{"tool": "lookup", "args": {"name": n}} for n in order] + [{"tool": "submit", "args": {"answer": answer}}]
+    statement = PHRASINGS[kind][phrasing][1].format(a=a, b=b)
+    record: dict[str, Any] = {
+        "task_id": f"{ENV_ID}/{family}/{seed}", "split": str(split), "family": family, "kind": kind,
+        "difficulty": DIFFICULTY[kind], "statement": statement, "seed": seed, "directory": directory,
+        "answer": answer, "plan": plan, "has_oracle": True, "created_at": CREATED_AT,
+        "budget": {"max_steps": MAX_STEPS, "max_tokens": None, "max_cost": None},
+        "provenance": {"generator": GENERATOR, "source": None, "commit": None, "template": family, "seed": seed,
+                       "diff_hash": hashlib.sha256(json.dumps(directory, sort_keys=True).encode()).hexdigest()},
+    }
+    record["task_version"] = taskset.content_version(record)
+    return record
+
+
+@cache
+def _split_tasks(split: str) -> tuple[dict[str, Any], ...]:
+    return tuple(make_task(family, seed) for family, (_, _, s) in families().items() if s == split
+                 for seed in range(INSTANCES_PER_FAMILY[split]))
+
+
+def load_tasks(split: str | None = None) -> list[dict[str, Any]]:
+    """The task records of a split (None: every split), in generation order; made on first use (a split's
+    tasks are generated only when asked for)."""
+    splits = list(INSTANCES_PER_FAMILY) if split is None else [split] if split in INSTANCES_PER_FAMILY else []
+    return [dict(t) for s in splits for t in _split_tasks(s)]
+
+
+@cache
+def tasks_by_id() -> dict[str, dict[str, Any]]:
+    """Every task record by id (shared: do not modify)."""
+    return {t["task_id"]: t for s in INSTANCES_PER_FAMILY for t in _split_tasks(s)}
+
+
+__all__ = ["CREATED_AT", "ENV_ID", "GENERATOR", "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS", "PHRASINGS",
+           "entry_line", "families", "family_name", "load_tasks", "make_directory", "make_name", "make_task",
+           "tasks_by_id"]

@@ -1,0 +1,329 @@
+"""tool-lookup, the positive-control environment: its task set (splits by family, determinism, sizes), the contract
+(checker, oracle on every instance, replay, the fault kind), the CLI, its process reward and the tokenizer trained
+on its rendered episodes."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trajlake.envs import make, make_env, make_policy, taskset
+from trajlake.envs.checker import check_env
+from trajlake.envs.core import StepResult
+from trajlake.envs.tool_lookup import ToolLookupEnv, load_tasks, make_task
+from trajlake.envs.tool_lookup.env import BUSY
+from trajlake.envs.tool_lookup.tasks import INSTANCES_PER_FAMILY, KINDS, MAX_STEPS, PHRASINGS, families
+from trajlake.evaluators.process_rewards import lookup_progress, lookup_progress_per_turn
+from trajlake.evaluators.reward_check import check_reward
+from trajlake.schemas.vocab import FaultKind, Split, Status, TerminationReason
+
+from tests.conftest import run_cli
+from trajlake.query import connect
+from trajlake.rollout.faults import FaultInjector
+from trajlake.rollout.runner import RolloutConfig, play_episode, replay_log_from_rows, run_rollout
+
+
+def act(tool: str, **args: Any) -> str:
+    return json.dumps({"tool": tool, "args": args})
+
+
+@pytest.fixture
+def env() -> Iterator[ToolLookupEnv]:
+    e = make("tool-lookup", split="dev")
+    assert isinstance(e, ToolLookupEnv)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+def rows(con: Any, sql: str) -> list[dict[str, Any]]:
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def first(e: ToolLookupEnv, kind: str) -> dict[str, Any]:
+    return next(t for t in e.list_tasks() if t["kind"] == kind)
+
+
+def play(e: ToolLookupEnv, policy: str, task: dict[str, Any], seed: int = 0) -> StepResult:
+    pol = make_policy("tool-lookup", policy, "v")
+    pol.reset(e.task_view(task["task_id"], task["task_version"], oracle=pol.needs_oracle), seed)
+    obs = e.reset(seed, task_id=task["task_id"]).observation
+    while True:
+        res = e.step(pol.act(obs).action)
+        obs = res.observation
+        if res.done:
+            return res
+
+
+# -- the task set ----------------------------------------------------------------------------------------------
+def test_splits_are_by_family_with_every_kind_in_every_split_and_fixed_sizes() -> None:
+    tasks = load_tasks()
+    split_of: dict[str, set[str]] = defaultdict(set)
+    kinds: dict[str, set[str]] = defaultdict(set)
+    for t in tasks:
+        split_of[t["family"]].add(t["split"])
+        kinds[t["split"]].add(t["kind"])
+    assert all(len(s) == 1 for s in split_of.values()), "a family crosses splits"
+    assert {s: kinds[s] for s in (Split.TRAIN, Split.DEV, Split.HIDDEN)} == {s: set(KINDS) for s in
+                                                                              (Split.TRAIN, Split.DEV, Split.HIDDEN)}
+    assert Counter(t["split"] for t in tasks) == {Split.TRAIN: 2040, Split.DEV: 60, Split.HIDDEN: 240}
+    assert len({t["task_id"] for t in tasks}) == len(tasks)
+    templates = [text for kind in KINDS for _, text in PHRASINGS[kind]]
+    assert len(set(templates)) == len(templates)  # a phrasing belongs to one family, hence one split
+    for split in (Split.TRAIN, Split.DEV, Split.HIDDEN):
+        assert [t["split"] for t in load_tasks(split)] == [split] * sum(
+            INSTANCES_PER_FAMILY[split] for _, _, s in families().values() if s == split)
+
+
+def test_tasks_are_a_pure_function_of_family_and_seed() -> None:
+    a, b = make_task("two_hop/p1", 7), make_task("two_hop/p1", 7)
+    assert a == b and a["task_version"] == b["task_version"] == taskset.content_version(a)
+    assert make_task("two_hop/p1", 8)["task_version"] != a["task_version"]
+    changed = {**a, "answer": "000"}
+    assert taskset.content_version(changed) != a["task_version"]
+    assert a["provenance"]["seed"] == 7 and a["provenance"]["generator"] == "trajlake.envs.tool_lookup.tasks"
+    # the statement names the key, never the answer (codes are digits; two-hop: the partner is not named)
+    for t in load_tasks(Split.HIDDEN):
+        assert not any(c.isdigit() for c in t["statement"]) and t["answer"] not in t["statement"]
+        if t["kind"] == "two_hop":
+            assert t["plan"][1]["args"]["name"] not in t["statement"] and "partner" in t["statement"]
+        names = list(t["directory"])
+        assert 4 <= len(names) <= 8 and all(4 <= len(n) <= 6 and n.isalpha() for n in names)
+
+
+def test_task_rows_keep_the_solution_out_and_documents_give_the_directory(env: ToolLookupEnv) -> None:
+    t = env.list_tasks()[0]
+    row = env.task_row(t)
+    text = json.dumps(row, default=str)
+    assert t["answer"] not in text.replace(t["statement"], "")
+    assert row["provenance"]["seed"] == t["seed"] and row["budget"]["max_steps"] == MAX_STEPS
+    docs = ToolLookupEnv.evaluation_documents([t["task_id"], "nope"])
+    assert [d.kind for d in docs] == ["directory"] and t["answer"].split("-")[0] in docs[0].text
+
+
+# -- the contract ----------------------------------------------------------------------------------------------
+def test_check_env_passes(env: ToolLookupEnv) -> None:
+    task = env.tasks[0]
+    check_env(env, [json.dumps(c) for c in task["plan"][:-1]])
+
+
+def test_oracle_solves_every_instance_and_the_baselines_differ() -> None:
+    for split in (Split.TRAIN, Split.DEV, Split.HIDDEN):
+        e = make_env("tool-lookup", split=split)
+        try:
+            tasks = e.list_tasks()
+            assert all(play(e, "oracle", t).reward_components["resolved"] == 1.0 for t in tasks), split
+            if split == Split.HIDDEN:
+                heuristic = Counter((t["kind"], play(e, "heuristic", t).reward_components["resolved"]) for t in tasks)
+                assert heuristic == {("code", 1.0): 80, ("two_hop", 0.0): 80, ("pair", 0.0): 80}
+                rnd = sum(play(e, "random", t).reward_components["resolved"] for t in tasks)
+                assert 0 < rnd < 40
+        finally:
+            e.close()
+
+
+def test_steps_errors_and_budget(env: ToolLookupEnv) -> None:
+    t = first(env, "code")
+    name = t["plan"][0]["args"]["name"]
+    env.reset(0, task_id=t["task_id"])
+    r = env.step(act("lookup", name="Nobody"))
+    assert r.status == Status.MODEL_INVALID_ACTION and r.observation == 'error: no entry named "Nobody"' and not r.done
+    r = env.step("not json")
+    assert r.status == Status.MODEL_INVALID_ACTION and not r.done
+    r = env.step(act("lookup", name=f" {name} "))
+    entry = json.loads(r.observation)
+    assert r.status == Status.OK and entry == {"name": name, **t["directory"][name]}
+    assert r.gateway_events[0]["tool"] == "lookup" and r.gateway_events[0]["side_effect_class"] == "read"
+    r = env.step(act("submit", answer=f" {t['answer']}\n"))
+    assert r.terminated and r.reward_components == {"resolved": 1.0}
+    assert r.termination_reason == TerminationReason.SUCCESS and t["answer"] in r.observation
+    env.reset(0, task_id=t["task_id"])
+    r = env.step(act("submit", answer="999-1"))
+    assert r.terminated and r.reward_components == {"resolved": 0.0}
+    assert r.termination_reason == TerminationReason.SUBMITTED
+    env.reset(0, task_id=t["task_id"])
+    results = [env.step(act("lookup", name=name)) for _ in range(MAX_STEPS)]
+    assert not any(x.done for x in results[:-1]) and results[-1].truncated
+    assert results[-1].status == Status.BUDGET_EXHAUSTED and results[-1].reward_components == {"resolved": 0.0}
+    assert results[-1].termination_reason == TerminationReason.BUDGET_STEPS
+
+
+def test_directory_busy_fault(env: ToolLookupEnv) -> None:
+    t = first(env, "code")
+    r0 = env.reset(0, task_id=t["task_id"])
+    busy = env.step_with_fault(FaultKind.DIRECTORY_BUSY, json.dumps(t["plan"][0]))
+    assert (busy.status, busy.observation, busy.fault_injected) == (Status.ENV_TRANSIENT, BUSY, "directory_busy")
+    assert busy.state_hash == r0.state_hash and not busy.gateway_events and not busy.done
+    end = env.step_with_fault(FaultKind.DIRECTORY_BUSY, json.dumps(t["plan"][-1]))  # submit: not a lookup
+    assert end.fault_injected is None and end.reward_components == {"resolved": 1.0}
+    with pytest.raises(Exception, match="makes no fault of kind"):
+        env.step_with_fault("flaky_test_run", "{}")
+
+
+def test_rollout_with_faults_replays_and_the_fault_costs_a_reader(tmp_path: Path, env: ToolLookupEnv) -> None:
+    lake = tmp_path / "lake"
+    tasks = tuple(t["task_id"] for t in env.list_tasks()[::10])
+    cfg = RolloutConfig(lake=str(lake), run_id="busy", env="tool-lookup", policy="oracle", split="dev",
+                        seeds=(0, 1), commit_every_s=60, task_ids=tasks, fault_rate=0.5, fault_seed=1,
+                        fault_kinds=("directory_busy",))
+    s = run_rollout(cfg)
+    assert not s.failed_items
+    con = connect(lake)
+    n_busy = con.execute("select count(*) from turns where fault_injected = 'directory_busy'").fetchone()[0]
+    assert n_busy > 0
+    turns_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows(con, "select * from turns order by episode_id, turn_idx"):
+        turns_of[row["episode_id"]].append(row)
+    episodes = rows(con, "select * from episodes")
+    assert len(episodes) == 12
+    for ep in episodes:
+        assert env.replay(replay_log_from_rows(ep, turns_of[ep["episode_id"]])[0]).ok
+    # the heuristic reads the lookup's answer and does not retry: a busy directory costs it the episode
+    task = first(env, "code")
+    rec = play_episode(env, make_policy("tool-lookup", "heuristic", "h"), run_id="h", task_id=task["task_id"],
+                       task_version=task["task_version"], seed=0, faults=FaultInjector(1.0, 0, ("directory_busy",)))
+    assert not rec.episode["success"] and rec.episode["faults_injected"] == 1
+
+
+def test_gymnasium_id() -> None:
+    gymnasium = pytest.importorskip("gymnasium")
+    g = gymnasium.make("trajlake/ToolLookup-v0")
+    obs, info = g.reset(seed=0)
+    assert obs.startswith("Submit the code") and info["task_id"].startswith("tool-lookup/")
+    g.close()
+
+
+def test_cli_rollout_eval_and_reward_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lake = str(tmp_path / "lake")
+    for policy in ("oracle", "heuristic", "random"):
+        code, out, err = run_cli(capsys, "--lake", lake, "rollout", "--env", "tool-lookup", "--policy", policy,
+                                 "--split", "dev")
+        assert code == 0, err
+    code, out, err = run_cli(capsys, "--lake", lake, "eval", "--baseline", "random-dev", "--candidate",
+                             "heuristic-dev", "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    success = {r: report["runs"][r]["metrics"]["success"]["estimate"] for r in ("random-dev", "heuristic-dev")}
+    assert success["heuristic-dev"] == pytest.approx(1 / 3) and success["random-dev"] < 0.2
+    con = connect(lake)
+    assert con.execute("select count(*) from episodes where run_id = 'oracle-dev' and success").fetchone()[0] == 60
+    for run in ("oracle-dev", "random-dev"):
+        rep = check_reward(lake, run, "trajlake.evaluators.process_rewards:lookup_progress")
+        assert rep["hackable_under"] == [], rep["perturbations"]
+    # recorded episodes: the oracle's reward is the maximum, 1 minus its calls' cost
+    turns: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows(con, "select * from turns where run_id = 'oracle-dev' order by episode_id, turn_idx"):
+        turns[row["episode_id"]].append(row)
+    assert len(turns) == 60
+    for tr in turns.values():
+        calls = sum(1 for t in tr if t["actor"] == "policy")
+        assert lookup_progress(tr) == pytest.approx(1 - 0.01 * calls)
+
+
+# -- the process reward -----------------------------------------------------------------------------------------
+def statement(text: str) -> dict[str, Any]:
+    return {"role": "user", "actor": "user", "raw_content": text, "status": "OK"}
+
+
+def call(tool: str, **args: Any) -> dict[str, Any]:
+    return {"role": "assistant", "actor": "policy", "raw_content": act(tool, **args), "action_schema": tool,
+            "status": "OK"}
+
+
+def seen(name: str, code: str, partner: str, status: str = "OK", tool: str = "lookup") -> dict[str, Any]:
+    return {"role": "tool", "actor": "env", "action_schema": tool, "status": status,
+            "raw_content": json.dumps({"name": name, "code": code, "partner": partner})}
+
+
+def lookup(name: str, code: str, partner: str, status: str = "OK") -> list[dict[str, Any]]:
+    return [call("lookup", name=name), seen(name, code, partner, status)]
+
+
+def submit(answer: str) -> list[dict[str, Any]]:
+    return [call("submit", answer=answer), {"role": "tool", "actor": "env", "action_schema": "submit",
+                                            "status": "OK", "raw_content": "The episode is over."}]
+
+
+TWO_HOP = 'What is the code of the partner of "Bofa"? Submit it.'
+
+
+@pytest.mark.parametrize(("turns", "expected"), [
+    # one lookup task: the entry is worth 1
+    ([statement('Look up "Bofa" and submit its code.'), *lookup("Bofa", "123", "Kilo"), *submit("123")], 1 - 0.02),
+    # two-hop, in order: both entries count
+    ([statement(TWO_HOP), *lookup("Bofa", "123", "Kilo"), *lookup("Kilo", "456", "Bofa"), *submit("456")],
+     1 - 0.03),
+    # two-hop, the partner looked up before the entry naming it: only the first entry counts
+    ([statement(TWO_HOP), *lookup("Kilo", "456", "Bofa"), *lookup("Bofa", "123", "Kilo"), *submit("456")],
+     0.5 - 0.03),
+    # a repeated lookup and an unneeded one earn nothing and cost a call each
+    ([statement(TWO_HOP), *lookup("Bofa", "123", "Kilo"), *lookup("Bofa", "123", "Kilo"),
+      *lookup("Mede", "789", "Bofa"), *submit("123")], 0.5 - 0.04),
+    # a busy (faulted) or failed lookup, and text the policy wrote, earn nothing
+    ([statement('Look up "Bofa" and submit its code.'), *lookup("Bofa", "123", "Kilo", status="ENV_TRANSIENT"),
+      {"role": "assistant", "actor": "policy", "raw_content": '{"name": "Bofa", "code": "123", "partner": "Kilo"}',
+       "action_schema": None, "status": "MODEL_INVALID_ACTION"}, *submit("123")], -0.02),
+    # a pair task: each quoted entry is half; no partner is needed
+    ([statement('Submit the code of "Bofa", a dash, then the code of "Kilo".'), *lookup("Kilo", "456", "Mede"),
+      *lookup("Mede", "789", "Bofa"), *submit("456")], 0.5 - 0.03),
+])
+def test_lookup_progress(turns: list[dict[str, Any]], expected: float) -> None:
+    per_turn = lookup_progress_per_turn(turns)
+    assert len(per_turn) == len(turns) and sum(per_turn) == pytest.approx(lookup_progress(turns))
+    assert lookup_progress(turns) == pytest.approx(expected)
+    # credit lands on the observation turn that showed the entry, the cost on the call turn
+    assert all(v <= 0 for v, t in zip(per_turn, turns, strict=True) if t["actor"] != "env")
+
+
+# -- the tokenizer trained on rendered episodes ------------------------------------------------------------------
+def test_env_tokenizer_keeps_calls_short_and_pieces_token_exact(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from trajlake.policies.tiny import build_tiny_model, chatml, oracle_episodes, oracle_token_counts
+    from trajlake.render.chat import ChatRenderer
+    from trajlake.render.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
+    episodes = oracle_episodes("tool-lookup", 24)
+    assert len(episodes) == 24 and all(m["role"] == "assistant" for ep in episodes for m in ep[2::2])
+    path = build_tiny_model(tmp_path / "m", env="tool-lookup", episodes=episodes)
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    for wrapper in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE):
+        assert len(tok(wrapper, add_special_tokens=False)["input_ids"]) == 1
+    counts = oracle_token_counts(tok, episodes)
+    assert max(counts["lookup"]) <= 15 and max(counts["submit"]) <= 15 and max(counts["episode"]) <= 400, counts
+    renderer = ChatRenderer(tok, "tiny")
+    for ep in episodes:
+        text = chatml(ep)
+        assert text + "<|im_start|>assistant\n" == tok.apply_chat_template(ep, tokenize=False,
+                                                                           add_generation_prompt=True)
+        assert tok.decode(renderer.encode(text)) == text
+        # the pieces an hf: policy builds concatenate to the tokenization of the whole text (the trainer's check)
+        pieces = renderer.initial(ep[0]["content"], ep[1]["content"])
+        whole = renderer.initial_text(ep[0]["content"], ep[1]["content"])
+        for c, o in zip(ep[2::2], ep[3::2], strict=True):
+            obs = o["content"].removeprefix("<tool_response>\n").removesuffix("\n</tool_response>")
+            pieces += [*renderer.encode(c["content"]), renderer.eos_id, *renderer.observation(obs, True)]
+            whole += c["content"] + renderer.eos_text + renderer.observation_text(obs, True)
+        assert pieces == renderer.encode(whole)
+    # a name is split the same way in the statement, the observation and the call
+    ep = episodes[0]
+    name = json.loads(ep[2]["content"].removeprefix(TOOL_CALL_OPEN).removesuffix(TOOL_CALL_CLOSE))["arguments"]["name"]
+    ids = renderer.encode(name)
+    for text in (ep[1]["content"], ep[2]["content"], ep[3]["content"]):
+        enc = renderer.encode(text)
+        assert any(enc[i:i + len(ids)] == ids for i in range(len(enc))), text
+
+
+def test_play_episode_records_the_statement_as_the_first_turn(env: ToolLookupEnv) -> None:
+    t = first(env, "pair")
+    rec = play_episode(env, make_policy("tool-lookup", "oracle", "o"), run_id="r", task_id=t["task_id"],
+                       task_version=t["task_version"], seed=0, faults=FaultInjector())
+    assert rec.turns[0]["raw_content"] == t["statement"] and rec.episode["success"]
+    assert [x["action_schema"] for x in rec.turns if x["actor"] == "policy"] == ["lookup", "lookup", "submit"]
