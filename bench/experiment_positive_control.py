@@ -50,6 +50,10 @@ class Setup:
     hidden_size: int = 64
     layers: int = 2
     max_positions: int = 1024
+    vocab_size: int = 1024
+    corpus_tasks: int = 1000
+    """The tiny tokenizer is trained on the oracle's episodes of this many train tasks: enough for every name and
+    code of tool-lookup's pools to become one token (docs/tool_lookup.md)."""
     sft_tasks: int = 400
     """B1's data: the oracle on the first this many train tasks (seed 0)."""
     sft_steps: int = 150
@@ -141,8 +145,8 @@ class Seed:
 
         if not (self.base / "config.json").is_file():
             s = self.setup
-            build_tiny_model(self.base, hidden_size=s.hidden_size, layers=s.layers, max_positions=s.max_positions,
-                             seed=self.seed, env=s.env)
+            build_tiny_model(self.base, vocab_size=s.vocab_size, hidden_size=s.hidden_size, layers=s.layers,
+                             max_positions=s.max_positions, seed=self.seed, env=s.env, corpus_tasks=s.corpus_tasks)
         return self.base
 
     def b1(self) -> None:
