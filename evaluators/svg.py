@@ -1,8 +1,9 @@
 """Small self-contained SVG plots for the HTML report (no JavaScript, no external resources).
 
-Three charts: :func:`pareto` (success vs cost across runs, with both intervals and the Pareto frontier),
+Four charts: :func:`pareto` (success vs cost across runs, with both intervals and the Pareto frontier),
 :func:`forest` (interval plots: one row per metric, one point per run or comparison, each row on its own
-scale) and :func:`cdf` (empirical CDFs, log-scaled x axis). Every label is XML-escaped.
+scale), :func:`cdf` (empirical CDFs, log-scaled x axis) and :func:`lines` (learning curves: y per x, a polyline
+per series). Every label is XML-escaped.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-__all__ = ["PALETTE", "Interval", "cdf", "forest", "nice_ticks", "pareto"]
+__all__ = ["PALETTE", "Interval", "cdf", "forest", "lines", "nice_ticks", "pareto"]
 
 PALETTE: tuple[str, ...] = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
                             "#17becf", "#7f7f7f", "#bcbd22")
@@ -234,4 +235,37 @@ def cdf(series: Sequence[tuple[str, Sequence[Sequence[float]], str]], *, x_label
         body.append(f'<line x1="{w - mr + 10}" y1="{ly - 4}" x2="{w - mr + 24}" y2="{ly - 4}" stroke="{color}" '
                     f'stroke-width="2"/>')
         body.append(_text(w - mr + 28, ly, label))
+    return _svg(w, h, body, title)
+
+
+def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]], str]], *, x_label: str, y_label: str,
+          title: str, y_range: tuple[float, float] | None = None) -> str:
+    """Line chart: ``(label, [(x, y), ...], color)`` per series, points marked, the legend at the right
+    (learning curves: success per iteration). ``y_range`` fixes the y axis (e.g. (0, 1) for a rate)."""
+    w, h, ml, mr, mt, mb = 640, 320, 60, 150, 30, 50
+    xs = [x for _, pts, _ in series for x, y in pts if _ok(x, y)]
+    ys = [y for _, pts, _ in series for x, y in pts if _ok(x, y)]
+    x_lo, x_hi = _span(xs or [0.0, 1.0], pad=0.02)
+    y_lo, y_hi = y_range if y_range is not None else _span(ys or [0.0, 1.0])
+
+    def sx(v: float) -> float:
+        return ml + (v - x_lo) / (x_hi - x_lo) * (w - ml - mr)
+
+    def sy(v: float) -> float:
+        return h - mb - (v - y_lo) / (y_hi - y_lo) * (h - mt - mb)
+
+    body = [_text(10, 18, title, extra='font-weight="bold" font-size="13"')]
+    body += _axes(ml, w - mr, mt, h - mb, nice_ticks(x_lo, x_hi), nice_ticks(y_lo, y_hi), sx, sy)
+    body.append(_text((ml + w - mr) / 2, h - 12, x_label, "middle"))
+    body.append(_text(14, (mt + h - mb) / 2, y_label, "middle", f'transform="rotate(-90 14 {(mt + h - mb) / 2})"'))
+    for i, (label, pts, color) in enumerate(series):
+        good = [(x, y) for x, y in pts if _ok(x, y)]
+        if len(good) > 1:
+            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
+            body.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        body += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in good]
+        ly = mt + 14 + 18 * i
+        body.append(f'<line x1="{w - mr + 10}" y1="{ly - 4}" x2="{w - mr + 28}" y2="{ly - 4}" stroke="{color}" '
+                    f'stroke-width="2"/>')
+        body.append(_text(w - mr + 34, ly, label))
     return _svg(w, h, body, title)

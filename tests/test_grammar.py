@@ -264,6 +264,17 @@ def test_constrained_sampling_records_honest_logprobs_and_the_learner_rebuilds_t
     loss = batch["loss_mask"].bool()
     behaviour = batch["behavior_logprobs"][loss]
     assert float((learner[loss] - behaviour).abs().max()) < 1e-5
+    # The training loop's own path: its batches carry the replayed masks, and its learner's log-probs (and the
+    # proximal copy's, decoupled PPO's pi_prox) apply them: ratio 1 before any update.
+    from trajlake.train.loop import Dist, Learner, _batches
+
+    trainer = Learner(tiny, "cpu", Dist())
+    loop_batch = next(_batches(ds, 1, trainer))
+    assert loop_batch["grammar_masks"] is not None
+    with torch.no_grad():
+        assert float((trainer.forward(loop_batch, 1.0)["logp"][loss] - behaviour).abs().max()) < 1e-5
+    trainer.freeze_proximal()
+    assert float((trainer.proximal_logprobs(loop_batch, 1.0)[loss] - behaviour).abs().max()) < 1e-5
     # Against unconstrained logits the same tokens are far less likely: the ratio would saturate.
     free = tm.token_logprobs(logits, batch["input_ids"], 1.0)
     gap = float((behaviour - free[loss]).sum())

@@ -16,7 +16,15 @@ from trajlake.envs.checker import check_env
 from trajlake.envs.core import StepResult
 from trajlake.envs.tool_lookup import ToolLookupEnv, load_tasks, make_task
 from trajlake.envs.tool_lookup.env import BUSY
-from trajlake.envs.tool_lookup.tasks import INSTANCES_PER_FAMILY, KINDS, MAX_STEPS, PHRASINGS, families
+from trajlake.envs.tool_lookup.tasks import (
+    CODES,
+    INSTANCES_PER_FAMILY,
+    KINDS,
+    MAX_STEPS,
+    NAMES,
+    PHRASINGS,
+    families,
+)
 from trajlake.evaluators.process_rewards import lookup_progress, lookup_progress_per_turn
 from trajlake.evaluators.reward_check import check_reward
 from trajlake.schemas.vocab import FaultKind, Split, Status, TerminationReason
@@ -95,7 +103,8 @@ def test_tasks_are_a_pure_function_of_family_and_seed() -> None:
         if t["kind"] == "two_hop":
             assert t["plan"][1]["args"]["name"] not in t["statement"] and "partner" in t["statement"]
         names = list(t["directory"])
-        assert 4 <= len(names) <= 8 and all(4 <= len(n) <= 6 and n.isalpha() for n in names)
+        assert 4 <= len(names) <= 8 and all(n in NAMES for n in names)
+        assert all(e["code"] in CODES for e in t["directory"].values())
 
 
 def test_task_rows_keep_the_solution_out_and_documents_give_the_directory(env: ToolLookupEnv) -> None:

@@ -165,7 +165,8 @@ def test_two_gloo_processes_train_like_one(tmp_path: Path, aggregation: str, dp_
         cfg = write_config(tmp_path / f"dp{world}.toml", tiny_config(
             "dp", [{"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": 2, "batch_size": 2, "lr": 0.01,
                     "data": rollout(DP_TASKS)}],
-            model=model, out=tmp_path / f"out{world}", seed=0, loss_aggregation=aggregation))
+            model=model, out=tmp_path / f"out{world}", seed=0, loss_aggregation=aggregation,
+            shuffle=False))  # the lake's order: bit-for-bit one process's batches (with shuffle: in distribution)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                "-m", "trajlake", "train", "--config", str(cfg), "--lake", str(lake)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -384,3 +385,26 @@ def test_the_mask_ablation_adds_the_observation_tokens_with_ratio_one() -> None:
     on_obs = torch.tensor([[False, False, False, False, True, True, False, False]])
     assert torch.equal(new_old[on_obs], logp[on_obs]) and torch.equal(new_prox[on_obs], logp[on_obs])
     assert bool((new_old[~on_obs] == -5.0).all())
+
+
+def test_samples_are_shuffled_per_epoch_seeded_and_each_epoch_covers_every_sample(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shuffled epochs: each yields every sample once, in a new order, the same for the same seed; without a seed
+    the lake's order, epoch after epoch; a shard larger than the cache streams through a shuffle buffer."""
+    import itertools
+    import random
+
+    from trajlake.train import loop
+
+    def epochs(data: list[int], seed: int | None, n: int = 3) -> list[list[int]]:
+        rng = random.Random(seed) if seed is not None else None
+        return [list(e) for e in itertools.islice(loop._epoch_samples(data, rng), n)]  # type: ignore[arg-type]
+
+    data = list(range(10))
+    assert epochs(data, None) == [data] * 3
+    shuffled = epochs(data, 7)
+    assert shuffled == epochs(data, 7) and shuffled != epochs(data, 8)
+    assert all(sorted(e) == data for e in shuffled) and len({tuple(e) for e in shuffled}) == 3
+    monkeypatch.setattr(loop, "CACHED_SAMPLES", 4)  # too many to cache: the shuffle buffer
+    streamed = epochs(data, 7)
+    assert all(sorted(e) == data for e in streamed) and streamed[0] != data

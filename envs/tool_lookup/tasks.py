@@ -1,8 +1,12 @@
 """The tool-lookup task set, generated from (family, seed) when first needed (no bundled file: ~2,700 tasks take
 a few tens of milliseconds, and the same code always gives the same tasks).
 
-Every instance has a small hidden directory: 4-8 entries of made-up pronounceable names (2-3 random syllables,
-so no name can be memorised across tasks), each with a 3-digit ``code`` and a ``partner`` (another entry's name).
+Every instance has a small hidden directory: 4-8 entries drawn from a fixed pool of made-up names (:data:`NAMES`),
+each with a 2-digit ``code`` drawn afresh for every instance and a ``partner`` (another entry's name). The values
+are random per instance, so nothing about them can be memorised: the agent has to look them up. Names and codes
+come from small pools on purpose: under the environment's tokenizer each is one token, so solving a task means
+copying one token per value from an observation into a call (a tiny model learns that within minutes; copying
+4-6 letter names and 3-digit codes letter by letter took it thousands of steps).
 A template family is a task kind with one phrasing of its statement:
 
 - ``code``: look up the named entry, submit its code (one lookup);
@@ -83,9 +87,26 @@ def families() -> dict[str, tuple[str, int, Split]]:
     return {family_name(kind, i): (kind, i, split) for kind in KINDS for i, (split, _) in enumerate(PHRASINGS[kind])}
 
 
+def _name_pool(n: int = 48) -> tuple[str, ...]:
+    """``n`` distinct made-up two-syllable names (``Bofa``, ``Kilo``), the same on every machine."""
+    rng = random.Random(f"{ENV_ID}:names")
+    names: list[str] = []
+    while len(names) < n:
+        name = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(2)).capitalize()
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+NAMES: tuple[str, ...] = _name_pool()
+"""The pool the directories' names come from."""
+CODES: tuple[str, ...] = tuple(str(c) for c in range(10, 100))
+"""The pool of codes: two digits."""
+
+
 def make_name(rng: random.Random) -> str:
-    """A made-up pronounceable name of 2-3 consonant-vowel syllables (4-6 letters), capitalised."""
-    return "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.randint(2, 3))).capitalize()
+    """A name of the pool, drawn with ``rng``."""
+    return rng.choice(NAMES)
 
 
 def make_directory(rng: random.Random) -> dict[str, dict[str, str]]:
@@ -96,8 +117,8 @@ def make_directory(rng: random.Random) -> dict[str, dict[str, str]]:
         name = make_name(rng)
         if name not in names:
             names.append(name)
-    codes = rng.sample(range(100, 1000), len(names))
-    return {n: {"code": str(c), "partner": rng.choice([m for m in names if m != n])} for n, c in zip(names, codes,
+    codes = rng.sample(CODES, len(names))
+    return {n: {"code": c, "partner": rng.choice([m for m in names if m != n])} for n, c in zip(names, codes,
                                                                                                     strict=True)}
 
 
@@ -154,6 +175,6 @@ def tasks_by_id() -> dict[str, dict[str, Any]]:
     return {t["task_id"]: t for s in INSTANCES_PER_FAMILY for t in _split_tasks(s)}
 
 
-__all__ = ["CREATED_AT", "ENV_ID", "GENERATOR", "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS", "PHRASINGS",
+__all__ = ["CODES", "CREATED_AT", "ENV_ID", "GENERATOR", "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS", "NAMES", "PHRASINGS",
            "entry_line", "families", "family_name", "load_tasks", "make_directory", "make_name", "make_task",
            "tasks_by_id"]

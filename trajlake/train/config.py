@@ -162,6 +162,11 @@ class TrainConfig:
     """``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``. CUDA trains under bf16 autocast."""
     max_length: int = 16384
     """Samples longer than this are skipped (and counted in the log), never cut."""
+    shuffle: bool = True
+    """Shuffle the samples of each stage (and RL iteration) every epoch, seeded by ``seed``: episodes come out of a
+    lake in its order (one run, one task family after another). Each data-parallel rank shuffles its own shard,
+    so N ranks make the same update as one process in distribution; ``false`` gives the lake's order and
+    bit-for-bit the update of one process on the same global batch."""
     loss_aggregation: LossAggregation = "token-mean"
     """Masked-loss normalisation (19.6): ``token-mean`` over the global batch's policy tokens,
     ``seq-mean-token-mean`` or ``seq-mean-token-sum``."""

@@ -24,9 +24,11 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
+import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -60,7 +62,7 @@ from trajlake.rollout.versions import PolicyVersions
 from trajlake.schemas.vocab import Decision, ErrorClass, SideEffectClass
 from trajlake.train import math as tm
 from trajlake.train.config import RolloutSpec, StageConfig, TrainConfig, config_dict
-from trajlake.train.data import LakeTrajectories, Selection, pad_collate, select_episodes
+from trajlake.train.data import BatchGrammarMasks, LakeTrajectories, Selection, pad_collate, select_episodes
 
 Log = Callable[[str], None]
 
@@ -165,7 +167,15 @@ class Learner:
         attn = batch["attention_mask"].to(self.device)
         with torch.no_grad(), self._autocast():
             logits = self.proximal(input_ids=ids, attention_mask=attn).logits.float()
-        return tm.token_logprobs(logits, ids, temperature)
+        return self._logprobs(logits, ids, temperature, batch.get("grammar_masks"))
+
+    def _logprobs(self, logits: Any, ids: Any, temperature: float, masks: Any) -> Any:
+        """Token log-probs as the sampler drew them: under the replayed grammar masks for the tokens of
+        constrained turns (``BatchGrammarMasks``), so ratios compare like with like."""
+        if masks is None:
+            return tm.token_logprobs(logits, ids, temperature)
+        return tm.masked_token_logprobs(logits, ids, temperature, masks.positions.to(self.device),
+                                        masks.allowed.to(self.device))
 
     def _autocast(self) -> Any:
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.device.startswith("cuda") \
@@ -179,7 +189,7 @@ class Learner:
         with self._autocast():
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=self.value_head is not None)
         logits = out.logits.float()
-        result = {"logp": tm.token_logprobs(logits, ids, temperature),
+        result = {"logp": self._logprobs(logits, ids, temperature, batch.get("grammar_masks")),
                   "entropy": tm.entropy_from_logits(logits, temperature)}
         if self.value_head is not None:
             result["values"] = self.value_head(out.hidden_states[-1].float()).squeeze(-1)
@@ -473,6 +483,9 @@ def _save_and_publish(learner: Learner, folder: Path, version: str, versions: An
     return digest
 
 
+#: Seconds between a trainer rollout worker's commits: committing every episode made a 2,040-episode data rollout
+#: take 18 min instead of 16 s; run_rollout commits the rest when it returns, so a stage always sees them all.
+ROLLOUT_COMMIT_EVERY_S = 10.0
 #: ``runs.config.sampling_seed_rule`` of the trainer's rollouts. Every episode samples with
 #: ``trajlake.policies.lm.sampling_seed(seed, task_id, env_seed, attempt)``; what differs is ``seed``.
 COMMON_SEEDS = ("common: sampling_seed(seed, task_id, env_seed, attempt) with seed = policy_args.seed, the same for "
@@ -510,7 +523,7 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
                        seeds=parse_seeds(spec.seeds), workers=spec.workers,
                        fault_rate=spec.fault_rate if fault_rate is None else fault_rate,
                        fault_seed=cfg.seed, policy_version=version, attempts=spec.attempts, policy_args=args,
-                       task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=0.0,
+                       task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=ROLLOUT_COMMIT_EVERY_S,
                        env_kwargs=dict(spec.env_args), cost_model=CostModel.for_run(args),
                        held_out_fault_kind=spec.held_out_fault_kind,
                        fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS, sampling_seed_rule=rule)
@@ -554,7 +567,7 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
     selection = Selection(runs=runs, success=True if stage.success_only else None, as_of=_pin(dist, lake))
     dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, max_length=cfg.max_length,
                                rank=dist.rank, world_size=dist.world)
-    batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
+    batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner, _shuffle_seed(cfg, dist, stage.name))
     losses: list[float] = []
     tokens = 0
     for step in range(stage.steps):
@@ -595,6 +608,13 @@ def _schedule(learner: Learner, stage: StageConfig, step: int, where: str) -> No
     learner.where = where
 
 
+def _shuffle_seed(cfg: TrainConfig, dist: Dist, what: str) -> int | None:
+    """The seed of a stage's (or iteration's) sample order on this rank; None when ``cfg.shuffle`` is off."""
+    if not cfg.shuffle:
+        return None
+    return int.from_bytes(hashlib.sha256(f"shuffle:{cfg.seed}:{what}:{dist.rank}".encode()).digest()[:4], "little")
+
+
 def _per_rank(batch_size: int, dist: Dist) -> int:
     return max(1, math.ceil(batch_size / dist.world))
 
@@ -608,21 +628,67 @@ def _denominator(cfg: TrainConfig, dist: Dist, batch: dict[str, Any], global_tok
     return _all_sum(dist, local)
 
 
-def _batches(dataset: Any, size: int, learner: Learner) -> Iterator[dict[str, Any]]:
-    """Padded batches of ``size`` samples, cycling over the dataset (epochs); an empty dict when this rank's
-    shard is empty."""
-    pad_id = int(getattr(learner.model.config, "pad_token_id", None) or 0)
+#: A rank's shard of at most this many samples is read from the lake once and kept in memory for later epochs
+#: (and shuffled as a whole); a larger one is streamed every epoch through a shuffle buffer of this size.
+CACHED_SAMPLES = 50_000
+
+
+def _epoch_samples(dataset: Any, rng: random.Random | None) -> Iterator[Iterator[dict[str, Any]]]:
+    """The dataset's samples, epoch after epoch. Without ``rng``: in the lake's order, read each epoch. With it:
+    shuffled; a shard of at most ``CACHED_SAMPLES`` samples is read once and permuted anew each epoch, a larger one
+    streamed through a shuffle buffer (consecutive episodes of a lake come from one run, one task family)."""
+    if rng is None:
+        while True:
+            yield iter(dataset)
+    first = list(itertools.islice(iter(dataset), CACHED_SAMPLES + 1))
+    cache = first if len(first) <= CACHED_SAMPLES else None
     while True:
+        if cache is not None:
+            rng.shuffle(cache)
+            yield iter(list(cache))
+        else:
+            yield _shuffle_buffer(iter(dataset), rng, CACHED_SAMPLES)
+
+
+def _shuffle_buffer(stream: Iterator[dict[str, Any]], rng: random.Random, size: int) -> Iterator[dict[str, Any]]:
+    buf: list[dict[str, Any]] = []
+    for sample in stream:
+        buf.append(sample)
+        if len(buf) >= size:
+            i = rng.randrange(len(buf))
+            buf[i], buf[-1] = buf[-1], buf[i]
+            yield buf.pop()
+    rng.shuffle(buf)
+    yield from buf
+
+
+def _batches(dataset: Any, size: int, learner: Learner, shuffle_seed: int | None = None
+             ) -> Iterator[dict[str, Any]]:
+    """Padded batches of ``size`` samples, cycling over the dataset (epochs), shuffled when ``shuffle_seed`` is
+    given (``_epoch_samples``); an empty dict when this rank's shard is empty. A batch holding turns sampled under
+    a grammar carries their replayed masks (``grammar_masks``), which the learner's log-probs apply."""
+    pad_id = int(getattr(learner.model.config, "pad_token_id", None) or 0)
+    grammars = getattr(dataset, "grammars", None)
+    vocab = int(learner.model.get_output_embeddings().weight.shape[0])
+    masks = BatchGrammarMasks(dataset.tokenizer, grammars, vocab) if grammars else None
+
+    def collated(buf: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = pad_collate(buf, pad_id)
+        batch["grammar_masks"] = masks(batch) if masks is not None else None
+        return batch
+
+    rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
+    for epoch in _epoch_samples(dataset, rng):
         buf: list[dict[str, Any]] = []
         seen = False
-        for sample in dataset:
+        for sample in epoch:
             seen = True
             buf.append(sample)
             if len(buf) == size:
-                yield pad_collate(buf, pad_id)
+                yield collated(buf)
                 buf = []
         if buf:
-            yield pad_collate(buf, pad_id)
+            yield collated(buf)
         if not seen:
             yield {}
 
@@ -659,7 +725,8 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, advantages=advantages,
                                    max_length=cfg.max_length, rank=dist.rank, world_size=dist.world,
                                    episodes=episodes)
-        batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner)
+        batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner,
+                           _shuffle_seed(cfg, dist, f"{stage.name}.{it}"))
         reward_mean = sum(returns.values()) / max(1, len(returns))
         if cfg.policy_loss == "clip" and any(v > 0 for v in staleness.values()):
             learner.freeze_proximal()  # decoupled PPO's pi_prox: the learner as this iteration starts
@@ -864,11 +931,16 @@ def _gae_advantages(cfg: TrainConfig, out: dict[str, Any], batch: dict[str, Any]
     bootstrapped from the value after the last observation when the episode was truncated."""
     values = out["values"]
     token_turn = batch["token_turn"].to(values.device)
+    # a turn starts at its first generated token: under a grammar the first loss token may come after a forced
+    # prefix (generated_turn marks every generated token; token_turn only the loss tokens)
+    generated = batch.get("generated_turn")
+    turn_of = generated.to(values.device) if generated is not None else token_turn
     lengths = batch["attention_mask"].sum(-1)
     adv_rows, value_terms = [], []
     for b in range(values.shape[0]):
         k_turns = int(batch["n_policy_turns"][b])
-        starts = [int((token_turn[b] == k).nonzero()[0]) for k in range(k_turns)]
+        starts = [int(((turn_of[b] == k) if bool((turn_of[b] == k).any()) else (token_turn[b] == k)).nonzero()[0])
+                  for k in range(k_turns)]
         v = torch.stack([values[b, s - 1] for s in starts]) if starts else values.new_zeros(0)
         rewards = torch.zeros(k_turns, device=values.device)
         if k_turns:

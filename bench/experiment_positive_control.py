@@ -1,0 +1,359 @@
+"""The positive control (issue 24, section 3): does trajlake's trainer make an agent better, under controls?
+
+    python bench/experiment_positive_control.py --seeds 3 --out bench/out/positive_control [--arms LIST]
+
+On the ``tool-lookup`` environment (docs/tool_lookup.md: the agent must look values up through a tool and read
+the observation to succeed), per training seed, every arm trained and evaluated with ``trajlake train`` into one
+lake and compared with the paired, task-clustered ``trajlake eval`` on the hidden split, common sampling seeds:
+
+- ``b1``: B1, supervised on the oracle's train-split episodes for a fixed number of steps;
+- ``r1``: R1, RLOO on terminal reward from B1 (fresh sampling streams per iteration);
+- ``aa``: A/A, B1's checkpoint evaluated again with another sampling seed (the interval must include 0);
+- ``placebo``: R1 with the returns shuffled within each group (the interval against B1 must include 0);
+- ``matched``: matched compute, B1 trained on for as many policy tokens as R1's updates used;
+- ``mask``: the mask ablation, R1 with its loss on the tool-observation tokens too (pitfall of 19.6).
+
+The criterion, written before any run: on each seed, R1 - B1 > 0 with its 95% interval above 0, and the A/A and
+placebo intervals include 0. ``DIR/summary.json`` holds per seed the hidden success of every arm and each paired
+difference with its interval; ``DIR/report.md`` the table, the criterion's verdict and the learning curves
+(``DIR/curves-seed<S>.svg``: the success of each RL arm's training rollouts per iteration). A seed whose
+evaluation runs are already in its lake is not trained again (a killed experiment resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("b1", "r1", "aa", "placebo", "matched", "mask")
+#: The arm's final evaluation run and what it is compared with: summary key -> (baseline run, candidate run).
+COMPARISONS = {"r1_minus_b1": ("B1", "r1-R1"), "aa": ("B1", "B1-aa"), "placebo_minus_b1": ("B1", "placebo-R1"),
+               "matched_minus_b1": ("B1", "matched-B1M"), "mask_ablation_minus_r1": ("r1-R1", "mask-R1")}
+ARM_RUNS = {"b1": "B1", "r1": "r1-R1", "aa": "B1-aa", "placebo": "placebo-R1", "matched": "matched-B1M",
+            "mask": "mask-R1"}
+ARM_LABELS = {"b1": "B1", "r1": "R1", "aa": "A/A", "placebo": "placebo", "matched": "matched", "mask": "mask"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """The experiment's settings (``--setup FILE.toml`` overrides any of them; recorded in summary.json)."""
+
+    env: str = "tool-lookup"
+    hidden_size: int = 64
+    layers: int = 2
+    max_positions: int = 1024
+    vocab_size: int = 1024
+    corpus_tasks: int = 1000
+    """The tiny tokenizer is trained on the oracle's episodes of this many train tasks: enough for every name and
+    code of tool-lookup's pools to become one token (docs/tool_lookup.md)."""
+    sft_tasks: int = 400
+    """B1's data: the oracle on the first this many train tasks (seed 0)."""
+    sft_steps: int = 150
+    sft_batch: int = 16
+    sft_lr: float = 3e-3
+    warmup_steps: int = 10
+    rl_tasks: int = 64
+    """R1 plays the first this many train tasks each iteration (``attempts`` each: one RLOO group)."""
+    attempts: int = 4
+    rl_iterations: int = 6
+    rl_steps: int = 4
+    rl_batch: int = 64
+    rl_lr: float = 1e-3
+    rl_warmup_steps: int = 2
+    max_staleness: int = 0
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    eval_split: str = "hidden"
+    eval_seeds: str = "0"
+    eval_sampling_seed: int = 0
+    aa_sampling_seed: int = 1
+    workers: int = 2
+
+
+def _train_config(setup: Setup, seed: int, name: str, out: Path, model: Path, stages: list[dict[str, Any]],
+                  run_prefix: str = "") -> dict[str, Any]:
+    return {"name": name, "env": setup.env, "seed": seed, "device": "cpu", "temperature": setup.temperature,
+            "max_length": setup.max_positions, "out_dir": str(out), "run_prefix": run_prefix,
+            "model": {"path": str(model)}, "stages": stages}
+
+
+def _policy_args(setup: Setup, seed: int | None = None) -> dict[str, str]:
+    # one torch thread per rollout worker: the workers share the machine's cores
+    args = {"max_new_tokens": str(setup.max_new_tokens), "threads": "1"}
+    return {**args, "seed": str(setup.eval_sampling_seed if seed is None else seed)}
+
+
+def _eval_spec(setup: Setup) -> dict[str, Any]:
+    return {"split": setup.eval_split, "seeds": setup.eval_seeds, "workers": setup.workers,
+            "policy_args": _policy_args(setup)}
+
+
+def _rl_stage(setup: Setup, train_tasks: Sequence[str], **control: bool) -> dict[str, Any]:
+    return {"name": "R1", "kind": "rl", "algo": "rloo", "iterations": setup.rl_iterations, "steps": setup.rl_steps,
+            "batch_size": setup.rl_batch, "lr": setup.rl_lr, "warmup_steps": setup.rl_warmup_steps,
+            "max_staleness": setup.max_staleness, **control,
+            "rollout": {"split": "train", "seeds": "0", "attempts": setup.attempts, "workers": setup.workers,
+                        "tasks": list(train_tasks[:setup.rl_tasks]),
+                        "policy_args": {k: v for k, v in _policy_args(setup).items() if k != "seed"}},
+            "eval": _eval_spec(setup)}
+
+
+class Seed:
+    """One training seed's lake, checkpoints and arms."""
+
+    def __init__(self, setup: Setup, seed: int, folder: Path, log: Callable[[str], None]):
+        self.setup, self.seed, self.folder, self.log = setup, seed, folder, log
+        self.lake = folder / "lake"
+        self.base = folder / "base"
+        self.timings: dict[str, float] = {}
+
+    # -- what is in the lake -----------------------------------------------------------------------------------
+    def has_run(self, run_id: str) -> bool:
+        from trajlake.errors import LakeNotFoundError
+        from trajlake.query import connect
+
+        try:
+            con = connect(self.lake)
+        except LakeNotFoundError:
+            return False
+        return bool(con.execute("select count(*) from episodes where run_id = ?", [run_id]).fetchone()[0])
+
+    def train_tasks(self) -> list[str]:
+        from trajlake.envs import list_tasks
+
+        return [t["task_id"] for t in list_tasks(self.setup.env, "train")]
+
+    # -- the arms ----------------------------------------------------------------------------------------------
+    def _train(self, arm: str, config: dict[str, Any]) -> None:
+        from trajlake.train.config import parse_config
+        from trajlake.train.loop import train
+
+        t0 = time.monotonic()
+        train(parse_config(config, f"{self.folder.name}/{arm}"), self.lake, log=self.log)
+        self.timings[arm] = time.monotonic() - t0
+
+    def base_model(self) -> Path:
+        from trajlake.policies.tiny import build_tiny_model
+
+        if not (self.base / "config.json").is_file():
+            s = self.setup
+            build_tiny_model(self.base, vocab_size=s.vocab_size, hidden_size=s.hidden_size, layers=s.layers,
+                             max_positions=s.max_positions, seed=self.seed, env=s.env, corpus_tasks=s.corpus_tasks)
+        return self.base
+
+    def b1(self) -> None:
+        s = self.setup
+        stage = {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": s.sft_steps, "batch_size": s.sft_batch,
+                 "lr": s.sft_lr, "warmup_steps": s.warmup_steps,
+                 "data": {"split": "train", "seeds": "0", "tasks": self.train_tasks()[:s.sft_tasks],
+                          "workers": s.workers},
+                 "eval": _eval_spec(s)}
+        self._train("b1", _train_config(s, self.seed, f"pc{self.seed}", self.folder / "ckpt" / "b1",
+                                        self.base_model(), [stage]))
+
+    def rl(self, arm: str, **control: bool) -> None:
+        s = self.setup
+        self._train(arm, _train_config(s, self.seed, f"pc{self.seed}-{arm}", self.folder / "ckpt" / arm,
+                                       self.folder / "ckpt" / "b1" / "B1", [_rl_stage(s, self.train_tasks(), **control)],
+                                       run_prefix=f"{arm}-"))
+
+    def aa(self) -> None:
+        """B1's checkpoint on the evaluation split again, with another sampling seed (run ``B1-aa``)."""
+        from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
+        from trajlake.train.loop import COMMON_SEEDS
+
+        s = self.setup
+        t0 = time.monotonic()
+        summary = run_rollout(RolloutConfig(
+            lake=str(self.lake), run_id="B1-aa", env=s.env, policy=f"hf:{self.folder / 'ckpt' / 'b1' / 'B1'}",
+            split=s.eval_split, seeds=parse_seeds(s.eval_seeds), workers=s.workers, policy_version=f"pc{self.seed}-B1",
+            policy_name=f"pc{self.seed}", label="AA", commit_every_s=0.0,
+            policy_args={"temperature": str(s.temperature), **_policy_args(s, s.aa_sampling_seed)},
+            sampling_seed_rule=COMMON_SEEDS.replace("policy_args.seed", f"policy_args.seed = {s.aa_sampling_seed}")))
+        if summary.failed_items:
+            raise RuntimeError(f"A/A rollout: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
+        self.timings["aa"] = time.monotonic() - t0
+
+    def matched(self) -> None:
+        """B1 trained on from its checkpoint, on B1's data, for as many policy tokens as R1's updates used."""
+        s = self.setup
+        r1_tokens = self.stage_record("r1-R1.train")["tokens"]
+        b1 = self.stage_record("B1.train")
+        per_step = b1["tokens"] / max(1, b1["steps"])
+        steps = max(1, round(r1_tokens / per_step))
+        self.log(f"matched compute: R1 used {r1_tokens} policy tokens = {steps} B1 steps of ~{per_step:.0f}")
+        stage = {"name": "B1M", "kind": "sft", "data_policy": None, "data_runs": ["B1-data"], "steps": steps,
+                 "batch_size": s.sft_batch, "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "eval": _eval_spec(s)}
+        self._train("matched", _train_config(s, self.seed, f"pc{self.seed}-matched", self.folder / "ckpt" / "matched",
+                                             self.folder / "ckpt" / "b1" / "B1", [stage], run_prefix="matched-"))
+
+    def stage_record(self, run_id: str) -> dict[str, Any]:
+        """The ``runs.config`` the trainer registered for a stage (its steps, tokens, losses)."""
+        from trajlake.query import connect
+
+        row = connect(self.lake).execute("select config from runs where run_id = ?", [run_id]).fetchone()
+        if row is None:
+            raise RuntimeError(f"{self.lake}: no run {run_id} (train its arm first)")
+        return dict(json.loads(row[0]))
+
+    def run(self, arms: Sequence[str]) -> None:
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("b1", self.b1), ("aa", self.aa), ("r1", lambda: self.rl("r1")),
+            ("placebo", lambda: self.rl("placebo", placebo_shuffle_rewards=True)),
+            ("mask", lambda: self.rl("mask", loss_on_observations=True)), ("matched", self.matched)]
+        for arm, play in steps:
+            if arm not in arms:
+                continue
+            if self.has_run(ARM_RUNS[arm]):
+                self.log(f"seed {self.seed}: {arm} already in the lake, not trained again")
+                continue
+            self.log(f"seed {self.seed}: arm {arm}")
+            play()
+
+    # -- results -----------------------------------------------------------------------------------------------
+    def results(self, arms: Sequence[str]) -> dict[str, Any]:
+        from trajlake.evaluators.report import build_report
+
+        runs = [ARM_RUNS[a] for a in arms]
+        report = build_report(self.lake, runs=runs)
+        out: dict[str, Any] = {"seed": self.seed, "success": {}, "lake_versions": report.get("lake_versions")}
+        for arm in arms:
+            metric = report["runs"][ARM_RUNS[arm]]["metrics"]["success"]
+            out["success"][ARM_LABELS[arm]] = metric["estimate"]
+        for key, (base, cand) in COMPARISONS.items():
+            if base in runs and cand in runs:
+                cmp = build_report(self.lake, baseline=base, candidate=cand)["comparison"]
+                m = cmp["metrics"]["success"]
+                out[key] = {"estimate": m["diff"], "ci_low": m["ci_low"], "ci_high": m["ci_high"],
+                            "p_value": m["p_value"], "n_pairs": cmp["n_pairs"], "n_tasks": cmp["n_tasks"],
+                            "baseline": base, "candidate": cand}
+        out["curves"] = self.curves(arms)
+        out["seconds"] = {k: round(v, 1) for k, v in self.timings.items()}
+        return out
+
+    def curves(self, arms: Sequence[str]) -> dict[str, list[tuple[int, float]]]:
+        """Success of each RL arm's training rollouts per iteration (iteration k plays version k - 1)."""
+        from trajlake.query import connect
+
+        con = connect(self.lake)
+        out: dict[str, list[tuple[int, float]]] = {}
+        for arm in (a for a in arms if a in ("r1", "placebo", "mask")):
+            rows = con.execute("select run_id, avg(coalesce(success, false)::double) from episodes where run_id like ? "
+                               "group by 1", [f"{arm}-R1-it%"]).fetchall()
+            pts = sorted((int(r.rsplit("-it", 1)[1]), float(v)) for r, v in rows)
+            out[ARM_LABELS[arm]] = pts
+        return out
+
+
+def verdict(seeds: Sequence[dict[str, Any]]) -> tuple[bool | None, list[str]]:
+    """The preregistered criterion: on each seed R1 - B1 > 0 with its interval above 0, and the A/A and placebo
+    intervals include 0. None when an arm it needs was not run."""
+    lines, ok = [], True
+    for s in seeds:
+        parts = []
+        for key, want in (("r1_minus_b1", "above 0"), ("aa", "includes 0"), ("placebo_minus_b1", "includes 0")):
+            d = s.get(key)
+            if d is None or d["ci_low"] is None:
+                parts.append(f"{key} not run")
+                ok = None if ok is not False else ok
+                continue
+            good = d["ci_low"] > 0 if want == "above 0" else d["ci_low"] <= 0 <= d["ci_high"]
+            ok = ok and good if ok is not None else ok
+            parts.append(f"{key} {d['estimate']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] {want}: "
+                         f"{'yes' if good else 'NO'}")
+        lines.append(f"seed {s['seed']}: " + "; ".join(parts))
+    return ok, lines
+
+
+def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[dict[str, Any]], command: str) -> None:
+    from trajlake.evaluators.svg import PALETTE, lines
+
+    ok, verdict_lines = verdict(seeds)
+    md = ["# Positive control: does the trainer make the agent better?", "",
+          f"Command: `{command}`", "",
+          "Criterion (written before the run): on each seed, R1 - B1 > 0 with the 95% interval above 0; the A/A "
+          "and placebo intervals include 0.", "",
+          f"**Verdict: {'criterion met' if ok else 'criterion NOT met' if ok is False else 'incomplete'}**", ""]
+    md += [f"- {line}" for line in verdict_lines] + [""]
+    labels = [ARM_LABELS[a] for a in arms]
+    md += ["| seed | " + " | ".join(f"{lab} success" for lab in labels) + " |",
+           "|---|" + "---|" * len(labels)]
+    for s in seeds:
+        md.append(f"| {s['seed']} | " + " | ".join(f"{s['success'].get(lab, float('nan')):.3f}" for lab in labels)
+                  + " |")
+    md += ["", "| seed | comparison | difference | 95% interval | p | pairs (tasks) |", "|---|---|---|---|---|---|"]
+    for s in seeds:
+        for key in COMPARISONS:
+            if key in s:
+                d = s[key]
+                md.append(f"| {s['seed']} | {key} ({d['candidate']} - {d['baseline']}) | {d['estimate']:+.3f} | "
+                          f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['p_value']:.3g} | {d['n_pairs']} "
+                          f"({d['n_tasks']}) |")
+    for s in seeds:
+        if s.get("curves"):
+            name = f"curves-seed{s['seed']}.svg"
+            series = [(label, pts, PALETTE[i % len(PALETTE)]) for i, (label, pts) in enumerate(s["curves"].items())]
+            (out / name).write_text(lines(series, x_label="iteration", y_label="training-rollout success",
+                                          title=f"seed {s['seed']}: success of the RL arms' rollouts",
+                                          y_range=(0.0, 1.0)), encoding="utf-8")
+            md += ["", f"![learning curves, seed {s['seed']}]({name})"]
+        md += ["", f"Seed {s['seed']}: wall seconds per arm {json.dumps(s.get('seconds', {}))}"]
+    md += ["", "Settings:", "", "```json", json.dumps(dataclasses.asdict(setup), indent=2), "```", ""]
+    (out / "report.md").write_text("\n".join(md), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "positive_control"))
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {','.join(ARMS)}")
+    ap.add_argument("--setup", help="a TOML file overriding the settings (Setup's fields)")
+    args = ap.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        ap.error(f"--arms: unknown arm(s) {', '.join(unknown) or '(none given)'}; arms: {', '.join(ARMS)}")
+    needs = {"aa": "b1", "r1": "b1", "placebo": "b1", "mask": "b1", "matched": "r1"}
+    for arm in arms:
+        if needs.get(arm) and needs[arm] not in arms:
+            ap.error(f"--arms: {arm} needs {needs[arm]}")
+    arms = [a for a in ARMS if a in arms]
+    setup = Setup()
+    if args.setup:
+        with open(args.setup, "rb") as f:
+            setup = dataclasses.replace(setup, **tomllib.load(f))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    command = " ".join(["python", "bench/experiment_positive_control.py", *(argv if argv is not None else sys.argv[1:])])
+    results = []
+    for seed in range(args.seeds):
+        t0 = time.monotonic()
+        run = Seed(setup, seed, out / f"seed{seed}", log)
+        run.run(arms)
+        results.append(run.results(arms))
+        log(f"seed {seed}: done in {(time.monotonic() - t0) / 60:.1f} min")
+    summary = {"setup": dataclasses.asdict(setup), "arms": arms, "command": command,
+               "seeds": [{k: v for k, v in r.items() if k not in ("curves",)} | {"curves": r["curves"]}
+                         for r in results]}
+    ok, _ = verdict(results)
+    summary["criterion_met"] = ok
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    write_report(out, setup, arms, results, command)
+    print(json.dumps({s["seed"]: {k: s[k] for k in ("success", *COMPARISONS) if k in s} for s in results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

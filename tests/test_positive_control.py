@@ -1,0 +1,64 @@
+"""The positive-control experiment's own logic (bench/experiment_positive_control.py): the preregistered criterion,
+the arms it accepts and the report it writes, on hand-made results (no training here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def experiment() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("experiment_positive_control",
+                                                  ROOT / "bench" / "experiment_positive_control.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def diff(estimate: float, low: float, high: float) -> dict[str, Any]:
+    return {"estimate": estimate, "ci_low": low, "ci_high": high, "p_value": 0.01, "n_pairs": 240, "n_tasks": 240,
+            "baseline": "B1", "candidate": "x"}
+
+
+def test_the_criterion_needs_r1_above_b1_and_both_controls_at_zero(experiment: ModuleType) -> None:
+    good = {"seed": 0, "r1_minus_b1": diff(0.2, 0.1, 0.3), "aa": diff(0.01, -0.05, 0.07),
+            "placebo_minus_b1": diff(-0.02, -0.08, 0.04)}
+    ok, lines = experiment.verdict([good])
+    assert ok is True and "r1_minus_b1 +0.200 [+0.100, +0.300] above 0: yes" in lines[0]
+    for key, bad in (("r1_minus_b1", diff(0.05, -0.01, 0.11)), ("aa", diff(0.1, 0.02, 0.18)),
+                     ("placebo_minus_b1", diff(0.12, 0.05, 0.19))):
+        ok, lines = experiment.verdict([good, {**good, "seed": 1, key: bad}])
+        assert ok is False and ": NO" in lines[1] and ": NO" not in lines[0]
+    ok, lines = experiment.verdict([{"seed": 0, "r1_minus_b1": diff(0.2, 0.1, 0.3)}])
+    assert ok is None and "aa not run" in lines[0]  # an arm the criterion needs was not run: no verdict
+
+
+def test_arms_must_come_with_what_they_compare_against(experiment: ModuleType, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    for arms, needle in (("r1", "r1 needs b1"), ("b1,matched", "matched needs r1"), ("b1,dpo", "unknown arm(s) dpo")):
+        with pytest.raises(SystemExit):
+            experiment.main(["--seeds", "1", "--out", str(tmp_path), "--arms", arms])
+        assert needle in capsys.readouterr().err
+
+
+def test_the_report_states_the_verdict_the_table_and_the_curves(experiment: ModuleType, tmp_path: Path) -> None:
+    seed = {"seed": 0, "success": {"B1": 0.4, "R1": 0.6, "A/A": 0.41}, "r1_minus_b1": diff(0.2, 0.1, 0.3),
+            "aa": diff(0.01, -0.05, 0.07), "curves": {"R1": [(1, 0.3), (2, 0.45), (3, 0.5)]}, "seconds": {"b1": 60}}
+    experiment.write_report(tmp_path, experiment.Setup(), ["b1", "r1", "aa"], [seed], "python bench/x.py --seeds 1")
+    md = (tmp_path / "report.md").read_text()
+    assert "**Verdict: incomplete**" in md  # no placebo arm: the criterion cannot be judged
+    assert "| 0 | 0.400 | 0.600 | 0.410 |" in md and "r1_minus_b1 (x - B1) | +0.200 | [+0.100, +0.300]" in md
+    svg = (tmp_path / "curves-seed0.svg").read_text()
+    assert svg.startswith("<svg") and "polyline" in svg and "R1" in svg
+    assert json.loads(md.split("```json")[1].split("```")[0])["env"] == "tool-lookup"
