@@ -1,7 +1,7 @@
 """Trainer throughput: tokens/s of the training step, peak memory and MFU (issue 12, "Device").
 
     python bench/bench_train.py [--device auto] [--hidden-size 64] [--layers 2] [--seq 4096] [--batch 4]
-                                [--steps 10] [--peak-tflops 989]
+                                [--steps 10] [--peak-tflops 989] [--model DIR] [--threads 0]
 
 Times ``trajlake.train.loop.Learner`` doing what an RL step does (forward with log-probs and entropies, the
 clipped policy loss over masked tokens, backward, all-reduce-free optimizer step) on random token batches with
@@ -11,11 +11,16 @@ MFU = 6 * parameters * tokens/s / peak FLOP/s (``--peak-tflops``: 989 is an H200
 attention FLOPs are left out, so MFU is a lower bound at long sequences). On CUDA the step runs under bf16
 autocast like the trainer. The same script runs on a lent GPU machine (``--device cuda --hidden-size 1024
 --layers 16``) and on CPU, where it is a smoke run.
+
+``--model DIR`` times a real model folder instead of a tiny random one (``--hidden-size`` and ``--layers`` are
+then ignored), e.g. the pretrained SmolLM2-135M built by ``python -m trajlake.policies.pretrained DIR``
+(docs/pretrained.md): ``--model DIR --device cuda --seq 4096 --batch 8``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import sys
 import tempfile
@@ -32,9 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--model", help="a Hugging Face model folder to time instead of a tiny random model")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default; 1 is faster on a "
+                    "machine whose cores are busy)")
     args = ap.parse_args(argv)
 
     import torch
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     from trajlake.policies.tiny import build_tiny_model
     from trajlake.train import math as tm
@@ -42,11 +53,20 @@ def main(argv: list[str] | None = None) -> int:
 
     device = _device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(Path(tmp) / "m", hidden_size=args.hidden_size, layers=args.layers,
-                                max_positions=max(args.seq, 4096))
+        if args.model is None:
+            path = build_tiny_model(Path(tmp) / "m", hidden_size=args.hidden_size, layers=args.layers,
+                                    max_positions=max(args.seq, 4096))
+        elif not (Path(args.model) / "config.json").is_file():
+            ap.error(f"--model {args.model}: not a Hugging Face model folder (no config.json)")
+        else:
+            path = Path(args.model)
+        window = json.loads((path / "config.json").read_text()).get("max_position_embeddings", args.seq)
+        if args.seq > window:
+            ap.error(f"--seq {args.seq} is longer than the model's window ({window} positions)")
         learner = Learner(path, device, Dist())
+        config = learner.model.config
         learner.new_optimizer(1e-4)
-        vocab = int(learner.model.config.vocab_size)
+        vocab = int(config.vocab_size)
         n_params = sum(p.numel() for p in learner.model.parameters())
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, vocab, (args.batch, args.seq), generator=gen)
@@ -80,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         peak_what = "process peak RSS"
     mfu = 6 * n_params * tps / (args.peak_tflops * 1e12)
-    print(f"device {device}; model {n_params / 1e6:.2f} M parameters ({args.layers} layers, hidden "
-          f"{args.hidden_size}); batch {args.batch} x {args.seq} tokens, {args.steps} timed steps")
+    what = args.model or "tiny random model"
+    print(f"device {device}; {what}: {n_params / 1e6:.2f} M parameters ({config.num_hidden_layers} layers, hidden "
+          f"{config.hidden_size}, vocabulary {vocab}); batch {args.batch} x {args.seq} tokens, {args.steps} timed "
+          f"steps")
     print(f"training tokens/s: {tps:,.0f}")
     print(f"peak memory: {peak:,.0f} MiB ({peak_what})")
-    print(f"MFU: {mfu:.2%} of {args.peak_tflops:g} TFLOP/s (6 N tokens/s; attention FLOPs not counted)")
+    print(f"MFU: {mfu * 100:.3g}% of {args.peak_tflops:g} TFLOP/s (6 N tokens/s; attention FLOPs not counted)")
     return 0
 
 
