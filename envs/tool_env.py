@@ -5,6 +5,7 @@ tools, clip observations and hash an environment's code."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,16 @@ def clip(text: str) -> str:
     return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "\n... (output cut)"
 
 
+def _as_budget(budget: Budget | Mapping[str, Any] | None, what: str) -> Budget | None:
+    if not isinstance(budget, Mapping):
+        return budget
+    keys = [f.name for f in dataclasses.fields(Budget)]
+    unknown = sorted(set(budget) - set(keys))
+    if unknown:
+        raise EnvError(f"{what}: budget: unknown key(s) {', '.join(unknown)}; expected {', '.join(keys)}")
+    return Budget(**budget)
+
+
 class ToolEnv(SplitTasks, TrackedBudget, Env):
     """The episode state and contract methods both built-in environments share. A subclass calls
     ``super().__init__`` with its task records, calls ``_begin_episode(task)`` in ``reset`` before building its
@@ -67,12 +78,13 @@ class ToolEnv(SplitTasks, TrackedBudget, Env):
 
     def __init__(self, tasks: Sequence[Mapping[str, Any]], split: str | None, *, injection: str | None,
                  injected: Callable[[Sequence[Mapping[str, Any]], str], list[dict[str, Any]]],
-                 budget: Budget | None, what: str):
+                 budget: Budget | Mapping[str, Any] | None, what: str):
         """The records of ``split`` (the attacked variants ``injected`` makes under the attack ``injection``; ``what``
-        names the environment in errors); ``budget`` overrides every task's own."""
+        names the environment in errors); ``budget`` overrides every task's own (a mapping, as ``--env-arg
+        budget='{"max_steps": 10}'`` or a training config's ``env_args`` give it, is read as a :class:`Budget`)."""
         self.index_tasks(injected(tasks, injection) if injection else tasks, split, what)
         self.injection = injection
-        self.budget_override = budget
+        self.budget_override = _as_budget(budget, what)
         self.task = None
         self.gateway = None
         self.tracker = BudgetTracker(Budget())

@@ -336,3 +336,21 @@ def test_play_episode_records_the_statement_as_the_first_turn(env: ToolLookupEnv
                        task_version=t["task_version"], seed=0, faults=FaultInjector())
     assert rec.turns[0]["raw_content"] == t["statement"] and rec.episode["success"]
     assert [x["action_schema"] for x in rec.turns if x["actor"] == "policy"] == ["lookup", "lookup", "submit"]
+
+
+@pytest.mark.parametrize("env_id", ["tool-lookup", "mini-web", "mini-swe"])
+def test_a_budget_mapping_from_env_args_is_a_budget_in_every_tool_env(env_id: str) -> None:
+    """``--env-arg budget='{"max_steps": 1}'`` and a training config's ``env_args`` give the budget as a mapping:
+    every ToolEnv reads it (tool-lookup and Mini Web crashed on it with an AttributeError), and a mistyped key is
+    one line naming the environment and the keys."""
+    from trajlake.envs.core import Budget, EnvError
+
+    env = make_env(env_id, split="dev", budget={"max_steps": 1})
+    try:
+        assert env.budget_override == Budget(max_steps=1)
+        env.reset(0, task_id=env.tasks[0]["task_id"])
+        assert env.tracker.budget.max_steps == 1
+    finally:
+        env.close()
+    with pytest.raises(EnvError, match=r"budget: unknown key\(s\) max_step; expected max_steps, max_tokens"):
+        make_env(env_id, split="dev", budget={"max_step": 1})

@@ -109,8 +109,6 @@ class MiniSWEEnv(ToolEnv):
                  budget: Budget | Mapping[str, Any] | None = None, test_timeout_s: float = 60.0,
                  allow_unisolated: bool | None = None, injection: str | None = None,
                  protected_paths: Sequence[str] = ()):
-        if isinstance(budget, Mapping):  # from --env-arg budget='{"max_steps": 10}' or a training config
-            budget = Budget(**budget)
         super().__init__(tasks if tasks is not None else load_tasks(), split, injection=injection,
                          injected=injected_tasks, budget=budget, what="Mini SWE")
         if isinstance(protected_paths, str):

@@ -167,7 +167,7 @@ class MiniWebEnv(ToolEnv):
     sandbox_kind = "none"  # the environment carries out every action itself: no agent code runs
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
-                 tasks_path: str | os.PathLike[str] | None = None, budget: Budget | None = None,
+                 tasks_path: str | os.PathLike[str] | None = None, budget: Budget | Mapping[str, Any] | None = None,
                  injection: str | None = None, confirm_irreversible: bool = False,
                  irreversible_budget: int | None = None, taint_enforcement: bool = False,
                  enforce_taint: bool = False, browser: str | None = None,

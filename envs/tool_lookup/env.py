@@ -73,7 +73,7 @@ class ToolLookupEnv(ToolEnv):
     sandbox_kind = "none"  # the environment answers every call itself: no agent code runs
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
-                 budget: Budget | None = None, workdir: str | os.PathLike[str] | None = None):
+                 budget: Budget | Mapping[str, Any] | None = None, workdir: str | os.PathLike[str] | None = None):
         super().__init__(tasks if tasks is not None else load_tasks(split), split, injection=None,
                          injected=_no_injection, budget=budget, what="tool-lookup")
         self.permissions = Permissions(capabilities=frozenset({Capability.READ}))
