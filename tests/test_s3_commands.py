@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.counter_env import CounterEnv, CounterOracle, LazyPolicy
 from tests.s3_server import S3Server, new_s3_lake_uri
-from tests.train_configs import TWO_TASKS, rollout, tiny_config, write_config
+from tests.train_configs import rollout, tiny_config, write_config
 from trajlake import Lake, LakeWriter, connect, open_lake, verify
 
 REPO = Path(__file__).resolve().parents[1]
@@ -236,16 +236,20 @@ def test_quickstart_on_s3(s3_lake_uri: str, tmp_path: Path, capsys: pytest.Captu
         registry.unregister("counter-qs")
 
 
+#: The trainer's tasks on S3: two tool-lookup train tasks (short episodes; the storage is what is under test).
+TRAIN_TASKS = ("tool-lookup/two_hop/p0/0", "tool-lookup/pair/p0/0")
+
+
 def _train_config(out: Path, model: Path) -> dict[str, Any]:
     """B1 on the oracle's episodes of two tasks (its checkpoint evaluated on one), then one R1 iteration."""
-    lm = {"max_context": "8192", "price_out": "100"}
+    lm = {"price_out": "100"}
     return tiny_config("s3t", [
         {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": 2, "batch_size": 2, "lr": 3e-3,
-         "data": rollout(TWO_TASKS),
-         "eval": rollout(TWO_TASKS[1:], max_new_tokens=16, max_steps=2, policy_args=lm)},
+         "data": rollout(TRAIN_TASKS),
+         "eval": rollout(TRAIN_TASKS[1:], max_new_tokens=16, max_steps=2, policy_args=lm)},
         {"name": "R1", "kind": "rl", "algo": "rloo", "iterations": 1, "steps": 1, "batch_size": 2, "lr": 1e-3,
-         "rollout": rollout(TWO_TASKS[:1], attempts=2, max_new_tokens=16, max_steps=2, policy_args=lm)},
-    ], model=model, out=out, env="mini-swe", seed=0, max_length=16384, lambda_cost=1.0)
+         "rollout": rollout(TRAIN_TASKS[:1], attempts=2, max_new_tokens=16, max_steps=2, policy_args=lm)},
+    ], model=model, out=out, env="tool-lookup", seed=0, max_length=1024, lambda_cost=1.0)
 
 
 @pytest.mark.slow
@@ -259,7 +263,7 @@ def test_train_on_s3(s3_lake_uri: str, tmp_path: Path, capsys: pytest.CaptureFix
     from trajlake.policies.tiny import build_tiny_model
     from trajlake.rollout.versions import PolicyVersions
 
-    model = build_tiny_model(tmp_path / "model", max_positions=16384)
+    model = build_tiny_model(tmp_path / "model", max_positions=1024, env="tool-lookup")
     targets = {"local": str(tmp_path / "train-lake"), "s3": s3_lake_uri}
     runs, episodes, tokens, logs, versions = {}, {}, {}, {}, {}
     for kind, lake in targets.items():

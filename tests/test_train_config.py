@@ -195,7 +195,9 @@ def test_a_bad_env_or_split_is_refused_before_the_lake_or_the_output_exists(tmp_
                         ({"stages": [{"name": "B1", "kind": "sft", "data": {"tasks": ["mini-swe/nope/0"]}}]},
                          "stages[0] (B1).data.tasks: mini-swe/nope/0"),
                         ({"stages": [{"name": "B1", "kind": "sft", "data_policy": "oracel"}]},
-                         "stages[0] (B1).data_policy = 'oracel'")]:
+                         "stages[0] (B1).data_policy = 'oracel'"),
+                        ({"model": {"build_tiny": True, "tokenizer_env": "tool-lokup"}},
+                         "model.tokenizer_env = 'tool-lokup'")]:
         cfg = parse_config({**MINIMAL, "out_dir": str(tmp_path / "out"), **change}, "c.toml")
         with pytest.raises(ConfigError) as e:
             train(cfg, tmp_path / "lake", log=lambda _: None)

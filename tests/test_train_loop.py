@@ -130,9 +130,9 @@ def test_a_second_train_into_the_same_lake_is_refused(smoke: tuple[Path, Path, s
     assert res.exit_code != 0 and "already holds trained stage(s) B1.train, R1.train" in str(res.exception)
 
 
-#: B1's data: the oracle's episodes of four train tasks.
-DP_TASKS = ("mini-swe/durations/drop_guard/0", "mini-swe/durations/swap_arguments/0", "mini-swe/rangeset/drop_guard/0",
-            "mini-swe/textkit/flip_boolean/0")
+#: B1's data: the oracle's episodes of four tool-lookup train tasks, of three kinds (so of different lengths: the
+#: seq-mean aggregation's normaliser differs from token-mean's).
+DP_TASKS = ("tool-lookup/code/p0/0", "tool-lookup/two_hop/p0/0", "tool-lookup/pair/p0/0", "tool-lookup/pair/p1/0")
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +143,8 @@ def dp_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from trajlake.rollout.runner import RolloutConfig, run_rollout
 
     base = tmp_path_factory.mktemp("dp")
-    model = build_tiny_model(base / "model", max_positions=16384)
-    run_rollout(RolloutConfig(lake=str(base / "lake"), run_id="B1-data", env="mini-swe", policy="oracle",
+    model = build_tiny_model(base / "model", max_positions=1024, env="tool-lookup")
+    run_rollout(RolloutConfig(lake=str(base / "lake"), run_id="B1-data", env="tool-lookup", policy="oracle",
                               split="train", seeds=(0,), label="B1", task_ids=DP_TASKS))
     return model, base / "lake"
 
@@ -165,7 +165,8 @@ def test_two_gloo_processes_train_like_one(tmp_path: Path, aggregation: str, dp_
         cfg = write_config(tmp_path / f"dp{world}.toml", tiny_config(
             "dp", [{"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": 2, "batch_size": 2, "lr": 0.01,
                     "data": rollout(DP_TASKS)}],
-            model=model, out=tmp_path / f"out{world}", seed=0, loss_aggregation=aggregation,
+            model=model, out=tmp_path / f"out{world}", env="tool-lookup", max_length=1024, seed=0,
+            loss_aggregation=aggregation,
             shuffle=False))  # the lake's order: bit-for-bit one process's batches (with shuffle: in distribution)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                "-m", "trajlake", "train", "--config", str(cfg), "--lake", str(lake)]

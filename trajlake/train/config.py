@@ -47,6 +47,13 @@ class ModelConfig:
     max_positions: int = 16384
     """The tiny model's window: Mini SWE's oracle episodes are ~7k tokens in its byte-level vocabulary."""
     seed: int = 0
+    tokenizer_env: str | None = None
+    """Train the tiny tokenizer on this registered environment's rendered oracle episodes (``python -m
+    trajlake.policies.tiny --env``), so its tool calls are a few tokens each; unset: the default tokenizer."""
+    vocab_size: int = 512
+    """The tiny tokenizer's vocabulary size."""
+    corpus_tasks: int = 64
+    """With ``tokenizer_env``: the oracle episodes of this many train tasks make the tokenizer's corpus."""
 
 
 @dataclass(frozen=True)
@@ -325,7 +332,7 @@ def config_problems(cfg: TrainConfig) -> list[str]:
     if m.build_tiny == (m.path is not None):
         out.append("[model]: needs exactly one of path = FOLDER and build_tiny = true")
     if m.build_tiny:
-        for key in ("hidden_size", "layers", "max_positions"):
+        for key in ("hidden_size", "layers", "max_positions", "vocab_size", "corpus_tasks"):
             if getattr(m, key) <= 0:
                 out.append(f"model.{key} = {getattr(m, key)}: must be > 0")
         if m.hidden_size % 4:
@@ -415,7 +422,7 @@ def _training_sampling_problems(cfg: TrainConfig, spec: RolloutSpec) -> list[str
 
 
 #: Process rewards a stage may name (functions of ``trajlake.evaluators.process_rewards``; only sound ones).
-PROCESS_REWARDS = ("grounded_progress",)
+PROCESS_REWARDS = ("grounded_progress", "lookup_progress")
 
 
 def load_config(path: str | Path) -> TrainConfig:

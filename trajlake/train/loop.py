@@ -401,6 +401,14 @@ def check_environment(cfg: TrainConfig) -> None:
         policies = policy_names(cfg.env)
     except TrajlakeError as e:
         raise ConfigError(f"{where}: env = {cfg.env!r}: {one_line(e)}") from None
+    if cfg.model.build_tiny and cfg.model.tokenizer_env is not None:
+        at = f"{where}: model.tokenizer_env = {cfg.model.tokenizer_env!r}"
+        try:
+            scripted = policy_names(cfg.model.tokenizer_env)
+        except TrajlakeError as e:
+            raise ConfigError(f"{at}: {one_line(e)}") from None
+        if "oracle" not in scripted:
+            raise ConfigError(f"{at}: the environment has no oracle policy to play the tokenizer's corpus")
     tasks: dict[str, set[str]] = {}
     for at, stage, spec in _rollout_specs(cfg):
         if spec.split not in tasks:
@@ -469,7 +477,7 @@ def _base_model(cfg: TrainConfig, out_dir: Path, dist: Dist) -> Path:
     if dist.main:
         m = cfg.model
         build_tiny_model(path, hidden_size=m.hidden_size, layers=m.layers, max_positions=m.max_positions,
-                         seed=m.seed)
+                         seed=m.seed, vocab_size=m.vocab_size, env=m.tokenizer_env, corpus_tasks=m.corpus_tasks)
     _barrier(dist)
     return path
 
