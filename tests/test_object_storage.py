@@ -185,12 +185,21 @@ def test_object_store_writer_killed_mid_commit_loses_nothing_committed(store_lak
     assert partial == (0,)
     rep = verify(lake)
     assert rep.ok, rep.problems
-    # no partial object: files are uploaded whole (one PUT; on Azure one block-list commit), so every data
-    # object, committed or not, reads
+    # no partial object: files are uploaded whole (one PUT; on Azure one block-list commit), so every committed
+    # data object reads, and so does every uncommitted one but for one case: pyarrow's Azure output stream creates
+    # an empty blob when it opens, so a writer killed during an upload may leave a 0-byte object (never committed:
+    # the log is written after the uploads; docs/scale.md)
     for table in ("turns", "episodes"):
+        log = deltalake.DeltaTable(lake.table_uri(table), storage_options=lake.storage.storage_options)
+        committed_files = set(log.get_add_actions(flatten=True).column("path").to_pylist())
         for key in _keys(lake, table):
-            if key.endswith(".parquet"):
-                pq.ParquetFile(lake.abs_path(table, key), filesystem=lake.filesystem).read()
+            if not key.endswith(".parquet"):
+                continue
+            path = lake.abs_path(table, key)
+            if key not in committed_files and lake.filesystem.get_file_info(path).size == 0:
+                assert store_lake.uri.startswith("az://"), key
+                continue
+            pq.ParquetFile(path, filesystem=lake.filesystem).read()
     # orphans of the killed flush (if any) are invisible; compact removes them after the grace period
     compact(lake, orphan_grace_hours=0, retention_hours=0)
     rep = verify(lake, strict=True)
