@@ -1,5 +1,6 @@
 """A real S3 API on loopback for the object-storage tests: moto's server mode (``moto[server]``, a dev
-dependency) in a child process on a free port, with authentication on, so a wrong key is refused as AWS would."""
+dependency) in a child process on a free port, with authentication on, so a wrong key is refused as AWS would, and
+conditional puts atomic, as S3's are (``tests.moto_atomic``)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from tests.servers import free_port, wait_until_up
+
+_REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,9 @@ def start_moto() -> Iterator[S3Server]:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    # tests.moto_atomic: moto's server with its conditional puts made atomic, as S3's are
+    proc = subprocess.Popen([sys.executable, "-m", "tests.moto_atomic", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=_REPO)
     try:
         wait_until_up(proc, lambda: urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close(),
                       "moto server")

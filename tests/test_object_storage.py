@@ -127,6 +127,29 @@ def _keys(lake: Lake, table: str) -> list[str]:
     return [i.path[len(base) + 1:] for i in infos if i.type == pafs.FileType.File and DELTA_LOG not in i.path]
 
 
+def _turns_diagnosis(lake: Lake, writer_outputs: list[str]) -> str:
+    """Where a turns count that differs from the writers' comes from: the Delta log (Add actions per version), the
+    live files (rows by their footers, without DuckDB), the episodes left without turns (DuckDB) and the writers'
+    lost races. (The 4-writer test on moto failed once in CI with 8 turns missing and could not be reproduced
+    in 40 reruns, with and without load.)"""
+    import pyarrow.fs as pafs
+
+    fs = lake.filesystem
+    log = lake.storage.path("turns") + "/" + DELTA_LOG
+    adds = []
+    for info in sorted(fs.get_file_info(pafs.FileSelector(log)), key=lambda i: i.path):
+        if info.path.endswith(".json"):
+            with fs.open_input_stream(info.path) as f:
+                adds.append(sum('"add"' in line for line in f.read().decode().splitlines()))
+    files = lake.files("turns")
+    rows = sum(pq.ParquetFile(lake.abs_path("turns", f.path), filesystem=fs).metadata.num_rows for f in files)
+    lonely = connect(lake).execute("select episode_id from episodes where episode_id not in "
+                                   "(select episode_id from _turns_all) order by 1").fetchall()
+    races = [line for out in writer_outputs for line in out.splitlines() if line.startswith("LOST_RACES")]
+    return (f"turns log: Add actions per version {adds}; {len(files)} live files holding {rows} rows; "
+            f"episodes without turns: {[r[0] for r in lonely]}; writers: {races}")
+
+
 def _writer_env(store_lake: StoreLake) -> dict[str, str]:
     return {**os.environ, **store_lake.env, "PYTHONPATH": str(REPO)}
 
@@ -140,9 +163,11 @@ def test_object_store_four_concurrent_writer_processes_exact_counts(store_lake: 
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for k in range(4)]
     acked: set[str] = set()
+    outs = []
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
+        outs.append(out)
         acked |= {line.split()[1] for line in out.splitlines() if line.startswith("ACK")}
     assert len(acked) == 32
     lake = open_lake(uri)
@@ -150,7 +175,8 @@ def test_object_store_four_concurrent_writer_processes_exact_counts(store_lake: 
     assert got == acked
     assert _count(lake, "select count(*) from episodes") == 32
     # n_steps = 1 + i % 3 over i = 0..7: 3+5+7 (x2) + 3+5 = 38 turns per writer
-    assert _count(lake, "select count(*) from turns") == 4 * 38
+    n_turns = _count(lake, "select count(*) from turns")
+    assert n_turns == 4 * 38, _turns_diagnosis(lake, outs)
     versions = lake.versions()
     assert versions["episodes"] == 4 * 4  # 4 commits per writer, none lost to a lost update
     rep = verify(lake)
