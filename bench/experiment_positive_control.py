@@ -63,7 +63,9 @@ class Setup:
     sft_lr: float = 1e-2
     warmup_steps: int = 10
     rl_tasks: int = 64
-    """R1 plays the first this many train tasks each iteration (``attempts`` each: one RLOO group)."""
+    """R1 plays this many train tasks each iteration (``attempts`` each: one RLOO group): the ones right after B1's
+    ``sft_tasks``, train phrasings with values B1 never saw, so that a B1 that has memorised its own episodes still
+    has something to learn (success below 1, reward that varies within a group)."""
     attempts: int = 4
     rl_iterations: int = 6
     rl_steps: int = 4
@@ -78,6 +80,19 @@ class Setup:
     eval_sampling_seed: int = 0
     aa_sampling_seed: int = 1
     workers: int = 2
+
+
+def interleaved_train_tasks(env: str) -> list[str]:
+    """The train split's task ids, template families taken in turn (the first id of every family, then the second
+    of every family, ...), so that every prefix -- B1's data, then R1's tasks, then held-out ones -- holds every
+    family alike. (The split lists ids in order: its first 1,000 are the code and two pair families only.)"""
+    from trajlake.envs import list_tasks
+
+    by_family: dict[str, list[str]] = {}
+    for t in list_tasks(env, "train"):
+        by_family.setdefault(t["task_id"].rsplit("/", 1)[0], []).append(t["task_id"])
+    rounds = max(len(ids) for ids in by_family.values())
+    return [ids[i] for i in range(rounds) for _, ids in sorted(by_family.items()) if i < len(ids)]
 
 
 def _train_config(setup: Setup, seed: int, name: str, out: Path, model: Path, stages: list[dict[str, Any]],
@@ -99,11 +114,14 @@ def _eval_spec(setup: Setup) -> dict[str, Any]:
 
 
 def _rl_stage(setup: Setup, train_tasks: Sequence[str], **control: bool) -> dict[str, Any]:
+    if setup.sft_tasks + setup.rl_tasks > len(train_tasks):
+        raise ValueError(f"sft_tasks + rl_tasks = {setup.sft_tasks + setup.rl_tasks}: the train split has only "
+                         f"{len(train_tasks)} tasks")
     return {"name": "R1", "kind": "rl", "algo": "rloo", "iterations": setup.rl_iterations, "steps": setup.rl_steps,
             "batch_size": setup.rl_batch, "lr": setup.rl_lr, "warmup_steps": setup.rl_warmup_steps,
             "max_staleness": setup.max_staleness, **control,
             "rollout": {"split": "train", "seeds": "0", "attempts": setup.attempts, "workers": setup.workers,
-                        "tasks": list(train_tasks[:setup.rl_tasks]),
+                        "tasks": list(train_tasks[setup.sft_tasks:setup.sft_tasks + setup.rl_tasks]),
                         "policy_args": {k: v for k, v in _policy_args(setup).items() if k != "seed"}},
             "eval": _eval_spec(setup)}
 
@@ -129,9 +147,7 @@ class Seed:
         return bool(con.execute("select count(*) from episodes where run_id = ?", [run_id]).fetchone()[0])
 
     def train_tasks(self) -> list[str]:
-        from trajlake.envs import list_tasks
-
-        return [t["task_id"] for t in list_tasks(self.setup.env, "train")]
+        return interleaved_train_tasks(self.setup.env)
 
     # -- the arms ----------------------------------------------------------------------------------------------
     def _train(self, arm: str, config: dict[str, Any]) -> None:
@@ -332,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.setup:
         with open(args.setup, "rb") as f:
             setup = dataclasses.replace(setup, **tomllib.load(f))
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the train configs' folders: relative ones would be read against the config
     out.mkdir(parents=True, exist_ok=True)
 
     def log(line: str) -> None:

@@ -62,3 +62,19 @@ def test_the_report_states_the_verdict_the_table_and_the_curves(experiment: Modu
     svg = (tmp_path / "curves-seed0.svg").read_text()
     assert svg.startswith("<svg") and "polyline" in svg and "R1" in svg
     assert json.loads(md.split("```json")[1].split("```")[0])["env"] == "tool-lookup"
+
+
+def test_every_prefix_of_the_train_tasks_holds_every_family_alike(experiment: ModuleType) -> None:
+    """B1's data, R1's tasks and the held-out tasks are consecutive slices of this order: each must hold every
+    template family (the split's own order put only code and pair phrasings in B1's first 1,000 tasks)."""
+    from collections import Counter
+
+    from trajlake.envs import list_tasks
+
+    order = experiment.interleaved_train_tasks("tool-lookup")
+    assert sorted(order) == sorted(t["task_id"] for t in list_tasks("tool-lookup", "train"))
+    families = {t.rsplit("/", 1)[0] for t in order}
+    assert len(families) == 12
+    for start, stop in ((0, 1000), (1000, 1064), (1064, 1304)):
+        counts = Counter(t.rsplit("/", 1)[0] for t in order[start:stop])
+        assert set(counts) == families and max(counts.values()) - min(counts.values()) <= 1, (start, counts)

@@ -1,0 +1,80 @@
+"""The positive control's arms on held-out instances of the train phrasings (issue 24, section 3).
+
+    python bench/positive_control_heldout.py --out bench/out/positive_control [--seed 0] [--tasks 240]
+
+``bench/experiment_positive_control.py`` evaluates every arm on the hidden split, whose phrasings no arm saw. This
+evaluates the final checkpoint of each arm it finds (B1, R1, placebo, mask, matched) on train tasks that neither B1
+(the first ``sft_tasks``) nor the RL arms (the next ``rl_tasks``) played: the phrasings of training, values never
+seen. Same sampling settings and common sampling seeds as the experiment's evaluation, one run per arm
+(``heldout-<arm>``) in the seed's lake, and the paired, task-clustered comparison of each arm with B1 (and of R1
+with the placebo) printed as JSON and written to ``DIR/heldout-seed<S>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from experiment_positive_control import Setup, _policy_args, interleaved_train_tasks
+
+#: arm -> its final checkpoint folder under ``seed<S>/ckpt`` (the RL arms' last version is ``R1``)
+CHECKPOINTS = {"B1": "b1/B1", "R1": "r1/R1", "placebo": "placebo/R1", "mask": "mask/R1", "matched": "matched/B1M"}
+COMPARE = (("B1", "R1"), ("B1", "placebo"), ("placebo", "R1"), ("B1", "mask"), ("B1", "matched"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--out", required=True, help="the experiment's --out folder")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tasks", type=int, default=240, help="held-out train tasks to evaluate on")
+    args = ap.parse_args(argv)
+
+    from trajlake.evaluators.report import build_report
+
+    from trajlake.query import connect
+    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
+    from trajlake.train.loop import COMMON_SEEDS
+
+    setup = Setup()
+    folder = Path(args.out).resolve() / f"seed{args.seed}"
+    lake = folder / "lake"
+    train = interleaved_train_tasks(setup.env)
+    start = setup.sft_tasks + setup.rl_tasks
+    tasks = tuple(train[start:start + args.tasks])
+    if len(tasks) < args.tasks:
+        raise SystemExit(f"--tasks {args.tasks}: only {len(tasks)} train tasks after the first {start}")
+    arms = [a for a, rel in CHECKPOINTS.items() if (folder / "ckpt" / rel / "config.json").is_file()]
+    for arm in arms:
+        run_id = f"heldout-{arm}"
+        row = connect(lake).execute("select count(*) from episodes where run_id = ?", [run_id]).fetchone()
+        if row is not None and row[0]:
+            continue
+        summary = run_rollout(RolloutConfig(
+            lake=str(lake), run_id=run_id, env=setup.env, policy=f"hf:{folder / 'ckpt' / CHECKPOINTS[arm]}",
+            split="train", task_ids=tasks, seeds=parse_seeds(setup.eval_seeds), workers=setup.workers,
+            policy_version=f"pc{args.seed}-{arm}-final", policy_name=f"pc{args.seed}", label=f"heldout-{arm}",
+            commit_every_s=0.0, policy_args={"temperature": str(setup.temperature), **_policy_args(setup)},
+            sampling_seed_rule=COMMON_SEEDS))
+        if summary.failed_items:
+            raise SystemExit(f"{run_id}: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
+    report = build_report(lake, runs=[f"heldout-{a}" for a in arms])
+    out: dict[str, object] = {"tasks": f"train[{start}:{start + len(tasks)}]", "n_tasks": len(tasks),
+                              "success": {a: report["runs"][f"heldout-{a}"]["metrics"]["success"]["estimate"]
+                                          for a in arms}}
+    for base, cand in COMPARE:
+        if base in arms and cand in arms:
+            cmp = build_report(lake, baseline=f"heldout-{base}", candidate=f"heldout-{cand}")["comparison"]
+            m = cmp["metrics"]["success"]
+            out[f"{cand}_minus_{base}"] = {"estimate": m["diff"], "ci_low": m["ci_low"], "ci_high": m["ci_high"],
+                                           "p_value": m["p_value"], "n_pairs": cmp["n_pairs"]}
+    (folder.parent / f"heldout-seed{args.seed}.json").write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
