@@ -126,6 +126,49 @@ def _rl_stage(setup: Setup, train_tasks: Sequence[str], **control: bool) -> dict
             "eval": _eval_spec(setup)}
 
 
+def play_checkpoint(setup: Setup, lake: Path, run_id: str, checkpoint: Path, *, split: str, policy_version: str,
+                    policy_name: str, label: str, task_ids: Sequence[str] = (),
+                    sampling_seed: int | None = None) -> None:
+    """Evaluate a saved checkpoint outside the trainer (run ``run_id`` in ``lake``): the experiment's sampling
+    settings, and common sampling seeds (``setup.eval_sampling_seed`` unless ``sampling_seed``)."""
+    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
+    from trajlake.train.loop import COMMON_SEEDS
+
+    rule = COMMON_SEEDS if sampling_seed is None else COMMON_SEEDS.replace(
+        "policy_args.seed", f"policy_args.seed = {sampling_seed}")
+    summary = run_rollout(RolloutConfig(
+        lake=str(lake), run_id=run_id, env=setup.env, policy=f"hf:{checkpoint}", split=split,
+        task_ids=tuple(task_ids), seeds=parse_seeds(setup.eval_seeds),
+        workers=setup.workers, policy_version=policy_version, policy_name=policy_name, label=label,
+        commit_every_s=0.0, policy_args={"temperature": str(setup.temperature), **_policy_args(setup, sampling_seed)},
+        sampling_seed_rule=rule))
+    if summary.failed_items:
+        raise RuntimeError(f"{run_id}: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
+
+
+def compare_success(lake: Path, baseline: str, candidate: str) -> dict[str, Any]:
+    """The paired, task-clustered difference in success of two runs (``trajlake eval``'s comparison)."""
+    from trajlake.evaluators.report import build_report
+
+    cmp = build_report(lake, baseline=baseline, candidate=candidate)["comparison"]
+    m = cmp["metrics"]["success"]
+    return {"estimate": m["diff"], "ci_low": m["ci_low"], "ci_high": m["ci_high"], "p_value": m["p_value"],
+            "n_pairs": cmp["n_pairs"], "n_tasks": cmp["n_tasks"], "baseline": baseline, "candidate": candidate}
+
+
+def has_run(lake: Path, run_id: str) -> bool:
+    """Whether ``lake`` holds episodes of ``run_id`` (False when there is no lake yet)."""
+    from trajlake.errors import LakeNotFoundError
+    from trajlake.query import connect
+
+    try:
+        con = connect(lake)
+    except LakeNotFoundError:
+        return False
+    row = con.execute("select count(*) from episodes where run_id = ?", [run_id]).fetchone()
+    return row is not None and bool(row[0])
+
+
 class Seed:
     """One training seed's lake, checkpoints and arms."""
 
@@ -137,14 +180,7 @@ class Seed:
 
     # -- what is in the lake -----------------------------------------------------------------------------------
     def has_run(self, run_id: str) -> bool:
-        from trajlake.errors import LakeNotFoundError
-        from trajlake.query import connect
-
-        try:
-            con = connect(self.lake)
-        except LakeNotFoundError:
-            return False
-        return bool(con.execute("select count(*) from episodes where run_id = ?", [run_id]).fetchone()[0])
+        return has_run(self.lake, run_id)
 
     def train_tasks(self) -> list[str]:
         return interleaved_train_tasks(self.setup.env)
@@ -185,19 +221,11 @@ class Seed:
 
     def aa(self) -> None:
         """B1's checkpoint on the evaluation split again, with another sampling seed (run ``B1-aa``)."""
-        from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
-        from trajlake.train.loop import COMMON_SEEDS
-
         s = self.setup
         t0 = time.monotonic()
-        summary = run_rollout(RolloutConfig(
-            lake=str(self.lake), run_id="B1-aa", env=s.env, policy=f"hf:{self.folder / 'ckpt' / 'b1' / 'B1'}",
-            split=s.eval_split, seeds=parse_seeds(s.eval_seeds), workers=s.workers, policy_version=f"pc{self.seed}-B1",
-            policy_name=f"pc{self.seed}", label="AA", commit_every_s=0.0,
-            policy_args={"temperature": str(s.temperature), **_policy_args(s, s.aa_sampling_seed)},
-            sampling_seed_rule=COMMON_SEEDS.replace("policy_args.seed", f"policy_args.seed = {s.aa_sampling_seed}")))
-        if summary.failed_items:
-            raise RuntimeError(f"A/A rollout: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
+        play_checkpoint(s, self.lake, "B1-aa", self.folder / "ckpt" / "b1" / "B1", split=s.eval_split,
+                        policy_version=f"pc{self.seed}-B1", policy_name=f"pc{self.seed}", label="AA",
+                        sampling_seed=s.aa_sampling_seed)
         self.timings["aa"] = time.monotonic() - t0
 
     def matched(self) -> None:
@@ -248,11 +276,7 @@ class Seed:
             out["success"][ARM_LABELS[arm]] = metric["estimate"]
         for key, (base, cand) in COMPARISONS.items():
             if base in runs and cand in runs:
-                cmp = build_report(self.lake, baseline=base, candidate=cand)["comparison"]
-                m = cmp["metrics"]["success"]
-                out[key] = {"estimate": m["diff"], "ci_low": m["ci_low"], "ci_high": m["ci_high"],
-                            "p_value": m["p_value"], "n_pairs": cmp["n_pairs"], "n_tasks": cmp["n_tasks"],
-                            "baseline": base, "candidate": cand}
+                out[key] = compare_success(self.lake, base, cand)
         out["curves"] = self.curves(arms)
         out["seconds"] = {k: round(v, 1) for k, v in self.timings.items()}
         return out

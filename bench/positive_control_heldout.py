@@ -19,7 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from experiment_positive_control import Setup, _policy_args, interleaved_train_tasks
+from experiment_positive_control import (
+    Setup,
+    compare_success,
+    has_run,
+    interleaved_train_tasks,
+    play_checkpoint,
+)
 
 #: arm -> its final checkpoint folder under ``seed<S>/ckpt`` (the RL arms' last version is ``R1``)
 CHECKPOINTS = {"B1": "b1/B1", "R1": "r1/R1", "placebo": "placebo/R1", "mask": "mask/R1", "matched": "matched/B1M"}
@@ -35,10 +41,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from trajlake.evaluators.report import build_report
 
-    from trajlake.query import connect
-    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
-    from trajlake.train.loop import COMMON_SEEDS
-
     setup = Setup()
     folder = Path(args.out).resolve() / f"seed{args.seed}"
     lake = folder / "lake"
@@ -49,28 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--tasks {args.tasks}: only {len(tasks)} train tasks after the first {start}")
     arms = [a for a, rel in CHECKPOINTS.items() if (folder / "ckpt" / rel / "config.json").is_file()]
     for arm in arms:
-        run_id = f"heldout-{arm}"
-        row = connect(lake).execute("select count(*) from episodes where run_id = ?", [run_id]).fetchone()
-        if row is not None and row[0]:
-            continue
-        summary = run_rollout(RolloutConfig(
-            lake=str(lake), run_id=run_id, env=setup.env, policy=f"hf:{folder / 'ckpt' / CHECKPOINTS[arm]}",
-            split="train", task_ids=tasks, seeds=parse_seeds(setup.eval_seeds), workers=setup.workers,
-            policy_version=f"pc{args.seed}-{arm}-final", policy_name=f"pc{args.seed}", label=f"heldout-{arm}",
-            commit_every_s=0.0, policy_args={"temperature": str(setup.temperature), **_policy_args(setup)},
-            sampling_seed_rule=COMMON_SEEDS))
-        if summary.failed_items:
-            raise SystemExit(f"{run_id}: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
+        if not has_run(lake, f"heldout-{arm}"):
+            play_checkpoint(setup, lake, f"heldout-{arm}", folder / "ckpt" / CHECKPOINTS[arm], split="train",
+                            task_ids=tasks, policy_version=f"pc{args.seed}-{arm}-final", policy_name=f"pc{args.seed}",
+                            label=f"heldout-{arm}")
     report = build_report(lake, runs=[f"heldout-{a}" for a in arms])
     out: dict[str, object] = {"tasks": f"train[{start}:{start + len(tasks)}]", "n_tasks": len(tasks),
                               "success": {a: report["runs"][f"heldout-{a}"]["metrics"]["success"]["estimate"]
                                           for a in arms}}
     for base, cand in COMPARE:
         if base in arms and cand in arms:
-            cmp = build_report(lake, baseline=f"heldout-{base}", candidate=f"heldout-{cand}")["comparison"]
-            m = cmp["metrics"]["success"]
-            out[f"{cand}_minus_{base}"] = {"estimate": m["diff"], "ci_low": m["ci_low"], "ci_high": m["ci_high"],
-                                           "p_value": m["p_value"], "n_pairs": cmp["n_pairs"]}
+            out[f"{cand}_minus_{base}"] = compare_success(lake, f"heldout-{base}", f"heldout-{cand}")
     (folder.parent / f"heldout-seed{args.seed}.json").write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=1))
     return 0
