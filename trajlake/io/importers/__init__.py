@@ -27,9 +27,10 @@ from typing import Any
 from trajlake.errors import ConflictError, Issue, TrajlakeError, ValidationError
 from trajlake.io.importers import _common
 from trajlake.io.importers._build import ImportContext, build_rows, run_row
-from trajlake.io.importers._common import Record, Source, episode_id_for, file_sha256
+from trajlake.io.importers._common import Record, Source, episode_id_for
 from trajlake.io.importers._tokenize import TurnTokenizer
 from trajlake.io.jsonl import IngestSummary
+from trajlake.lake.store import file_sha256
 from trajlake.record.writer import LakeWriter, WriteResult
 
 FORMATS: tuple[str, ...] = ("openai-chat", "swe-agent", "inspect", "openhands")
@@ -215,7 +216,7 @@ def import_file(writer: LakeWriter, path: Path, fmt: str, *, run_id: str | None 
         raise ValidationError([Issue("runs", None, None, "run_id", "--run-id must not be empty", str(path))])
     tok = TurnTokenizer(tokenizer) if tokenizer is not None else None
     try:
-        file_hash = file_sha256(path)
+        file_hash = file_sha256(str(path))
         src = _opener(fmt)(path)
     except OSError as e:
         raise ValidationError([Issue("episodes", None, None, "*", f"cannot read the file: {e}", str(path))]) from e

@@ -315,15 +315,6 @@ def sha256_text(s: str) -> str:
     return hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of the file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def short_hash(*parts: str, n: int = 16) -> str:
     """A short deterministic hash of ``parts``."""
     return hashlib.sha256("\x00".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:n]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.errors import Issue, PrefixError, TrajlakeError, ValidationError
-from trajlake.io.importers._common import file_sha256
+from trajlake.lake.store import file_sha256
 
 
 class TurnTokenizer:
@@ -32,7 +32,7 @@ class TurnTokenizer:
         except Exception as e:  # the Rust side raises plain Exception subclasses for malformed files
             raise ValidationError([Issue("turns", None, None, "token_ids",
                                          f"cannot load tokenizer.json: {str(e)[:200]}", str(path))]) from None
-        self.tokenizer_id = "hf-tokenizers:" + file_sha256(path)[:16]
+        self.tokenizer_id = "hf-tokenizers:" + file_sha256(str(path))[:16]
 
     def encode_turns(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text; raises PrefixError when the whole conversation tokenizes differently."""
