@@ -46,6 +46,8 @@ from trajlake.schemas.vocab import (
 )
 
 if TYPE_CHECKING:
+    import duckdb
+
     from trajlake.record.writer import LakeWriter
 
 
@@ -487,10 +489,11 @@ def plan(cfg: RolloutConfig) -> list[WorkItem]:
             for a in range(cfg.attempts)]
 
 
-def existing_episode_ids(lake: str, run_id: str) -> set[str]:
+def existing_episode_ids(lake: str | duckdb.DuckDBPyConnection, run_id: str) -> set[str]:
+    """The run's committed episode ids (``lake``: a lake, or a connection to one already open)."""
     from trajlake.query import connect
 
-    con = connect(lake)
+    con = connect(lake) if isinstance(lake, str) else lake
     return {r[0] for r in con.execute("select episode_id from episodes where run_id = ?", [run_id]).fetchall()}
 
 
@@ -518,7 +521,12 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
     lake = Lake.init(cfg.lake)
     settings = _config_json(cfg)
     settings.update(lm_run_config(cfg.policy, cfg.policy_args, env_class.tool_docs if env_class is not None else {}))
-    old = connect(lake).execute("select config from runs where run_id = ?", [cfg.run_id]).fetchall()
+    # one connection for what the lake holds before this call: the run's row and its episodes (a connection
+    # costs a second on an object store)
+    before = connect(lake)
+    old = before.execute("select config from runs where run_id = ?", [cfg.run_id]).fetchall()
+    done = existing_episode_ids(before, cfg.run_id)
+    before.close()
     if old:
         recorded = _identity(json.loads(old[0][0] or "{}"))
         now = _identity(settings)
@@ -539,7 +547,6 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
                            else checkpoint_hash(cfg.policy),
                            "code_version": code_version()}])
     items = plan(cfg)
-    done = existing_episode_ids(cfg.lake, cfg.run_id)
     todo = [it for it in items if episode_id_for(cfg.run_id, it.task_id, it.task_version, it.seed, it.attempt)
             not in done]
     summary = RolloutSummary(planned=len(items), skipped_existing=len(items) - len(todo))
