@@ -229,6 +229,41 @@ def test_r2_process_reward_and_r3_ppo_with_the_fault_curriculum(tmp_path: Path) 
         "R2.train": "r23-R2", "R3.train": "r23-R3"}
 
 
+def test_r2_return_adds_the_weighted_lookup_progress_of_each_episode(tmp_path: Path) -> None:
+    """R2 on tool-lookup: an episode's return is its success plus process_weight x lookup_progress of its turns
+    (the oracle's progress is 1 - 0.01 per call; the random policy's is the reward function's own value), with no
+    cost or safety term."""
+    from trajlake.evaluators.process_rewards import lookup_progress
+
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+    from trajlake.train.config import parse_config
+    from trajlake.train.loop import _episode_returns
+
+    lake = str(tmp_path / "lake")
+    tasks = ("tool-lookup/code/p0/0", "tool-lookup/two_hop/p0/0", "tool-lookup/pair/p0/0", "tool-lookup/pair/p1/0")
+    for run in ("oracle", "random"):
+        assert not run_rollout(RolloutConfig(lake=lake, run_id=run, env="tool-lookup", policy=run, split="train",
+                                             seeds=(0, 1), task_ids=tasks)).failed_items
+    cfg = parse_config(tiny_config("r2", [{"name": "R2", "kind": "rl", "algo": "rloo", "steps": 1,
+                                           "process_reward": "lookup_progress", "process_weight": 0.5,
+                                           "rollout": rollout(tasks, attempts=2)}], env="tool-lookup"), "r2.toml")
+    con = connect(lake)
+    episodes = con.execute("select * from episodes order by episode_id").arrow()
+    episodes = episodes.read_all() if hasattr(episodes, "read_all") else episodes
+    returns = _episode_returns(cfg, cfg.stages[0], lake, episodes)
+    assert len(returns) == 16
+    for episode_id, run, success in con.execute("select episode_id, run_id, success from episodes").fetchall():
+        turns = [dict(zip(("role", "actor", "raw_content", "action_schema", "tool_args", "status", "env_state_hash",
+                           "turn_idx"), r, strict=True)) for r in con.execute(
+            "select role, actor, raw_content, action_schema, tool_args, status, env_state_hash, turn_idx from turns "
+            "where episode_id = ? order by turn_idx", [episode_id]).fetchall()]
+        calls = sum(t["actor"] == "policy" for t in turns)
+        progress = 1 - 0.01 * calls if run == "oracle" else lookup_progress(turns)
+        assert returns[episode_id] == pytest.approx(float(bool(success)) + 0.5 * progress), (run, episode_id)
+    oracle = [returns[e] for (e,) in con.execute("select episode_id from episodes where run_id = 'oracle'").fetchall()]
+    assert all(r > 1.4 for r in oracle)  # solved (1) and every needed entry shown (0.5 x (1 - a few calls))
+
+
 # -- issue 24, section 1: the trainer's correctness ---------------------------------------------------------------
 
 def _captured_rollouts(monkeypatch: pytest.MonkeyPatch) -> list:
