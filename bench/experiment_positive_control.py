@@ -6,8 +6,10 @@ On the ``tool-lookup`` environment (docs/tool_lookup.md: the agent must look val
 the observation to succeed), per training seed, every arm trained and evaluated with ``trajlake train`` into one
 lake and compared with the paired, task-clustered ``trajlake eval`` on the hidden split, common sampling seeds:
 
-- ``b1``: B1, supervised on the oracle's train-split episodes for a fixed number of steps;
-- ``r1``: R1, RLOO on terminal reward from B1 (fresh sampling streams per iteration);
+- ``b1``: B1, supervised on the oracle's episodes of train tasks for a fixed number of steps (all train phrasings
+  of every kind but the last ``rl_phrasings``);
+- ``r1``: R1, RLOO on terminal reward from B1 (fresh sampling streams per iteration), playing tasks of the train
+  phrasings B1 never saw;
 - ``aa``: A/A, B1's checkpoint evaluated again with another sampling seed (the interval must include 0);
 - ``placebo``: R1 with the returns shuffled within each group (the interval against B1 must include 0);
 - ``matched``: matched compute, B1 trained on for as many policy tokens as R1's updates used;
@@ -55,17 +57,24 @@ class Setup:
     """The tiny tokenizer is trained on the oracle's episodes of this many train tasks: enough for every name and
     code of tool-lookup's pools to become one token (docs/tool_lookup.md)."""
     sft_tasks: int = 1000
-    """B1's data: the oracle on the first this many train tasks (seed 0)."""
-    sft_steps: int = 750
-    """Copying values from observations emerges after ~500-750 steps at lr 1e-2 (at 3e-3 not within 800); by
-    ~1,000 the model fits its training phrasings exactly (docs/tool_lookup.md, "Learnability probe")."""
+    """B1's data: the oracle on the first this many tasks of B1's train families (seed 0)."""
+    sft_steps: int = 3000
+    """Copying values from observations emerges after 500-1,100 steps at lr 1e-2 depending on the seed (at 3e-3
+    not within 800), and success on unseen phrasings follows hundreds of steps later (docs/tool_lookup.md,
+    "Learnability probe"): 3,000 steps put every seed past both."""
     sft_batch: int = 16
     sft_lr: float = 1e-2
+    sft_lr_schedule: str = "cosine"
+    sft_min_lr_ratio: float = 0.1
     warmup_steps: int = 10
+    rl_phrasings: int = 2
+    """The last this many train phrasings of every kind are kept out of B1's data; R1 plays only their tasks.
+    Phrasings B1 never saw leave R1 something to learn (success below 1, reward that varies within a group) once
+    B1 fits its own, and learning them through the reward is the generalisation the hidden phrasings test. The
+    placebo plays the same tasks, so seeing the phrasings without the reward is controlled for."""
     rl_tasks: int = 64
-    """R1 plays this many train tasks each iteration (``attempts`` each: one RLOO group): the ones right after B1's
-    ``sft_tasks``, train phrasings with values B1 never saw, so that a B1 that has memorised its own episodes still
-    has something to learn (success below 1, reward that varies within a group)."""
+    """R1 plays this many tasks of the ``rl_phrasings`` families each iteration (``attempts`` each: one RLOO
+    group)."""
     attempts: int = 4
     rl_iterations: int = 6
     rl_steps: int = 4
@@ -82,17 +91,39 @@ class Setup:
     workers: int = 2
 
 
-def interleaved_train_tasks(env: str) -> list[str]:
-    """The train split's task ids, template families taken in turn (the first id of every family, then the second
-    of every family, ...), so that every prefix -- B1's data, then R1's tasks, then held-out ones -- holds every
-    family alike. (The split lists ids in order: its first 1,000 are the code and two pair families only.)"""
+def interleaved_train_tasks(env: str, families: Sequence[str] | None = None) -> list[str]:
+    """The train split's task ids (of ``families`` only, when given), template families taken in turn (the first
+    id of every family, then the second of every family, ...), so that every prefix -- B1's data, then held-out
+    ones -- holds every family alike. (The split lists ids family by family.)"""
     from trajlake.envs import list_tasks
 
     by_family: dict[str, list[str]] = {}
     for t in list_tasks(env, "train"):
-        by_family.setdefault(t["task_id"].rsplit("/", 1)[0], []).append(t["task_id"])
+        family = t["task_id"].rsplit("/", 1)[0]
+        if families is None or family.split("/", 1)[1] in families:
+            by_family.setdefault(family, []).append(t["task_id"])
     rounds = max(len(ids) for ids in by_family.values())
     return [ids[i] for i in range(rounds) for _, ids in sorted(by_family.items()) if i < len(ids)]
+
+
+def split_train_families(env: str, rl_phrasings: int) -> tuple[list[str], list[str]]:
+    """The train template families (``kind/pN``) of B1's data and of R1's tasks: per kind, the last
+    ``rl_phrasings`` train phrasings (highest N) go to R1, the others to B1."""
+    from trajlake.envs import list_tasks
+
+    by_kind: dict[str, set[int]] = {}
+    for t in list_tasks(env, "train"):
+        kind, phrasing = t["task_id"].rsplit("/", 1)[0].split("/", 1)[1].split("/p")
+        by_kind.setdefault(kind, set()).add(int(phrasing))
+    b1, rl = [], []
+    for kind, phrasings in sorted(by_kind.items()):
+        order = sorted(phrasings)
+        if not 0 <= rl_phrasings < len(order):
+            raise ValueError(f"rl_phrasings = {rl_phrasings}: kind {kind} has {len(order)} train phrasings")
+        cut = len(order) - rl_phrasings
+        b1 += [f"{kind}/p{i}" for i in order[:cut]]
+        rl += [f"{kind}/p{i}" for i in order[cut:]]
+    return b1, rl
 
 
 def _train_config(setup: Setup, seed: int, name: str, out: Path, model: Path, stages: list[dict[str, Any]],
@@ -113,15 +144,14 @@ def _eval_spec(setup: Setup) -> dict[str, Any]:
             "policy_args": _policy_args(setup)}
 
 
-def _rl_stage(setup: Setup, train_tasks: Sequence[str], **control: bool) -> dict[str, Any]:
-    if setup.sft_tasks + setup.rl_tasks > len(train_tasks):
-        raise ValueError(f"sft_tasks + rl_tasks = {setup.sft_tasks + setup.rl_tasks}: the train split has only "
-                         f"{len(train_tasks)} tasks")
+def _rl_stage(setup: Setup, rl_tasks: Sequence[str], **control: bool) -> dict[str, Any]:
+    if setup.rl_tasks > len(rl_tasks):
+        raise ValueError(f"rl_tasks = {setup.rl_tasks}: R1's train families have only {len(rl_tasks)} tasks")
     return {"name": "R1", "kind": "rl", "algo": "rloo", "iterations": setup.rl_iterations, "steps": setup.rl_steps,
             "batch_size": setup.rl_batch, "lr": setup.rl_lr, "warmup_steps": setup.rl_warmup_steps,
             "max_staleness": setup.max_staleness, **control,
             "rollout": {"split": "train", "seeds": "0", "attempts": setup.attempts, "workers": setup.workers,
-                        "tasks": list(train_tasks[setup.sft_tasks:setup.sft_tasks + setup.rl_tasks]),
+                        "tasks": list(rl_tasks[:setup.rl_tasks]),
                         "policy_args": {k: v for k, v in _policy_args(setup).items() if k != "seed"}},
             "eval": _eval_spec(setup)}
 
@@ -182,8 +212,13 @@ class Seed:
     def has_run(self, run_id: str) -> bool:
         return has_run(self.lake, run_id)
 
-    def train_tasks(self) -> list[str]:
-        return interleaved_train_tasks(self.setup.env)
+    def b1_tasks(self) -> list[str]:
+        """B1's train families' tasks, interleaved: B1's data is the first ``sft_tasks``."""
+        return interleaved_train_tasks(self.setup.env, split_train_families(self.setup.env, self.setup.rl_phrasings)[0])
+
+    def rl_tasks(self) -> list[str]:
+        """R1's train families' tasks, interleaved (phrasings B1 never saw)."""
+        return interleaved_train_tasks(self.setup.env, split_train_families(self.setup.env, self.setup.rl_phrasings)[1])
 
     # -- the arms ----------------------------------------------------------------------------------------------
     def _train(self, arm: str, config: dict[str, Any]) -> None:
@@ -205,9 +240,12 @@ class Seed:
 
     def b1(self) -> None:
         s = self.setup
+        if s.sft_tasks > len(self.b1_tasks()):
+            raise ValueError(f"sft_tasks = {s.sft_tasks}: B1's train families have only {len(self.b1_tasks())} tasks")
         stage = {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": s.sft_steps, "batch_size": s.sft_batch,
-                 "lr": s.sft_lr, "warmup_steps": s.warmup_steps,
-                 "data": {"split": "train", "seeds": "0", "tasks": self.train_tasks()[:s.sft_tasks],
+                 "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "lr_schedule": s.sft_lr_schedule,
+                 "min_lr_ratio": s.sft_min_lr_ratio,
+                 "data": {"split": "train", "seeds": "0", "tasks": self.b1_tasks()[:s.sft_tasks],
                           "workers": s.workers},
                  "eval": _eval_spec(s)}
         self._train("b1", _train_config(s, self.seed, f"pc{self.seed}", self.folder / "ckpt" / "b1",
@@ -216,7 +254,7 @@ class Seed:
     def rl(self, arm: str, **control: bool) -> None:
         s = self.setup
         self._train(arm, _train_config(s, self.seed, f"pc{self.seed}-{arm}", self.folder / "ckpt" / arm,
-                                       self.folder / "ckpt" / "b1" / "B1", [_rl_stage(s, self.train_tasks(), **control)],
+                                       self.folder / "ckpt" / "b1" / "B1", [_rl_stage(s, self.rl_tasks(), **control)],
                                        run_prefix=f"{arm}-"))
 
     def aa(self) -> None:
@@ -236,8 +274,11 @@ class Seed:
         per_step = b1["tokens"] / max(1, b1["steps"])
         steps = max(1, round(r1_tokens / per_step))
         self.log(f"matched compute: R1 used {r1_tokens} policy tokens = {steps} B1 steps of ~{per_step:.0f}")
+        # on at the learning rate B1 ended with
         stage = {"name": "B1M", "kind": "sft", "data_policy": None, "data_runs": ["B1-data"], "steps": steps,
-                 "batch_size": s.sft_batch, "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "eval": _eval_spec(s)}
+                 "batch_size": s.sft_batch, "lr": s.sft_lr * (s.sft_min_lr_ratio if s.sft_lr_schedule != "constant"
+                                                              else 1.0),
+                 "warmup_steps": s.warmup_steps, "eval": _eval_spec(s)}
         self._train("matched", _train_config(s, self.seed, f"pc{self.seed}-matched", self.folder / "ckpt" / "matched",
                                              self.folder / "ckpt" / "b1" / "B1", [stage], run_prefix="matched-"))
 

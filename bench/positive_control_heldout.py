@@ -3,9 +3,9 @@
     python bench/positive_control_heldout.py --out bench/out/positive_control [--seed 0] [--tasks 240]
 
 ``bench/experiment_positive_control.py`` evaluates every arm on the hidden split, whose phrasings no arm saw. This
-evaluates the final checkpoint of each arm it finds (B1, R1, placebo, mask, matched) on train tasks that neither B1
-(the first ``sft_tasks``) nor the RL arms (the next ``rl_tasks``) played: the phrasings of training, values never
-seen. Same sampling settings and common sampling seeds as the experiment's evaluation, one run per arm
+evaluates the final checkpoint of each arm it finds (B1, R1, placebo, mask, matched) on tasks of B1's train
+families after B1's ``sft_tasks``: the phrasings B1 was trained on, values no arm saw (the RL arms play other
+phrasings). Same sampling settings and common sampling seeds as the experiment's evaluation, one run per arm
 (``heldout-<arm>``) in the seed's lake, and the paired, task-clustered comparison of each arm with B1 (and of R1
 with the placebo) printed as JSON and written to ``DIR/heldout-seed<S>.json``.
 """
@@ -25,6 +25,7 @@ from experiment_positive_control import (
     has_run,
     interleaved_train_tasks,
     play_checkpoint,
+    split_train_families,
 )
 
 #: arm -> its final checkpoint folder under ``seed<S>/ckpt`` (the RL arms' last version is ``R1``)
@@ -44,11 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     setup = Setup()
     folder = Path(args.out).resolve() / f"seed{args.seed}"
     lake = folder / "lake"
-    train = interleaved_train_tasks(setup.env)
-    start = setup.sft_tasks + setup.rl_tasks
+    # B1's phrasings with values no arm trained on: the tasks after B1's data in B1's order
+    train = interleaved_train_tasks(setup.env, split_train_families(setup.env, setup.rl_phrasings)[0])
+    start = setup.sft_tasks
     tasks = tuple(train[start:start + args.tasks])
     if len(tasks) < args.tasks:
-        raise SystemExit(f"--tasks {args.tasks}: only {len(tasks)} train tasks after the first {start}")
+        raise SystemExit(f"--tasks {args.tasks}: only {len(tasks)} of B1's train tasks after the first {start}")
     arms = [a for a, rel in CHECKPOINTS.items() if (folder / "ckpt" / rel / "config.json").is_file()]
     for arm in arms:
         if not has_run(lake, f"heldout-{arm}"):
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                             task_ids=tasks, policy_version=f"pc{args.seed}-{arm}-final", policy_name=f"pc{args.seed}",
                             label=f"heldout-{arm}")
     report = build_report(lake, runs=[f"heldout-{a}" for a in arms])
-    out: dict[str, object] = {"tasks": f"train[{start}:{start + len(tasks)}]", "n_tasks": len(tasks),
+    out: dict[str, object] = {"tasks": f"B1's train families [{start}:{start + len(tasks)}]", "n_tasks": len(tasks),
                               "success": {a: report["runs"][f"heldout-{a}"]["metrics"]["success"]["estimate"]
                                           for a in arms}}
     for base, cand in COMPARE:

@@ -65,16 +65,32 @@ def test_the_report_states_the_verdict_the_table_and_the_curves(experiment: Modu
 
 
 def test_every_prefix_of_the_train_tasks_holds_every_family_alike(experiment: ModuleType) -> None:
-    """B1's data, R1's tasks and the held-out tasks are consecutive slices of this order: each must hold every
-    template family (the split's own order put only code and pair phrasings in B1's first 1,000 tasks)."""
+    """B1's data and the held-out tasks are consecutive slices of B1's order, R1's tasks a prefix of its own: each
+    must hold every template family of its pool (the split's own order put only code and pair phrasings in the
+    first 1,000 tasks)."""
     from collections import Counter
 
     from trajlake.envs import list_tasks
 
+    setup = experiment.Setup()
     order = experiment.interleaved_train_tasks("tool-lookup")
     assert sorted(order) == sorted(t["task_id"] for t in list_tasks("tool-lookup", "train"))
-    families = {t.rsplit("/", 1)[0] for t in order}
-    assert len(families) == 12
-    for start, stop in ((0, 1000), (1000, 1064), (1064, 1304)):
-        counts = Counter(t.rsplit("/", 1)[0] for t in order[start:stop])
-        assert set(counts) == families and max(counts.values()) - min(counts.values()) <= 1, (start, counts)
+    b1, rl = experiment.split_train_families("tool-lookup", setup.rl_phrasings)
+    assert len(b1) == 24 and len(rl) == 6 and not set(b1) & set(rl)
+    seed = experiment.Seed(setup, 0, Path("unused"), print)
+    b1_order, rl_order = seed.b1_tasks(), seed.rl_tasks()
+    assert not set(b1_order) & set(rl_order) and len(b1_order) + len(rl_order) == len(order)
+    for tasks, families, slices in ((b1_order, b1, ((0, 1000), (1000, 1240))), (rl_order, rl, ((0, 64),))):
+        for start, stop in slices:
+            counts = Counter(t.split("/", 1)[1].rsplit("/", 1)[0] for t in tasks[start:stop])
+            assert set(counts) == set(families) and max(counts.values()) - min(counts.values()) <= 1, (start, counts)
+
+
+def test_r1_plays_the_last_train_phrasings_of_every_kind(experiment: ModuleType) -> None:
+    b1, rl = experiment.split_train_families("tool-lookup", 2)
+    assert rl == ["code/p10", "code/p11", "pair/p10", "pair/p11", "two_hop/p10", "two_hop/p11"]
+    assert "code/p9" in b1 and "code/p4" not in b1 and "code/p5" not in b1  # dev and hidden are not train
+    assert experiment.split_train_families("tool-lookup", 0)[1] == []
+    with pytest.raises(ValueError, match="rl_phrasings = 10: kind code has 10 train phrasings"):
+        experiment.split_train_families("tool-lookup", 10)
+

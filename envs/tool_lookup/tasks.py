@@ -14,8 +14,10 @@ A template family is a task kind with one phrasing of its statement:
   partner's code; every phrasing of this kind says "partner";
 - ``pair``: look up two named entries, submit their codes joined by a dash in the order the statement gives.
 
-Splits are assigned by family, explicitly: per kind, the first phrasings are train, one is dev and one is hidden
-(:data:`PHRASINGS`), so every kind is in every split and no phrasing crosses splits. Sizes are fixed up front
+Splits are assigned by family, explicitly: per kind ten phrasings are train, one is dev and one is hidden
+(:data:`PHRASINGS`; phrasings 6-11 were added after the first four when four train phrasings per kind proved too
+few for a tiny model to carry over to the hidden one, so the families' names stayed), so every kind is in every
+split and no phrasing crosses splits. Sizes are fixed up front
 (:data:`INSTANCES_PER_FAMILY`): hidden 240, dev 60, train 2,040. Names and codes appear in quotes in statements,
 observations and calls alike, so a tokenizer splits them the same way wherever they occur.
 
@@ -53,6 +55,12 @@ PHRASINGS: dict[str, tuple[tuple[Split, str], ...]] = {
         (Split.TRAIN, 'Submit the code that the directory gives for "{a}".'),
         (Split.DEV, 'Submit the code stored for "{a}".'),
         (Split.HIDDEN, 'The directory has an entry "{a}". Submit the code of that entry.'),
+        (Split.TRAIN, '"{a}" is in the directory. Submit its code.'),
+        (Split.TRAIN, 'There is an entry named "{a}". Look it up and submit the code of that entry.'),
+        (Split.TRAIN, 'Please submit the code of "{a}".'),
+        (Split.TRAIN, 'The answer is the code of "{a}". Look up "{a}" and submit it.'),
+        (Split.TRAIN, 'Check the directory for "{a}", then submit the code you find.'),
+        (Split.TRAIN, 'Get the code listed for "{a}" and submit that code.'),
     ),
     "two_hop": (
         (Split.TRAIN, 'Look up "{a}", then look up its partner, and submit the code of the partner.'),
@@ -61,6 +69,12 @@ PHRASINGS: dict[str, tuple[tuple[Split, str], ...]] = {
         (Split.TRAIN, 'The entry "{a}" names a partner. Look the partner up and submit its code.'),
         (Split.DEV, 'Submit the code of the partner named in the entry "{a}".'),
         (Split.HIDDEN, '"{a}" has a partner in the directory. Submit the code of the partner.'),
+        (Split.TRAIN, '"{a}" lists a partner. Submit the code of that partner.'),
+        (Split.TRAIN, 'Submit the code of the entry that "{a}" names as its partner.'),
+        (Split.TRAIN, 'Look up "{a}" to find its partner, then submit the code of the partner.'),
+        (Split.TRAIN, 'The answer is the code of the partner of "{a}". Look up "{a}" first.'),
+        (Split.TRAIN, 'Please submit the code of the partner of "{a}".'),
+        (Split.TRAIN, 'Which entry is the partner of "{a}"? Submit the code of that partner.'),
     ),
     "pair": (
         (Split.TRAIN, 'Submit the code of "{a}", a dash, then the code of "{b}".'),
@@ -69,10 +83,16 @@ PHRASINGS: dict[str, tuple[tuple[Split, str], ...]] = {
         (Split.TRAIN, 'Submit two codes joined by a dash: first the code of "{a}", then the code of "{b}".'),
         (Split.DEV, 'Answer with the code of "{a}" and the code of "{b}", in that order, joined by a dash.'),
         (Split.HIDDEN, 'Look up "{a}" and "{b}". Submit the code of "{a}", then a dash, then the code of "{b}".'),
+        (Split.TRAIN, '"{a}" and "{b}" are in the directory. Submit the code of "{a}", a dash, and the code of "{b}".'),
+        (Split.TRAIN, 'Look up "{a}", look up "{b}", then submit the two codes with a dash between, "{a}" first.'),
+        (Split.TRAIN, 'The answer is the code of "{a}", then a dash, then the code of "{b}".'),
+        (Split.TRAIN, 'Please submit the code of "{a}" and the code of "{b}" joined by a dash.'),
+        (Split.TRAIN, 'Find "{a}" and "{b}". Submit the code of "{a}" followed by a dash and the code of "{b}".'),
+        (Split.TRAIN, 'Join the codes of "{a}" and "{b}" with a dash, the code of "{a}" first, and submit.'),
     ),
 }
-INSTANCES_PER_FAMILY: dict[str, int] = {Split.TRAIN: 170, Split.DEV: 20, Split.HIDDEN: 80}
-"""Instances of every family of a split: 12 train families x 170, 3 dev x 20, 3 hidden x 80."""
+INSTANCES_PER_FAMILY: dict[str, int] = {Split.TRAIN: 68, Split.DEV: 20, Split.HIDDEN: 80}
+"""Instances of every family of a split: 30 train families x 68, 3 dev x 20, 3 hidden x 80."""
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
