@@ -16,8 +16,9 @@ lake and compared with the paired, task-clustered ``trajlake eval`` on the hidde
 - ``mask``: the mask ablation, R1 with its loss on the tool-observation tokens too (pitfall of 19.6).
 
 The criterion, written before any run: on each seed, R1 - B1 > 0 with its 95% interval above 0, and the A/A and
-placebo intervals include 0. ``DIR/summary.json`` holds per seed the hidden success of every arm and each paired
-difference with its interval; ``DIR/report.md`` the table, the criterion's verdict and the learning curves
+placebo intervals include 0. ``DIR/summary.json`` (rewritten after every seed, so a stopped run keeps the seeds it
+finished) holds per seed the hidden success of every arm, each paired difference with its interval and whether
+B1 is in the design's band (``b1_in_band``); ``DIR/report.md`` the table, the criterion's verdict and the learning curves
 (``DIR/curves-seed<S>.svg``: the success of each RL arm's training rollouts per iteration). A seed whose
 evaluation runs are already in its lake is not trained again (a killed experiment resumes).
 """
@@ -84,6 +85,10 @@ class Setup:
     max_staleness: int = 0
     temperature: float = 1.0
     max_new_tokens: int = 48
+    b1_band: tuple[float, float] = (0.2, 0.6)
+    """The issue's band for B1's hidden success: outside it the design, not the trainer, decides the comparison (a
+    B1 at 0 gives R1 no reward to learn from; one near 1 leaves nothing to gain). Reported per seed, apart from the
+    criterion."""
     eval_split: str = "hidden"
     eval_seeds: str = "0"
     eval_sampling_seed: int = 0
@@ -356,16 +361,29 @@ def verdict(seeds: Sequence[dict[str, Any]]) -> tuple[bool | None, list[str]]:
     return ok, lines
 
 
-def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[dict[str, Any]], command: str) -> None:
+def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[dict[str, Any]], command: str,
+                 seeds_planned: int | None = None) -> None:
     from trajlake.evaluators.svg import PALETTE, lines
 
     ok, verdict_lines = verdict(seeds)
+    if ok and seeds_planned is not None and len(seeds) < seeds_planned:
+        ok = None  # the finished seeds pass; the others are not run yet
     md = ["# Positive control: does the trainer make the agent better?", "",
           f"Command: `{command}`", "",
           "Criterion (written before the run): on each seed, R1 - B1 > 0 with the 95% interval above 0; the A/A "
           "and placebo intervals include 0.", "",
-          f"**Verdict: {'criterion met' if ok else 'criterion NOT met' if ok is False else 'incomplete'}**", ""]
+          f"**Verdict: {'criterion met' if ok else 'criterion NOT met' if ok is False else 'incomplete'}**"
+          + (f" ({len(seeds)} of {seeds_planned} seeds done)" if seeds_planned and len(seeds) < seeds_planned else ""),
+          ""]
     md += [f"- {line}" for line in verdict_lines] + [""]
+    low, high = setup.b1_band
+    for s in seeds:
+        b1 = s["success"].get("B1")
+        if b1 is not None:
+            inside = low <= b1 <= high
+            md.append(f"- seed {s['seed']}: B1's hidden success {b1:.3f} is {'inside' if inside else 'OUTSIDE'} the "
+                      f"design's band [{low:.2f}, {high:.2f}]")
+    md += [""]
     labels = [ARM_LABELS[a] for a in arms]
     md += ["| seed | " + " | ".join(f"{lab} success" for lab in labels) + " |",
            "|---|" + "---|" * len(labels)]
@@ -427,15 +445,25 @@ def main(argv: list[str] | None = None) -> int:
         run.run(arms)
         results.append(run.results(arms))
         log(f"seed {seed}: done in {(time.monotonic() - t0) / 60:.1f} min")
-    summary = {"setup": dataclasses.asdict(setup), "arms": arms, "command": command,
-               "seeds": [{k: v for k, v in r.items() if k not in ("curves",)} | {"curves": r["curves"]}
-                         for r in results]}
-    ok, _ = verdict(results)
-    summary["criterion_met"] = ok
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    write_report(out, setup, arms, results, command)
+        # after every seed, so that a stopped experiment keeps the seeds it finished
+        write_outputs(out, setup, arms, results, command, seeds_planned=args.seeds)
     print(json.dumps({s["seed"]: {k: s[k] for k in ("success", *COMPARISONS) if k in s} for s in results}, indent=1))
     return 0
+
+
+def write_outputs(out: Path, setup: Setup, arms: Sequence[str], results: Sequence[dict[str, Any]], command: str,
+                  *, seeds_planned: int) -> None:
+    """``summary.json`` and ``report.md`` for the seeds finished so far (``seeds_done`` of ``seeds_planned``)."""
+    low, high = setup.b1_band
+    summary = {"setup": dataclasses.asdict(setup), "arms": list(arms), "command": command,
+               "seeds_planned": seeds_planned, "seeds_done": len(results),
+               "seeds": [{k: v for k, v in r.items() if k not in ("curves",)}
+                         | ({"b1_in_band": low <= r["success"]["B1"] <= high} if "B1" in r["success"] else {})
+                         | {"curves": r["curves"]} for r in results]}
+    ok, _ = verdict(results)
+    summary["criterion_met"] = ok if len(results) == seeds_planned or ok is False else None
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    write_report(out, setup, arms, results, command, seeds_planned)
 
 
 if __name__ == "__main__":

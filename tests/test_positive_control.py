@@ -94,3 +94,31 @@ def test_r1_plays_the_last_train_phrasings_of_every_kind(experiment: ModuleType)
     with pytest.raises(ValueError, match="rl_phrasings = 10: kind code has 10 train phrasings"):
         experiment.split_train_families("tool-lookup", 10)
 
+
+
+def test_outputs_after_each_seed_say_what_is_done_and_whether_b1_is_in_its_band(experiment: ModuleType,
+                                                                                  tmp_path: Path) -> None:
+    """summary.json and report.md are written after every seed: a stopped run keeps its finished seeds, and a
+    verdict that only the finished seeds meet says it is incomplete; B1's band is reported apart from the
+    criterion."""
+    good = {"seed": 0, "success": {"B1": 0.3, "R1": 0.4, "A/A": 0.31, "placebo": 0.3},
+            "r1_minus_b1": diff(0.1, 0.05, 0.15), "aa": diff(0.01, -0.02, 0.04),
+            "placebo_minus_b1": diff(0.0, -0.03, 0.03), "curves": {}}
+    setup, arms = experiment.Setup(), ["b1", "r1", "aa", "placebo"]
+    experiment.write_outputs(tmp_path, setup, arms, [good], "cmd", seeds_planned=3)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["seeds_done"] == 1 and summary["seeds_planned"] == 3 and summary["criterion_met"] is None
+    assert summary["seeds"][0]["b1_in_band"] is True
+    md = (tmp_path / "report.md").read_text()
+    assert "**Verdict: incomplete** (1 of 3 seeds done)" in md
+    assert "seed 0: B1's hidden success 0.300 is inside the design's band [0.20, 0.60]" in md
+    failed = {**good, "seed": 1, "success": {**good["success"], "B1": 0.004}, "r1_minus_b1": diff(-0.01, -0.02, 0.01)}
+    experiment.write_outputs(tmp_path, setup, arms, [good, failed], "cmd", seeds_planned=3)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["criterion_met"] is False and summary["seeds"][1]["b1_in_band"] is False  # a failed seed decides
+    md = (tmp_path / "report.md").read_text()
+    assert "**Verdict: criterion NOT met** (2 of 3 seeds done)" in md and "0.004 is OUTSIDE" in md
+    experiment.write_outputs(tmp_path, setup, arms, [good, {**good, "seed": 1}, {**good, "seed": 2}], "cmd",
+                             seeds_planned=3)
+    assert json.loads((tmp_path / "summary.json").read_text())["criterion_met"] is True
+    assert "**Verdict: criterion met**\n" in (tmp_path / "report.md").read_text()
