@@ -201,7 +201,7 @@ def connect(lake: LakeArg, as_of: str | dict[str, int] | None = None, *,
     for name in TABLES:
         # each table attached at its pinned version with its snapshot kept for the connection's life: a
         # delta_scan() view would read the Delta log again for every statement (a listing and several GETs on an
-        # object store, 3-5x a small query's time on S3); the pinned version makes caching it exact
+        # object store: 2.5-3.5x a small query's time on moto's S3); the pinned version makes caching it exact
         src = f"_delta_{name}"
         try:
             con.execute(f"ATTACH {sql_literal(lk.table_uri(name))} AS {src} "
