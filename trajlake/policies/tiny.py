@@ -45,6 +45,9 @@ ENV_PIECES = r"\p{Lu}\p{Ll}*|\p{N}+|\n"
 """What the environment tokenizer's pre-tokenizer isolates (capitalised words, digit runs, newlines); the text
 between them is one piece, in which merges may cross spaces and punctuation."""
 CORPUS_TASKS = 64
+"""Train tasks whose oracle episodes make an environment tokenizer's corpus by default."""
+VOCAB_SIZE = 512
+"""The tiny tokenizer's vocabulary size by default, special tokens included."""
 
 Message = dict[str, str]
 
@@ -108,7 +111,7 @@ def _env_corpus(episodes: Sequence[Sequence[Message]]) -> Iterator[str]:
         yield from (part for part in specials.split(chatml(messages)) if part)
 
 
-def build_tiny_model(out: str | Path, *, vocab_size: int = 512, hidden_size: int = 64, layers: int = 2,
+def build_tiny_model(out: str | Path, *, vocab_size: int = VOCAB_SIZE, hidden_size: int = 64, layers: int = 2,
                      max_positions: int = 4096, seed: int = 0, env: str | None = None,
                      corpus_tasks: int = CORPUS_TASKS, episodes: Sequence[Sequence[Message]] | None = None) -> Path:
     """Write the tiny model and its tokenizer to ``out``; returns the folder. ``env``: train the tokenizer on that
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden-size", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--max-positions", type=int, default=4096)
-    ap.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size, special tokens included")
+    ap.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="BPE vocabulary size, special tokens included")
     ap.add_argument("--env", help="train the tokenizer on this registered environment's rendered oracle episodes")
     ap.add_argument("--corpus-tasks", type=int, default=CORPUS_TASKS,
                     help=f"train-split tasks the oracle plays for --env's corpus (default {CORPUS_TASKS})")

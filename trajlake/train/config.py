@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trajlake.errors import ConfigError
+from trajlake.policies.tiny import CORPUS_TASKS, VOCAB_SIZE
 
 StageKind = Literal["sft", "rl"]
 Algorithm = Literal["rloo", "grpo", "ppo"]
@@ -50,9 +51,9 @@ class ModelConfig:
     tokenizer_env: str | None = None
     """Train the tiny tokenizer on this registered environment's rendered oracle episodes (``python -m
     trajlake.policies.tiny --env``), so its tool calls are a few tokens each; unset: the default tokenizer."""
-    vocab_size: int = 512
+    vocab_size: int = VOCAB_SIZE
     """The tiny tokenizer's vocabulary size."""
-    corpus_tasks: int = 64
+    corpus_tasks: int = CORPUS_TASKS
     """With ``tokenizer_env``: the oracle episodes of this many train tasks make the tokenizer's corpus."""
 
 
