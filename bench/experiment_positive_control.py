@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -68,6 +69,7 @@ class Setup:
     sft_lr_schedule: str = "cosine"
     sft_min_lr_ratio: float = 0.1
     warmup_steps: int = 10
+
     rl_phrasings: int = 2
     """The last this many train phrasings of every kind are kept out of B1's data; R1 plays only their tasks.
     Phrasings B1 never saw leave R1 something to learn (success below 1, reward that varies within a group) once
@@ -94,6 +96,11 @@ class Setup:
     eval_sampling_seed: int = 0
     aa_sampling_seed: int = 1
     workers: int = 2
+
+    @property
+    def sft_final_lr(self) -> float:
+        """The learning rate B1's schedule ends at (where the matched arm goes on)."""
+        return self.sft_lr * (1.0 if self.sft_lr_schedule == "constant" else self.sft_min_lr_ratio)
 
 
 def interleaved_train_tasks(env: str, families: Sequence[str] | None = None) -> list[str]:
@@ -129,6 +136,13 @@ def split_train_families(env: str, rl_phrasings: int) -> tuple[list[str], list[s
         b1 += [f"{kind}/p{i}" for i in order[:cut]]
         rl += [f"{kind}/p{i}" for i in order[cut:]]
     return b1, rl
+
+
+def task_pools(setup: Setup) -> tuple[list[str], list[str]]:
+    """B1's and R1's train tasks, each pool's families interleaved: B1's data is the first ``sft_tasks`` of the
+    first, R1 plays the first ``rl_tasks`` of the second (the train phrasings B1 never saw)."""
+    b1_families, rl_families = split_train_families(setup.env, setup.rl_phrasings)
+    return interleaved_train_tasks(setup.env, b1_families), interleaved_train_tasks(setup.env, rl_families)
 
 
 def _train_config(setup: Setup, seed: int, name: str, out: Path, model: Path, stages: list[dict[str, Any]],
@@ -219,11 +233,15 @@ class Seed:
 
     def b1_tasks(self) -> list[str]:
         """B1's train families' tasks, interleaved: B1's data is the first ``sft_tasks``."""
-        return interleaved_train_tasks(self.setup.env, split_train_families(self.setup.env, self.setup.rl_phrasings)[0])
+        return self._pools[0]
 
     def rl_tasks(self) -> list[str]:
         """R1's train families' tasks, interleaved (phrasings B1 never saw)."""
-        return interleaved_train_tasks(self.setup.env, split_train_families(self.setup.env, self.setup.rl_phrasings)[1])
+        return self._pools[1]
+
+    @functools.cached_property
+    def _pools(self) -> tuple[list[str], list[str]]:
+        return task_pools(self.setup)
 
     # -- the arms ----------------------------------------------------------------------------------------------
     def _train(self, arm: str, config: dict[str, Any]) -> None:
@@ -245,12 +263,13 @@ class Seed:
 
     def b1(self) -> None:
         s = self.setup
-        if s.sft_tasks > len(self.b1_tasks()):
-            raise ValueError(f"sft_tasks = {s.sft_tasks}: B1's train families have only {len(self.b1_tasks())} tasks")
+        tasks = self.b1_tasks()
+        if s.sft_tasks > len(tasks):
+            raise ValueError(f"sft_tasks = {s.sft_tasks}: B1's train families have only {len(tasks)} tasks")
         stage = {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": s.sft_steps, "batch_size": s.sft_batch,
                  "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "lr_schedule": s.sft_lr_schedule,
                  "min_lr_ratio": s.sft_min_lr_ratio,
-                 "data": {"split": "train", "seeds": "0", "tasks": self.b1_tasks()[:s.sft_tasks],
+                 "data": {"split": "train", "seeds": "0", "tasks": tasks[:s.sft_tasks],
                           "workers": s.workers},
                  "eval": _eval_spec(s)}
         self._train("b1", _train_config(s, self.seed, f"pc{self.seed}", self.folder / "ckpt" / "b1",
@@ -279,11 +298,9 @@ class Seed:
         per_step = b1["tokens"] / max(1, b1["steps"])
         steps = max(1, round(r1_tokens / per_step))
         self.log(f"matched compute: R1 used {r1_tokens} policy tokens = {steps} B1 steps of ~{per_step:.0f}")
-        # on at the learning rate B1 ended with
         stage = {"name": "B1M", "kind": "sft", "data_policy": None, "data_runs": ["B1-data"], "steps": steps,
-                 "batch_size": s.sft_batch, "lr": s.sft_lr * (s.sft_min_lr_ratio if s.sft_lr_schedule != "constant"
-                                                              else 1.0),
-                 "warmup_steps": s.warmup_steps, "eval": _eval_spec(s)}
+                 "batch_size": s.sft_batch, "lr": s.sft_final_lr, "warmup_steps": s.warmup_steps,
+                 "eval": _eval_spec(s)}
         self._train("matched", _train_config(s, self.seed, f"pc{self.seed}-matched", self.folder / "ckpt" / "matched",
                                              self.folder / "ckpt" / "b1" / "B1", [stage], run_prefix="matched-"))
 
@@ -361,13 +378,25 @@ def verdict(seeds: Sequence[dict[str, Any]]) -> tuple[bool | None, list[str]]:
     return ok, lines
 
 
+def verdict_so_far(seeds: Sequence[dict[str, Any]], seeds_planned: int | None) -> tuple[bool | None, list[str]]:
+    """:func:`verdict` of the finished seeds; None (incomplete) while they pass but seeds remain to be run."""
+    ok, lines = verdict(seeds)
+    if ok and seeds_planned is not None and len(seeds) < seeds_planned:
+        ok = None
+    return ok, lines
+
+
+def b1_in_band(setup: Setup, seed: dict[str, Any]) -> bool | None:
+    """Whether the seed's B1 hidden success lies in ``setup.b1_band`` (None without a B1 arm)."""
+    b1 = seed["success"].get("B1")
+    return None if b1 is None else setup.b1_band[0] <= b1 <= setup.b1_band[1]
+
+
 def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[dict[str, Any]], command: str,
                  seeds_planned: int | None = None) -> None:
     from trajlake.evaluators.svg import PALETTE, lines
 
-    ok, verdict_lines = verdict(seeds)
-    if ok and seeds_planned is not None and len(seeds) < seeds_planned:
-        ok = None  # the finished seeds pass; the others are not run yet
+    ok, verdict_lines = verdict_so_far(seeds, seeds_planned)
     md = ["# Positive control: does the trainer make the agent better?", "",
           f"Command: `{command}`", "",
           "Criterion (written before the run): on each seed, R1 - B1 > 0 with the 95% interval above 0; the A/A "
@@ -378,11 +407,10 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
     md += [f"- {line}" for line in verdict_lines] + [""]
     low, high = setup.b1_band
     for s in seeds:
-        b1 = s["success"].get("B1")
-        if b1 is not None:
-            inside = low <= b1 <= high
-            md.append(f"- seed {s['seed']}: B1's hidden success {b1:.3f} is {'inside' if inside else 'OUTSIDE'} the "
-                      f"design's band [{low:.2f}, {high:.2f}]")
+        inside = b1_in_band(setup, s)
+        if inside is not None:
+            md.append(f"- seed {s['seed']}: B1's hidden success {s['success']['B1']:.3f} is "
+                      f"{'inside' if inside else 'OUTSIDE'} the design's band [{low:.2f}, {high:.2f}]")
     md += [""]
     labels = [ARM_LABELS[a] for a in arms]
     md += ["| seed | " + " | ".join(f"{lab} success" for lab in labels) + " |",
@@ -454,14 +482,14 @@ def main(argv: list[str] | None = None) -> int:
 def write_outputs(out: Path, setup: Setup, arms: Sequence[str], results: Sequence[dict[str, Any]], command: str,
                   *, seeds_planned: int) -> None:
     """``summary.json`` and ``report.md`` for the seeds finished so far (``seeds_done`` of ``seeds_planned``)."""
-    low, high = setup.b1_band
+    seeds = []
+    for r in results:
+        band = b1_in_band(setup, r)
+        seeds.append({k: v for k, v in r.items() if k != "curves"}
+                     | ({} if band is None else {"b1_in_band": band}) | {"curves": r["curves"]})
     summary = {"setup": dataclasses.asdict(setup), "arms": list(arms), "command": command,
-               "seeds_planned": seeds_planned, "seeds_done": len(results),
-               "seeds": [{k: v for k, v in r.items() if k not in ("curves",)}
-                         | ({"b1_in_band": low <= r["success"]["B1"] <= high} if "B1" in r["success"] else {})
-                         | {"curves": r["curves"]} for r in results]}
-    ok, _ = verdict(results)
-    summary["criterion_met"] = ok if len(results) == seeds_planned or ok is False else None
+               "seeds_planned": seeds_planned, "seeds_done": len(results), "seeds": seeds,
+               "criterion_met": verdict_so_far(results, seeds_planned)[0]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     write_report(out, setup, arms, results, command, seeds_planned)
 

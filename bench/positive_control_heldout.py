@@ -23,9 +23,8 @@ from experiment_positive_control import (
     Setup,
     compare_success,
     has_run,
-    interleaved_train_tasks,
     play_checkpoint,
-    split_train_families,
+    task_pools,
 )
 
 #: arm -> its final checkpoint folder under ``seed<S>/ckpt`` (the RL arms' last version is ``R1``)
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.out).resolve() / f"seed{args.seed}"
     lake = folder / "lake"
     # B1's phrasings with values no arm trained on: the tasks after B1's data in B1's order
-    train = interleaved_train_tasks(setup.env, split_train_families(setup.env, setup.rl_phrasings)[0])
+    train = task_pools(setup)[0]
     start = setup.sft_tasks
     tasks = tuple(train[start:start + args.tasks])
     if len(tasks) < args.tasks:

@@ -253,10 +253,10 @@ def test_r2_return_adds_the_weighted_lookup_progress_of_each_episode(tmp_path: P
     returns = _episode_returns(cfg, cfg.stages[0], lake, episodes)
     assert len(returns) == 16
     for episode_id, run, success in con.execute("select episode_id, run_id, success from episodes").fetchall():
-        turns = [dict(zip(("role", "actor", "raw_content", "action_schema", "tool_args", "status", "env_state_hash",
-                           "turn_idx"), r, strict=True)) for r in con.execute(
-            "select role, actor, raw_content, action_schema, tool_args, status, env_state_hash, turn_idx from turns "
-            "where episode_id = ? order by turn_idx", [episode_id]).fetchall()]
+        cur = con.execute("select role, actor, raw_content, action_schema, tool_args, status, env_state_hash, "
+                          "turn_idx from turns where episode_id = ? order by turn_idx", [episode_id])
+        names = [d[0] for d in cur.description]
+        turns = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
         calls = sum(t["actor"] == "policy" for t in turns)
         progress = 1 - 0.01 * calls if run == "oracle" else lookup_progress(turns)
         assert returns[episode_id] == pytest.approx(float(bool(success)) + 0.5 * progress), (run, episode_id)

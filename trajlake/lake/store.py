@@ -381,12 +381,15 @@ class Lake:
     def versions(self) -> dict[str, int]:
         """Current version of every table (on an object store the five logs are read concurrently: each is a
         few requests, and their latency, not CPU, is the cost)."""
+        def version(name: str) -> int:
+            return self.delta(name).version()
+
         if self.is_local:
-            return {name: self.delta(name).version() for name in TABLES}
+            return {name: version(name) for name in TABLES}
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=len(TABLES)) as pool:
-            return dict(zip(TABLES, pool.map(lambda name: self.delta(name).version(), TABLES), strict=True))
+            return dict(zip(TABLES, pool.map(version, TABLES), strict=True))
 
     def resolve_as_of(self, as_of: str | dict[str, int] | None) -> dict[str, int] | None:
         """Parse an ``--as-of`` value: ``table=version,...`` (missing tables: current), a JSON object, or an

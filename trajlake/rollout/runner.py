@@ -489,11 +489,8 @@ def plan(cfg: RolloutConfig) -> list[WorkItem]:
             for a in range(cfg.attempts)]
 
 
-def existing_episode_ids(lake: str | duckdb.DuckDBPyConnection, run_id: str) -> set[str]:
-    """The run's committed episode ids (``lake``: a lake, or a connection to one already open)."""
-    from trajlake.query import connect
-
-    con = connect(lake) if isinstance(lake, str) else lake
+def existing_episode_ids(con: duckdb.DuckDBPyConnection, run_id: str) -> set[str]:
+    """The run's committed episode ids, read on ``con`` (a :func:`trajlake.query.connect` connection)."""
     return {r[0] for r in con.execute("select episode_id from episodes where run_id = ?", [run_id]).fetchall()}
 
 
@@ -568,7 +565,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
             progress(n, len(todo))
     if engine != "ray" and cfg.workers <= 1 and _WORKER is not None:
         _WORKER.close()
-    summary.written = len(existing_episode_ids(cfg.lake, cfg.run_id)) - len(done)
+    summary.written = len(existing_episode_ids(connect(lake), cfg.run_id)) - len(done)
     if summary.written < summary.played:
         summary.failed_items.append(f"{summary.played - summary.written} played episode(s) were not committed; "
                                     f"run the same command again to resume")
