@@ -354,3 +354,22 @@ def test_a_budget_mapping_from_env_args_is_a_budget_in_every_tool_env(env_id: st
         env.close()
     with pytest.raises(EnvError, match=r"budget: unknown key\(s\) max_step; expected max_steps, max_tokens"):
         make_env(env_id, split="dev", budget={"max_step": 1})
+
+
+def test_tiny_model_heads_are_settings_and_a_bad_split_of_heads_is_refused_before_writing(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from trajlake.errors import TrajlakeError
+    from trajlake.policies.tiny import build_tiny_model, oracle_episodes
+
+    episodes = oracle_episodes("tool-lookup", 4)
+    path = build_tiny_model(tmp_path / "m8", env="tool-lookup", episodes=episodes, heads=8, kv_heads=8)
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (8, 8, 8)
+    default = AutoConfig.from_pretrained(str(build_tiny_model(tmp_path / "m", env="tool-lookup", episodes=episodes)),
+                                         local_files_only=True)
+    assert (default.num_attention_heads, default.num_key_value_heads) == (4, 2)
+    for heads, kv_heads in [(3, 1), (8, 3)]:
+        with pytest.raises(TrajlakeError, match="divisible"):
+            build_tiny_model(tmp_path / "bad", env="tool-lookup", episodes=episodes, heads=heads, kv_heads=kv_heads)
+        assert not (tmp_path / "bad").exists()

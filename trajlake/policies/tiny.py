@@ -48,6 +48,10 @@ CORPUS_TASKS = 64
 """Train tasks whose oracle episodes make an environment tokenizer's corpus by default."""
 VOCAB_SIZE = 512
 """The tiny tokenizer's vocabulary size by default, special tokens included."""
+HEADS = 4
+"""The tiny model's attention heads by default."""
+KV_HEADS = 2
+"""Its key/value heads by default (grouped-query attention: ``HEADS / KV_HEADS`` query heads share one)."""
 
 Message = dict[str, str]
 
@@ -112,15 +116,20 @@ def _env_corpus(episodes: Sequence[Sequence[Message]]) -> Iterator[str]:
 
 
 def build_tiny_model(out: str | Path, *, vocab_size: int = VOCAB_SIZE, hidden_size: int = 64, layers: int = 2,
-                     max_positions: int = 4096, seed: int = 0, env: str | None = None,
+                     heads: int = HEADS, kv_heads: int = KV_HEADS, max_positions: int = 4096, seed: int = 0,
+                     env: str | None = None,
                      corpus_tasks: int = CORPUS_TASKS, episodes: Sequence[Sequence[Message]] | None = None) -> Path:
     """Write the tiny model and its tokenizer to ``out``; returns the folder. ``env``: train the tokenizer on that
     environment's rendered oracle episodes (``corpus_tasks`` train tasks, or ``episodes`` when already played by
-    :func:`oracle_episodes`) instead of Mini SWE's sources."""
+    :func:`oracle_episodes`) instead of Mini SWE's sources. ``heads`` attention heads share ``kv_heads`` key/value
+    heads (``hidden_size`` divisible by ``heads``, ``heads`` by ``kv_heads``)."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    if hidden_size % heads or heads % kv_heads:
+        raise TrajlakeError(f"tiny model: hidden_size {hidden_size} must be divisible by heads {heads}, and heads "
+                            f"by kv_heads {kv_heads}")
     out = Path(out)
     bpe = Tokenizer(models.BPE())
     if env is None:
@@ -143,7 +152,7 @@ def build_tiny_model(out: str | Path, *, vocab_size: int = VOCAB_SIZE, hidden_si
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          max_position_embeddings=max_positions, tie_word_embeddings=True,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     model = LlamaForCausalLM(config)
@@ -180,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden-size", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=HEADS, help=f"attention heads (default {HEADS})")
+    ap.add_argument("--kv-heads", type=int, default=KV_HEADS, help=f"key/value heads (default {KV_HEADS})")
     ap.add_argument("--max-positions", type=int, default=4096)
     ap.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="BPE vocabulary size, special tokens included")
     ap.add_argument("--env", help="train the tokenizer on this registered environment's rendered oracle episodes")
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     episodes = oracle_episodes(args.env, args.corpus_tasks) if args.env is not None else None
     path = build_tiny_model(args.out, vocab_size=args.vocab_size, hidden_size=args.hidden_size, layers=args.layers,
-                            max_positions=args.max_positions, seed=args.seed, env=args.env, episodes=episodes)
+                            heads=args.heads, kv_heads=args.kv_heads, max_positions=args.max_positions, seed=args.seed, env=args.env, episodes=episodes)
     print(f"wrote a tiny model and tokenizer to {path}")
     if args.env is not None and episodes is not None:
         from transformers import AutoTokenizer

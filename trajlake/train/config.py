@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trajlake.errors import ConfigError
-from trajlake.policies.tiny import CORPUS_TASKS, VOCAB_SIZE
+from trajlake.policies.tiny import CORPUS_TASKS, HEADS, KV_HEADS, VOCAB_SIZE
 
 StageKind = Literal["sft", "rl"]
 Algorithm = Literal["rloo", "grpo", "ppo"]
@@ -45,6 +45,10 @@ class ModelConfig:
     ``<out_dir>/base`` instead (tests, smoke runs). Exactly one of ``path`` and ``build_tiny``."""
     hidden_size: int = 64
     layers: int = 2
+    heads: int = HEADS
+    """Attention heads of the tiny model (``hidden_size`` must be a multiple)."""
+    kv_heads: int = KV_HEADS
+    """Its key/value heads (``heads`` must be a multiple)."""
     max_positions: int = 16384
     """The tiny model's window: Mini SWE's oracle episodes are ~7k tokens in its byte-level vocabulary."""
     seed: int = 0
@@ -333,11 +337,13 @@ def config_problems(cfg: TrainConfig) -> list[str]:
     if m.build_tiny == (m.path is not None):
         out.append("[model]: needs exactly one of path = FOLDER and build_tiny = true")
     if m.build_tiny:
-        for key in ("hidden_size", "layers", "max_positions", "vocab_size", "corpus_tasks"):
+        for key in ("hidden_size", "layers", "heads", "kv_heads", "max_positions", "vocab_size", "corpus_tasks"):
             if getattr(m, key) <= 0:
                 out.append(f"model.{key} = {getattr(m, key)}: must be > 0")
-        if m.hidden_size % 4:
-            out.append(f"model.hidden_size = {m.hidden_size}: must be a multiple of 4 (the tiny model's 4 heads)")
+        if m.heads > 0 and m.hidden_size % m.heads:
+            out.append(f"model.hidden_size = {m.hidden_size}: must be a multiple of model.heads = {m.heads}")
+        if m.kv_heads > 0 and m.heads % m.kv_heads:
+            out.append(f"model.heads = {m.heads}: must be a multiple of model.kv_heads = {m.kv_heads}")
     if cfg.task_reward not in TASK_REWARDS:
         out.append(f"task_reward: must be one of {', '.join(TASK_REWARDS)}")
     if not _DEVICE.fullmatch(cfg.device):

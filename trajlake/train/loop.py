@@ -476,8 +476,8 @@ def _base_model(cfg: TrainConfig, out_dir: Path, dist: Dist) -> Path:
     path = out_dir / "base"
     if dist.main:
         m = cfg.model
-        build_tiny_model(path, hidden_size=m.hidden_size, layers=m.layers, max_positions=m.max_positions,
-                         seed=m.seed, vocab_size=m.vocab_size, env=m.tokenizer_env, corpus_tasks=m.corpus_tasks)
+        build_tiny_model(path, hidden_size=m.hidden_size, layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
+                         max_positions=m.max_positions, seed=m.seed, vocab_size=m.vocab_size, env=m.tokenizer_env, corpus_tasks=m.corpus_tasks)
     _barrier(dist)
     return path
 
