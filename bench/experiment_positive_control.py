@@ -65,29 +65,35 @@ class Setup:
     code of tool-lookup's pools to become one token (docs/tool_lookup.md)."""
     sft_tasks: int = 1000
     """B1's data: the oracle on the first this many tasks of B1's train families (seed 0)."""
-    sft_steps: int = 3000
-    """Copying values from observations emerges after 500-1,100 steps at lr 1e-2 depending on the seed (at 3e-3
-    not within 800), and success on unseen phrasings follows hundreds of steps later (docs/tool_lookup.md,
-    "Learnability probe"): 3,000 steps put every seed past both."""
+    sft_steps: int = 2000
+    """With eight heads the copying transition came within ~1,000 steps at lr 1e-2 on every seed probed (with the
+    default four heads, ~550 to beyond 3,000 steps depending on the seed; docs/tool_lookup.md, "Fourth probe"):
+    2,000 steps put every probed seed past it, the cosine decay then settling what was learnt."""
     sft_batch: int = 16
     sft_lr: float = 1e-2
     sft_lr_schedule: str = "cosine"
     sft_min_lr_ratio: float = 0.1
     warmup_steps: int = 10
 
-    rl_phrasings: int = 2
+    rl_phrasings: int = 4
     """The last this many train phrasings of every kind are kept out of B1's data; R1 plays only their tasks.
     Phrasings B1 never saw leave R1 something to learn (success below 1, reward that varies within a group) once
     B1 fits its own, and learning them through the reward is the generalisation the hidden phrasings test. The
-    placebo plays the same tasks, so seeing the phrasings without the reward is controlled for."""
+    placebo plays the same tasks, so seeing the phrasings without the reward is controlled for. Four (B1 on six):
+    with two, R1's rewarded tasks did not exercise what the hidden phrasings need (reading a statement's kind from
+    an unseen phrasing), and R1's gain on its own tasks did not reach hidden at a step where the placebo was
+    neutral (docs/training.md, "The positive control: results")."""
     rl_tasks: int = 64
     """R1 plays this many tasks of the ``rl_phrasings`` families each iteration (``attempts`` each: one RLOO
     group)."""
     attempts: int = 4
-    rl_iterations: int = 6
+    rl_iterations: int = 10
     rl_steps: int = 4
     rl_batch: int = 64
-    rl_lr: float = 1e-3
+    rl_lr: float = 3e-4
+    """At 1e-3 the placebo's reward-free updates took B1 to 0% (it must be neutral); at 3e-4 it stayed within
+    3 points of B1 on its rollouts and identical on hidden (second design, seed 0), so R1 gets more iterations at
+    this step instead of larger steps."""
     rl_warmup_steps: int = 2
     max_staleness: int = 0
     temperature: float = 1.0

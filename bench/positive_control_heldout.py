@@ -1,6 +1,6 @@
 """The positive control's arms on held-out instances of the train phrasings (issue 24, section 3).
 
-    python bench/positive_control_heldout.py --out bench/out/positive_control [--seed 0] [--tasks 240]
+    python bench/positive_control_heldout.py --out bench/out/positive_control [--seed 0] [--tasks 200]
 
 ``bench/experiment_positive_control.py`` evaluates every arm on the hidden split, whose phrasings no arm saw. This
 evaluates the final checkpoint of each arm it finds (B1, R1, placebo, mask, matched) on tasks of B1's train
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--out", required=True, help="the experiment's --out folder")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tasks", type=int, default=240, help="held-out train tasks to evaluate on")
+    ap.add_argument("--tasks", type=int, default=200, help="held-out train tasks to evaluate on")
     args = ap.parse_args(argv)
 
     from trajlake.evaluators.report import build_report

@@ -76,11 +76,12 @@ def test_every_prefix_of_the_train_tasks_holds_every_family_alike(experiment: Mo
     order = experiment.interleaved_train_tasks("tool-lookup")
     assert sorted(order) == sorted(t["task_id"] for t in list_tasks("tool-lookup", "train"))
     b1, rl = experiment.split_train_families("tool-lookup", setup.rl_phrasings)
-    assert len(b1) == 24 and len(rl) == 6 and not set(b1) & set(rl)
+    rp = setup.rl_phrasings
+    assert len(b1) == 3 * (10 - rp) and len(rl) == 3 * rp and not set(b1) & set(rl)
     seed = experiment.Seed(setup, 0, Path("unused"), print)
     b1_order, rl_order = seed.b1_tasks(), seed.rl_tasks()
     assert not set(b1_order) & set(rl_order) and len(b1_order) + len(rl_order) == len(order)
-    for tasks, families, slices in ((b1_order, b1, ((0, 1000), (1000, 1240))), (rl_order, rl, ((0, 64),))):
+    for tasks, families, slices in ((b1_order, b1, ((0, setup.sft_tasks), (setup.sft_tasks, setup.sft_tasks + 200))), (rl_order, rl, ((0, 64),))):
         for start, stop in slices:
             counts = Counter(t.split("/", 1)[1].rsplit("/", 1)[0] for t in tasks[start:stop])
             assert set(counts) == set(families) and max(counts.values()) - min(counts.values()) <= 1, (start, counts)
