@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 from trajlake.evaluators.stats import clustered_mean
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import QueryError, TrajlakeError
 from trajlake.lake.store import LakeArg
 from trajlake.query import connect, lake_versions
 
@@ -179,11 +179,18 @@ def _score(kind: str, reward: RewardFn | str, trajs: list[list[Turn]]) -> np.nda
                       "turn_idx": pa.array(rows["turn_idx"], pa.int32()),
                       **{c: pa.array([None if v is None else str(v) for v in rows[c]], pa.string())
                          for c in TURN_COLUMNS if c != "turn_idx"}})
+    from trajlake.query import check_read_only_sql, lock_down
+
+    try:
+        statement = check_read_only_sql(str(reward))  # one read statement: a reward must not write
+    except QueryError as e:
+        raise TrajlakeError(f"--reward SQL refused: {e}") from None
     con = duckdb.connect()
     try:
         con.register("trajectories", table)
+        lock_down(con)  # the same lock as `trajlake sql`, with no file access at all: the table is in memory
         try:
-            res = con.execute(str(reward)).fetchall()
+            res = con.execute(statement).fetchall()
         except duckdb.Error as e:
             raise TrajlakeError(f"--reward SQL failed: {str(e).splitlines()[0]}") from e
     finally:

@@ -98,3 +98,58 @@ def test_python_default_connection_stays_writable_for_trusted_callers(small_lake
     con.execute("SET threads = 1")
     assert con.execute("SELECT x FROM scratch").fetchone() == (1,)
     con.close()
+
+
+# -- round 3 (issue 26) ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("query", [
+    "EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{target}' (FORMAT csv, HEADER false)",
+    "/* hidden */ explain\nanalyze -- a comment\nCOPY (SELECT 1 AS x) TO '{target}' (FORMAT csv)",
+    "EXPLAIN (ANALYZE, FORMAT json) COPY (SELECT 1 AS x) TO '{target}' (FORMAT csv)",
+    "EXPLAIN ANALYZE INSTALL httpfs",
+    "EXPLAIN ANALYZE LOAD delta",
+    "EXPLAIN ANALYZE SET memory_limit = '1GB'",
+])
+def test_explain_analyze_does_not_run_what_it_explains(capsys, small_lake, query) -> None:
+    """EXPLAIN ANALYZE runs its statement: a COPY inside it wrote a forged Delta commit into the lake."""
+    before = episode_count(capsys, small_lake)
+    target = small_lake.root / "episodes" / DELTA_LOG / log_entry_name(99)
+    code, _, err = sql(capsys, small_lake, query.format(target=target))
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert not target.exists()
+    assert episode_count(capsys, small_lake) == before
+
+
+def test_explain_of_a_select_still_works(capsys, small_lake) -> None:
+    for query in ("EXPLAIN SELECT count(*) FROM episodes", "EXPLAIN ANALYZE SELECT count(*) FROM episodes",
+                  "explain (format json) select 1"):
+        code, out, err = sql(capsys, small_lake, query)
+        assert code == 0 and out.strip(), (query, err)
+
+
+def test_community_extensions_are_off_and_a_runaway_query_stops_with_one_line(capsys, small_lake) -> None:
+    con = connect(small_lake, read_only=True)
+    try:
+        assert con.execute("SELECT current_setting('allow_community_extensions')").fetchone() == (False,)
+    finally:
+        con.close()
+    code, _, err = run_cli(capsys, "--lake", str(small_lake.root), "sql", "--timeout", "0.5",
+                           "SELECT count(*) FROM range(100000000000) a")
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "longer than 0.5 s" in err, err
+
+
+def test_reward_check_sql_runs_on_a_locked_connection(capsys, small_lake, tmp_path) -> None:
+    """`reward-check --reward` SQL ran on an open DuckDB connection: a second statement, or a COPY, wrote files."""
+    row = connect(small_lake).execute("SELECT run_id FROM runs LIMIT 1").fetchone()
+    assert row is not None
+    run = row[0]
+    target = tmp_path / "reward.csv"
+    for reward in (f"SELECT 1; COPY (SELECT 1 AS x) TO '{target}' (FORMAT csv)",
+                   f"SELECT * FROM read_csv('{small_lake.root}/../x.csv')",
+                   f"FROM trajectories; COPY (SELECT 1 AS x) TO '{target}'"):
+        code, _, err = run_cli(capsys, "--lake", str(small_lake.root), "reward-check", "--run", run, "--reward",
+                               reward)
+        assert code != 0 and len(err.strip().splitlines()) == 1 and "--reward" in err, err
+    assert not target.exists()
+    code, out, err = run_cli(capsys, "--lake", str(small_lake.root), "reward-check", "--run", run, "--reward",
+                             "SELECT traj_id, count(*) AS reward FROM trajectories GROUP BY traj_id", "--limit", "3")
+    assert code == 0 and "wrong" in out.lower(), err

@@ -45,11 +45,14 @@ def sql(ctx: typer.Context,
         query: Annotated[str, typer.Argument(help="SQL over the views episodes, turns, tasks, runs, "
                                                "gateway_events (DuckDB dialect).")],
         as_of: AsOfOpt = None, fmt: FormatOpt = Format.table, memory_limit: MemoryOpt = None,
+        timeout: Annotated[float | None, typer.Option(
+            help="Stop the statement after this many seconds (default 300; 0: no limit).")] = None,
         lake: LakeOpt = None) -> None:
     """Run one read-only SQL statement (SELECT, EXPLAIN) against the lake."""
     from trajlake.query import run_query
 
-    cols, rows = run_query(open_lake_of(ctx, lake), query, as_of, memory_limit=memory_limit)
+    limits = {} if timeout is None else {"timeout_s": timeout}
+    cols, rows = run_query(open_lake_of(ctx, lake), query, as_of, memory_limit=memory_limit, **limits)
     emit(cols, rows, fmt)
 
 

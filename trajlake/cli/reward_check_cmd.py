@@ -28,9 +28,11 @@ class RewardCheckFormat(enum.StrEnum):
 
 def reward_check_command(
     ctx: typer.Context,
-    reward: Annotated[str, typer.Option("--reward", help="MODULE:FUNCTION (fn(turns) -> float) or a SQL query "
-                                        "over trajectories(traj_id, turn_idx, role, ...) returning (traj_id, "
-                                        "reward).")],
+    reward: Annotated[str, typer.Option("--reward", help="MODULE:FUNCTION (fn(turns) -> float; trusted code: it "
+                                        "is imported and runs in this process with your permissions) or one "
+                                        "SELECT over trajectories(traj_id, turn_idx, role, ...) returning "
+                                        "(traj_id, reward), run on a locked DuckDB connection (no files, no "
+                                        "extensions, no settings).")],
     run: Annotated[str, typer.Option("--run", help="Run whose trajectories are scored.")],
     tolerance: Annotated[float, typer.Option(help="Wrong-way share above which the reward is hackable under a "
                                                   "perturbation.")] = 0.05,

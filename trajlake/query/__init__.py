@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pathlib
 import tempfile
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -29,8 +30,8 @@ from trajlake.schema import TABLES, table_def
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["READ_STATEMENT_TYPES", "check_read_only_sql", "connect", "lake_versions", "run_query", "scan",
-           "sql_literal"]
+__all__ = ["READ_STATEMENT_TYPES", "check_read_only_sql", "connect", "lake_versions", "lock_down", "run_query",
+           "scan", "sql_literal"]
 
 _COMMITTED_BY_EPISODE = ("turns", "gateway_events")
 
@@ -231,11 +232,18 @@ def _lock_down(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
     ext = con.execute("SELECT current_setting('extension_directory')").fetchone()
     assert ext is not None
     lake_dir = str(lk.root.resolve()) if lk.is_local else lk.storage.uri_of()
-    allowed = [lake_dir + "/", str(pathlib.Path(str(ext[0])).resolve()) + "/"]
-    con.execute("SET allowed_directories = [" + ", ".join(sql_literal(d) for d in allowed) + "]")
+    lock_down(con, [lake_dir + "/", str(pathlib.Path(str(ext[0])).resolve()) + "/"])
+
+
+def lock_down(con: duckdb.DuckDBPyConnection, allowed_directories: Sequence[str] = ()) -> None:
+    """Lock ``con`` for untrusted SQL: files only under ``allowed_directories`` (none: no file access), no extension
+    installed or loaded (community ones included), and a configuration no later statement can change."""
+    if allowed_directories:
+        con.execute("SET allowed_directories = [" + ", ".join(sql_literal(d) for d in allowed_directories) + "]")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET enable_external_access = false")
+    con.execute("SET allow_community_extensions = false")
     con.execute("SET lock_configuration = true")
 
 
@@ -245,7 +253,19 @@ as SELECT)."""
 
 
 def check_read_only_sql(query: str) -> duckdb.Statement:
-    """The single read statement of ``query``, or QueryError naming what is refused."""
+    """The single read statement of ``query``, or QueryError naming what is refused. ``EXPLAIN ANALYZE`` runs its
+    statement, so the statement an EXPLAIN explains must itself be a SELECT."""
+    statement = _one_statement(query)
+    _require_read(statement)
+    if statement.type == duckdb.StatementType.EXPLAIN:
+        inner = _one_statement(_explained_text(statement.query))
+        if inner.type != duckdb.StatementType.SELECT:
+            kind = str(inner.type).rsplit(".", 1)[-1]
+            raise QueryError(f"EXPLAIN runs or plans only SELECT here; this explains a {kind} statement")
+    return statement
+
+
+def _one_statement(query: str) -> duckdb.Statement:
     if not query.strip():
         raise QueryError("empty query: give a SQL statement, e.g. \"select count(*) from episodes\"")
     try:
@@ -256,26 +276,72 @@ def check_read_only_sql(query: str) -> duckdb.Statement:
         raise QueryError("no SQL statement in the query")
     if len(statements) > 1:
         raise QueryError(f"give one SQL statement, got {len(statements)}")
-    statement = statements[0]
+    return statements[0]
+
+
+def _require_read(statement: duckdb.Statement) -> None:
     if statement.type not in READ_STATEMENT_TYPES:
         kind = str(statement.type).rsplit(".", 1)[-1]
         raise QueryError(f"only read statements (SELECT, EXPLAIN) are allowed; this is a {kind} statement")
-    return statement
+
+
+def _explained_text(query: str) -> str:
+    """The statement after ``EXPLAIN [ANALYZE] [(options)]`` in ``query``, found with DuckDB's own tokenizer
+    (which skips comments); a layout it does not know is refused rather than guessed."""
+    tokens = [start for start, _ in duckdb.tokenize(query)]
+
+    def word(i: int, *options: str) -> bool:
+        rest = query[tokens[i]:tokens[i] + 8].lower()
+        return any(rest.startswith(o) and not rest[len(o):len(o) + 1].isalnum() for o in options)
+
+    if not tokens or not word(0, "explain"):
+        raise QueryError("EXPLAIN: cannot find the statement it explains; write EXPLAIN [ANALYZE] SELECT ...")
+    i = 1
+    if i < len(tokens) and word(i, "analyze", "analyse"):
+        i += 1
+    if i < len(tokens) and query[tokens[i]] == "(":  # EXPLAIN (option, ...): skip to the closing parenthesis
+        depth = 0
+        while i < len(tokens):
+            depth += {"(": 1, ")": -1}.get(query[tokens[i]], 0)
+            i += 1
+            if depth == 0:
+                break
+    if i >= len(tokens):
+        raise QueryError("EXPLAIN: cannot find the statement it explains; write EXPLAIN [ANALYZE] SELECT ...")
+    return query[tokens[i]:]
+
+
+SQL_TIMEOUT_S = 300.0
+"""``trajlake sql``'s default statement timeout in seconds (``--timeout``; 0: none)."""
 
 
 def run_query(lake: LakeArg, query: str, as_of: str | dict[str, int] | None = None, *,
-              memory_limit: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+              memory_limit: str | None = None,
+              timeout_s: float = SQL_TIMEOUT_S) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one untrusted read statement over the lake's views (``trajlake sql``) on a locked-down connection:
-    (column names, rows). A refused statement or a DuckDB error becomes a one-line ``QueryError``."""
+    (column names, rows). A refused statement, a DuckDB error or a statement still running after ``timeout_s``
+    seconds (0: no limit; DuckDB is interrupted) becomes a one-line ``QueryError``."""
+    import threading
+
+    if not timeout_s >= 0:
+        raise QueryError(f"--timeout {timeout_s}: give a number of seconds >= 0 (0: no limit)")
     statement = check_read_only_sql(query)
     con = connect(lake, as_of, memory_limit=memory_limit, read_only=True)
+    timer = threading.Timer(timeout_s, con.interrupt) if timeout_s > 0 else None
     try:
+        if timer is not None:
+            timer.start()
         rel = con.execute(statement)
         cols = [d[0] for d in rel.description] if rel.description else []
         rows = rel.fetchall() if cols else []
+    except duckdb.InterruptException as e:
+        raise QueryError(f"the query ran longer than {timeout_s:g} s and was stopped (--timeout SECONDS to allow "
+                         "more; 0: no limit)") from e
     except duckdb.Error as e:
         raise QueryError(str(e).splitlines()[0]) from e
     finally:
+        if timer is not None:
+            timer.cancel()
         con.close()
     return cols, rows
 
