@@ -117,3 +117,47 @@ def test_delta_errors_print_one_line_with_rust_backtrace(three_commits) -> None:
         # one line per problem (verify lists each), never a Rust backtrace
         assert all(line.startswith(("error:", "problem:")) for line in lines), proc.stderr
         assert len(lines) == (2 if args == ["verify"] else 1), proc.stderr
+
+
+# -- round 3 (issue 26): forged commits ------------------------------------------------------------------------
+def forge_removal_of_every_episode(lake: Lake) -> Path:
+    """What `EXPLAIN ANALYZE COPY ... TO '<lake>/episodes/_delta_log/N.json'` did before round 3: a next log entry
+    that removes every episodes file, written by something other than trajlake."""
+    version = lake.versions()["episodes"]
+    live = [f.path for f in lake.files("episodes")]
+    lines = [{"commitInfo": {"timestamp": 1, "operation": "DELETE"}},
+             *({"remove": {"path": p, "deletionTimestamp": 1, "dataChange": True}} for p in live)]
+    entry = log_entry(lake, "episodes", version + 1)
+    entry.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    return entry
+
+
+def test_a_forged_commit_fails_verify_and_compact_does_not_vacuum_on_it(three_commits, capsys) -> None:
+    from tests.conftest import run_cli
+
+    lake = three_commits
+    before = sorted(stored_ids(lake))
+    entry = forge_removal_of_every_episode(lake)
+    assert open_lake(lake.root).versions()["episodes"] == int(entry.stem)  # readers follow the forged entry
+    report = verify(open_lake(lake.root), strict=True)
+    assert not report.ok and report.unrecorded_entries == [f"episodes/{DELTA_LOG}/{entry.name}"]
+    forged = [p for p in report.problems if entry.name in p and "no trajlake commit record" in p]
+    assert forged and "removes 3 file(s), hiding the rows of 3 committed file(s)" in forged[0], report.problems
+    assert any("hidden by those entries, not lost by a writer" in p for p in report.problems), report.problems
+    code, _, err = run_cli(capsys, "--lake", str(lake.root), "verify")
+    assert code != 0 and entry.name in err
+    code, _, err = run_cli(capsys, "--lake", str(lake.root), "compact", "--retention-hours", "0")
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "no trajlake commit record" in err, err
+    assert sorted(stored_ids(lake)) == before  # nothing vacuumed: deleting the entry restores every episode
+    entry.unlink()
+    assert verify(open_lake(lake.root)).ok
+
+
+def test_compaction_records_its_own_log_entries_vacuum_included(three_commits) -> None:
+    from trajlake.lake.maintenance import compact
+
+    lake = three_commits
+    report = compact(lake, retention_hours=0, orphan_grace_hours=0)
+    assert report.vacuumed_files > 0  # the merged small files were deleted, and delta-rs logged the vacuum
+    result = verify(open_lake(lake.root))
+    assert result.ok and not result.unrecorded_entries, result.problems

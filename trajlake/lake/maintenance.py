@@ -54,6 +54,8 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     orphan_episodes: list[str] = field(default_factory=list)
+    unrecorded_entries: list[str] = field(default_factory=list)
+    """Delta log entries (``table/_delta_log/N.json``) trajlake has no commit record of."""
 
     @property
     def ok(self) -> bool:
@@ -136,6 +138,11 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
         report.problems.append(f"{name}/_delta_log: {len(lost)} committed version(s) are gone from the log "
                                f"(newest recorded {lost[-1]}, the log ends at {version}): the newest entries were "
                                f"deleted and their rows are silently dropped")
+    for entry, what in unrecorded_log_entries(lake, name, version, records=[v for v, _ in records], on_log=on_log):
+        report.unrecorded_entries.append(f"{name}/_delta_log/{entry}")
+        report.problems.append(f"{name}/_delta_log/{entry}: no trajlake commit record: trajlake did not write this "
+                               f"entry (another tool or a hand edit forged it), or the trajlake writer that did "
+                               f"died between its commit and the record; it {what}")
     for v, record in records:
         entry = log_entry_name(v)
         if v > version or not in_log(v):
@@ -149,6 +156,51 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
         if recorded != actual:
             report.problems.append(f"{name}/_delta_log/{entry}: the log entry changed after it was "
                                    f"committed (sha256 {actual[:12]}, recorded {recorded[:12]})")
+
+
+def unrecorded_log_entries(lake: Lake, name: str, version: int, *, records: list[int] | None = None,
+                           on_log: set[str] | None = None) -> list[tuple[str, str]]:
+    """Log entries of ``name`` up to ``version`` that trajlake did not record at commit time, each as (entry name,
+    what it does). Entries older than the first record (a lake written before commit records existed, and the
+    table's creation, version 0) are not judged. Empty when the lake keeps no records."""
+    st = lake.storage
+    if records is None:
+        try:
+            records = sorted(int(n) for n in st.listdir(META_DIR, COMMIT_RECORDS, name) if n.isdigit())
+        except (OSError, TrajlakeError):
+            return []
+    if not records:
+        return []
+    if on_log is None:
+        try:
+            on_log = set(st.listdir(name, DELTA_LOG))
+        except (OSError, TrajlakeError):
+            return []
+    recorded = set(records)
+    found = sorted(v for n in on_log if (v := log_entry_version(n)) is not None and records[0] < v <= version
+                   and v not in recorded)
+    if found:  # a writer records right after its commit: look again once before calling it unrecorded
+        time.sleep(0.5)
+        with contextlib.suppress(OSError, TrajlakeError):
+            recorded = {int(n) for n in st.listdir(META_DIR, COMMIT_RECORDS, name) if n.isdigit()}
+        found = [v for v in found if v not in recorded]
+    return [(log_entry_name(v), _log_entry_summary(lake, name, v)) for v in found]
+
+
+def _log_entry_summary(lake: Lake, name: str, version: int) -> str:
+    """What a log entry does, in words: its operation and how many files it adds and removes."""
+    try:
+        actions = [json.loads(line) for line in
+                   lake.storage.read_bytes(name, DELTA_LOG, log_entry_name(version)).decode("utf-8").splitlines()
+                   if line.strip()]
+    except (OSError, TrajlakeError, ValueError) as e:
+        return f"cannot be read ({e})"
+    adds = sum(1 for a in actions if isinstance(a, dict) and "add" in a)
+    removes = sum(1 for a in actions if isinstance(a, dict) and "remove" in a)
+    ops = [a["commitInfo"].get("operation") for a in actions if isinstance(a, dict)
+           and isinstance(a.get("commitInfo"), dict) and a["commitInfo"].get("operation")]
+    hides = f", hiding the rows of {removes} committed file(s)" if removes else ""
+    return f"{'is a ' + str(ops[0]) + ' that ' if ops else ''}adds {adds} and removes {removes} file(s){hides}"
 
 
 def _log_stats(lake: Lake, name: str, version: int) -> dict[str, dict[str, Any]]:
@@ -317,7 +369,12 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
                     report.problems.append(f"{name}/{f.path}: duplicate key {k}")
                 keys.add(k)
     report.counts = dict(counts)
-    if report.orphan_episodes:
+    if report.orphan_episodes and report.unrecorded_entries:
+        report.problems.append(
+            f"{len(report.orphan_episodes)} episode(s) have turns/events but no episode row, and the log holds "
+            f"entries trajlake did not write ({', '.join(report.unrecorded_entries[:3])}): their rows are hidden by "
+            f"those entries, not lost by a writer; do not compact: {', '.join(report.orphan_episodes[:max_listed])}")
+    elif report.orphan_episodes:
         msg = (f"{len(report.orphan_episodes)} uncommitted episode(s) have turns/events but no episode row "
                f"(a writer died mid-commit or is committing now); invisible to readers; `trajlake compact` "
                f"removes them after the grace period: {', '.join(report.orphan_episodes[:max_listed])}")
@@ -380,6 +437,14 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
     now_ms = time.time() * 1000
     grace_ms = orphan_grace_hours * 3_600_000
     with _exclusive(lake, "compact"):
+        # Rewriting, checkpointing and vacuuming would make an unrecorded (possibly forged) log entry's removes
+        # permanent: the files it hides would be deleted for good. Refuse before touching anything.
+        for name in TABLES:
+            unrecorded = unrecorded_log_entries(lake, name, lake.delta(name).version())
+            if unrecorded:
+                entry, what = unrecorded[0]
+                raise TrajlakeError(f"{name}/_delta_log/{entry} has no trajlake commit record (it {what}): not "
+                                    f"compacting or vacuuming on the strength of it; run `trajlake verify`")
         # episodes first so the committed-id sets used for turns/events are as fresh as possible
         for name in ("episodes", "turns", "gateway_events", "tasks", "runs"):
             files = lake.files(name)
@@ -395,9 +460,12 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
             d.cleanup_metadata()
             _prune_commit_records(lake, name)
             if vacuum:
+                before = d.version()
                 removed = d.vacuum(retention_hours=int(retention_hours), dry_run=False,
                                    enforce_retention_duration=False)
                 report.vacuumed_files += len(removed)
+                d.update_incremental()
+                lake.record_commits(name, before + 1, d.version())  # delta-rs logs VACUUM START / END
             report.files_after[name] = len(lake.files(name))
         report.versions = lake.versions()
     return report

@@ -557,7 +557,7 @@ class Lake:
                                                partition_by=list(td.partition_by) or None,
                                                post_commithook_properties=_post_commit_hooks(d))
                     d.update_incremental()
-                    self._record_commits(name, before + 1, d.version())
+                    self.record_commits(name, before + 1, d.version())
                     return d.version()
                 except CommitFailedError as e:  # another writer won the version: refresh and try again
                     last = e
@@ -602,10 +602,10 @@ class Lake:
             except CommitFailedError:
                 return None  # another writer created that version first
             d.update_incremental()
-            self._record_commits(name, read_version + 1, d.version())
+            self.record_commits(name, read_version + 1, d.version())
             return read_version + 1  # ours (d may already show a later writer's version too)
 
-    def _record_commits(self, name: str, first: int, last: int) -> None:
+    def record_commits(self, name: str, first: int, last: int) -> None:
         """Record the sha256 of log entries ``first..last`` (see COMMIT_RECORDS): the log alone cannot show
         that its newest entry was deleted or that an entry was edited."""
         if not self.is_local:
