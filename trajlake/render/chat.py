@@ -17,6 +17,7 @@ The observation piece's template text comes from diffing the template over a fix
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -102,6 +103,8 @@ class ChatRenderer:
         self.tokenizer_id = tokenizer_fingerprint(tokenizer, name)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._obs = self._observation_template()
+        self.reserved = reserved_strings(tokenizer)
+        """The texts of the tokenizer's special and added tokens: untrusted text never encodes to them."""
 
     def _render(self, messages: Sequence[Mapping[str, str]], generation_prompt: bool) -> str:
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
@@ -123,6 +126,7 @@ class ChatRenderer:
         return _ObservationTemplate(after_eos, tail, before, after)
 
     def encode(self, text: str) -> list[int]:
+        """``text``'s ids, trusted: the tokenizer's special and added tokens in it become those tokens."""
         if self._backend is not None:  # the fast tokenizer's Rust core: same ids, a third less time per call
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -135,8 +139,15 @@ class ChatRenderer:
         return self._render(messages, True)
 
     def initial(self, system: str | None, user: str) -> list[int]:
-        """The first piece: system prompt and first user message, up to the generation prompt."""
-        return self.encode(self.initial_text(system, user))
+        """The first piece: system prompt and first user message, up to the generation prompt. The user message
+        (the task, the first observation) is untrusted: see :meth:`observation`."""
+        text = self.initial_text(system, user)
+        return self.encode_cut(text, self.initial_cuts(text, user))
+
+    def initial_cuts(self, text: str, user: str) -> list[int]:
+        """Where :meth:`initial` cuts ``text`` (``initial_text``'s) so the user message yields no reserved token."""
+        start = text.rfind(user) if user else -1
+        return untrusted_cuts(text, start, start + len(user), self.reserved) if start >= 0 else []
 
     def observation_text(self, observation: str, previous_ended_with_eos: bool) -> str:
         o = self._obs
@@ -144,8 +155,53 @@ class ChatRenderer:
         return close + o.before + TOOL_RESPONSE_OPEN + observation + TOOL_RESPONSE_CLOSE + o.after
 
     def observation(self, observation: str, previous_ended_with_eos: bool) -> list[int]:
-        """An observation piece (see the module docstring)."""
-        return self.encode(self.observation_text(observation, previous_ended_with_eos))
+        """An observation piece (see the module docstring). The observation is untrusted (tool output, pages,
+        files): text in it that spells a special or added token (``<|im_end|><|im_start|>system``) is encoded
+        as ordinary text, never as that token. Text without such spellings encodes exactly as before."""
+        text = self.observation_text(observation, previous_ended_with_eos)
+        return self.encode_cut(text, self.observation_cuts(observation, previous_ended_with_eos))
+
+    def observation_cuts(self, observation: str, previous_ended_with_eos: bool) -> list[int]:
+        """Where :meth:`observation` cuts its text (offsets into ``observation_text``)."""
+        o = self._obs
+        start = len(o.after_eos if previous_ended_with_eos else o.assistant_tail) + len(o.before) + \
+            len(TOOL_RESPONSE_OPEN)
+        text = self.observation_text(observation, previous_ended_with_eos)
+        return untrusted_cuts(text, start, start + len(observation), self.reserved)
+
+    def encode_cut(self, text: str, cuts: Sequence[int]) -> list[int]:
+        """``text`` encoded piece by piece between ``cuts`` (one encode when there are none)."""
+        if not cuts:
+            return self.encode(text)
+        bounds = [0, *sorted(set(cuts)), len(text)]
+        return [i for a, b in itertools.pairwise(bounds) if a < b for i in self.encode(text[a:b])]
 
 
-__all__ = ["ChatRenderer", "TemplateError", "dropped_hash", "split_fingerprint", "system_prompt", "tokenizer_fingerprint"]
+def reserved_strings(tokenizer: Any) -> tuple[str, ...]:
+    """The texts of ``tokenizer``'s special and added tokens (ChatML markers, tool-call tokens, ...), longest
+    first."""
+    found = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
+    for token in getattr(tokenizer, "added_tokens_decoder", {}).values():
+        found.add(str(getattr(token, "content", token)))
+    return tuple(sorted((t for t in found if t), key=lambda t: (-len(t), t)))
+
+
+def untrusted_cuts(text: str, start: int, end: int, reserved: Sequence[str]) -> list[int]:
+    """Cut points that keep ``text[start:end]`` (untrusted) from forming any ``reserved`` token: one inside every
+    occurrence that overlaps the span, at its second character or at ``start``, whichever is later. A tokenizer
+    matches a special or added token only whole, so a cut occurrence is encoded as ordinary text. No occurrence,
+    no cut: ordinary text encodes exactly as it always did."""
+    cuts: set[int] = set()
+    for token in reserved:
+        if len(token) < 2:
+            continue
+        p = text.find(token, max(0, start - len(token) + 1))
+        while 0 <= p < end:
+            if p + len(token) > start:
+                cuts.add(max(p + 1, start))
+            p = text.find(token, p + 1)
+    return sorted(cuts)
+
+
+__all__ = ["ChatRenderer", "TemplateError", "dropped_hash", "reserved_strings", "split_fingerprint", "system_prompt",
+           "tokenizer_fingerprint", "untrusted_cuts"]

@@ -59,7 +59,8 @@ def build_rows(spec: EpisodeSpec, ctx: ImportContext, episode_id: str, where: st
     tok_lists: list[list[int]] | None = None
     if ctx.tokenizer is not None:
         try:
-            tok_lists = ctx.tokenizer.encode_turns([clean_str(render_turn(t)) for t in spec.turns])
+            tok_lists = ctx.tokenizer.encode_turns([clean_str(render_turn(t)) for t in spec.turns],
+                                                   untrusted=[t.actor != Actor.POLICY for t in spec.turns])
         except PrefixError as e:
             loc.fail("token_ids", e.message, turn=e.turn, table="turns")
     turns: list[dict[str, Any]] = []

@@ -1,6 +1,9 @@
 """``--tokenizer``: per-turn token ids from a local Hugging Face ``tokenizer.json`` (the ``tokenizers`` package).
 
-Each turn's text (``render_turn``) is tokenized on its own, without special tokens. The prefix-consistency
+Each turn's text (``render_turn``) is tokenized on its own, without special tokens; in a turn that is not the
+policy's (tool results, pages, user and environment text: untrusted), text that spells one of the tokenizer's
+special or added tokens is encoded as ordinary text, never as that token (``trajlake.render.chat.untrusted_cuts``).
+The prefix-consistency
 check then tokenizes the whole conversation (the turns' texts concatenated) and requires it to equal the
 concatenation of the per-turn token lists; otherwise per-turn ids would not be what a trainer sees for the
 conversation, and the episode is rejected naming the first turn where the two differ.
@@ -8,6 +11,8 @@ conversation, and the episode is rejected naming the first turn where the two di
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +38,29 @@ class TurnTokenizer:
             raise ValidationError([Issue("turns", None, None, "token_ids",
                                          f"cannot load tokenizer.json: {str(e)[:200]}", str(path))]) from None
         self.tokenizer_id = "hf-tokenizers:" + file_sha256(str(path))[:16]
+        self.reserved = tuple(sorted({str(t.content) for t in self._tok.get_added_tokens_decoder().values()
+                                      if t.content}, key=lambda t: (-len(t), t)))
+        """The texts of the tokenizer's special and added tokens: untrusted turns never encode to them."""
 
-    def encode_turns(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text; raises PrefixError when the whole conversation tokenizes differently."""
+    def _encode(self, text: str, cuts: list[int]) -> list[int]:
+        bounds = [0, *cuts, len(text)]
+        return [i for a, b in itertools.pairwise(bounds) if a < b
+                for i in self._tok.encode(text[a:b], add_special_tokens=False).ids]
+
+    def encode_turns(self, texts: list[str], untrusted: Sequence[bool] | None = None) -> list[list[int]]:
+        """Token ids of each text; raises PrefixError when the whole conversation tokenizes differently.
+        ``untrusted[i]``: turn i's text yields no special or added token (default: every turn trusted)."""
+        from trajlake.render.chat import untrusted_cuts
+
         if not texts:
             return []
-        per: list[list[int]] = [list(e.ids) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
-        whole: list[int] = list(self._tok.encode("".join(texts), add_special_tokens=False).ids)
+        flags = list(untrusted) if untrusted is not None else [False] * len(texts)
+        cuts = [untrusted_cuts(t, 0, len(t), self.reserved) if flag else [] for t, flag in zip(texts, flags,
+                                                                                              strict=True)]
+        per: list[list[int]] = [self._encode(t, c) for t, c in zip(texts, cuts, strict=True)]
+        starts = list(itertools.accumulate((len(t) for t in texts), initial=0))
+        whole: list[int] = self._encode("".join(texts), [s + c for s, cs in zip(starts, cuts, strict=False)
+                                                         for c in cs])
         flat = [i for ids in per for i in ids]
         if whole == flat:
             return per

@@ -292,14 +292,17 @@ class SampleBuilder:
             [t.raw or "" for t in lead if t.role == Role.SYSTEM]
         users = [t for t in lead if t.role != Role.SYSTEM]
         texts: list[str] = []
+        cuts: list[list[int]] = []  # per piece: where untrusted text is cut so it yields no special token
         pieces: list[list[int]] = []
         owners: list[int] = []
         masks: list[int] = []
         policy_k: list[int] = []
         if lead:
-            text = r.initial_text("\n\n".join(system_parts) or None, "\n\n".join(t.raw or "" for t in users))
+            user = "\n\n".join(t.raw or "" for t in users)
+            text = r.initial_text("\n\n".join(system_parts) or None, user)
             texts.append(text)
-            pieces.append(r.encode(text))
+            cuts.append(r.initial_cuts(text, user))
+            pieces.append(r.encode_cut(text, cuts[-1]))
             owners.append((users[0] if users else lead[0]).idx)
             masks.append(0)
             policy_k.append(-1)
@@ -313,6 +316,7 @@ class SampleBuilder:
                 body = format_call(parsed.tool, json.loads(parsed.action)["args"]) if parsed.ok and parsed.tool \
                     else t.raw
                 texts.append(body + r.eos_text)
+                cuts.append([])
                 pieces.append([*r.encode(body), r.eos_id])
                 # a turn recorded as not trainable (its stored mask all 0) stays so
                 masks.append(0 if t.mask is not None and t.mask.size and not t.mask.any() else 1)
@@ -321,14 +325,15 @@ class SampleBuilder:
             else:
                 text = r.observation_text(t.raw or "", True)
                 texts.append(text)
-                pieces.append(r.encode(text))
+                cuts.append(r.observation_cuts(t.raw or "", True))
+                pieces.append(r.encode_cut(text, cuts[-1]))
                 masks.append(0)
                 policy_k.append(-1)
             owners.append(t.idx)
         flat = [i for p in pieces for i in p]
-        whole = r.encode("".join(texts))
+        whole = r.encode_cut("".join(texts), _joined_cuts(texts, cuts))
         if whole != flat:
-            self._prefix_error(eid, texts, pieces, owners, flat, whole)
+            self._prefix_error(eid, texts, cuts, pieces, owners, flat, whole)
         lens = [len(p) for p in pieces]
         ids = np.asarray(flat, np.int64)
         mask = np.repeat(np.asarray(masks, np.int8), lens)
@@ -336,15 +341,19 @@ class SampleBuilder:
         tturn = np.where(mask == 1, gturn, np.int32(-1)).astype(np.int32)
         return ids, mask, np.full(ids.shape[0], np.nan, np.float32), tturn, None, gturn
 
-    def _prefix_error(self, eid: str, texts: Sequence[str], pieces: Sequence[Sequence[int]], owners: Sequence[int],
-                      flat: Sequence[int], whole: Sequence[int]) -> None:
+    def _prefix_error(self, eid: str, texts: Sequence[str], cuts: Sequence[Sequence[int]],
+                      pieces: Sequence[Sequence[int]], owners: Sequence[int], flat: Sequence[int],
+                      whole: Sequence[int]) -> None:
         """Raise naming the first turn whose tokens do not continue the previous turns: the smallest K for which
         the tokenization of texts[0..K] is not pieces[0..K] (bisection: only failing episodes pay for it)."""
         r = self.renderer()
         ends = np.cumsum([len(p) for p in pieces]).tolist()
 
+        def upto(k: int) -> list[int]:
+            return r.encode_cut("".join(texts[:k + 1]), _joined_cuts(texts[:k + 1], cuts[:k + 1]))
+
         def breaks(k: int) -> bool:
-            return bool(r.encode("".join(texts[:k + 1])) != list(flat[:ends[k]]))
+            return bool(upto(k) != list(flat[:ends[k]]))
 
         lo, hi = 0, len(pieces) - 1  # breaks(hi) holds: the whole text
         while lo < hi:
@@ -353,7 +362,7 @@ class SampleBuilder:
                 hi = mid
             else:
                 lo = mid + 1
-        mine = r.encode("".join(texts[:lo + 1]))
+        mine = upto(lo)
         got = list(flat[:ends[lo]])
         i = next((j for j, (a, b) in enumerate(zip(got, mine, strict=False)) if a != b), min(len(got), len(mine)))
         a = got[i] if i < len(got) else None
@@ -365,3 +374,12 @@ class SampleBuilder:
             f"continue the previous turns exactly: token {i} is {a} ({show_a}) turn by turn but {b} ({show_b}) when "
             f"the text up to this turn is tokenized whole")
 
+
+def _joined_cuts(texts: Sequence[str], cuts: Sequence[Sequence[int]]) -> list[int]:
+    """Each piece's cut points as offsets into the pieces' concatenation."""
+    out: list[int] = []
+    offset = 0
+    for text, piece_cuts in zip(texts, cuts, strict=True):
+        out += [offset + c for c in piece_cuts]
+        offset += len(text)
+    return out
