@@ -250,8 +250,10 @@ class Lake:
             # (delta-rs's local store has no listing from an offset), a cost that grows with the log.
             d.update_incremental()
         if name not in self._schema_current:
+            before = d.version()
             if self._upgrade_schema(name, d):
                 d.update_incremental()
+                self.record_commits(name, before + 1, d.version())  # the upgrade's own log entries
             self._schema_current.add(name)
         return d
 
