@@ -161,3 +161,50 @@ def test_compaction_records_its_own_log_entries_vacuum_included(three_commits) -
     assert report.vacuumed_files > 0  # the merged small files were deleted, and delta-rs logged the vacuum
     result = verify(open_lake(lake.root))
     assert result.ok and not result.unrecorded_entries, result.problems
+
+
+# -- round 3 (issue 26): numbers no policy can produce -------------------------------------------------------
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("behavior_logprobs", float("nan"), "NaN, infinite or above 0"),
+    ("behavior_logprobs", float("inf"), "NaN, infinite or above 0"),
+    ("behavior_logprobs", 0.7, "NaN, infinite or above 0"),
+    ("token_ids", -3, "negative"),
+])
+def test_impossible_token_numbers_are_refused_naming_episode_turn_and_field(tmp_path, field, value, message) -> None:
+    lake = open_lake(tmp_path / "lake", create=True)
+    ep, turns = make_episode("ep-bad")
+    policy_turn = next(t for t in turns if t["actor"] == "policy")
+    policy_turn[field] = [*policy_turn[field][:-1], value]
+    ok_ep, ok_turns = make_episode("ep-ok")
+    next(t for t in ok_turns if t["actor"] == "policy")["behavior_logprobs"][0] = 0.0  # probability 1 is fine
+    with LakeWriter(lake, handle_signals=False) as w:
+        result = w.write_batch([ep, ok_ep], turns + ok_turns)
+    (issue,) = [i for i in result.rejected["ep-bad"] if i.field == field]
+    assert issue.episode_id == "ep-bad" and issue.turn_idx == policy_turn["turn_idx"] and message in issue.message
+    assert list(result.rejected) == ["ep-bad"]
+    rows = trajlake_ids(lake)
+    assert rows == ["ep-ok"]  # nothing of the bad episode landed
+    assert verify(open_lake(lake.root)).ok
+
+
+def trajlake_ids(lake: Lake) -> list[str]:
+    from trajlake.query import connect
+
+    return [r[0] for r in connect(open_lake(lake.root)).execute("select episode_id from episodes").fetchall()]
+
+
+def test_verify_reports_impossible_numbers_written_before_the_check(tmp_path, monkeypatch) -> None:
+    import trajlake.record.validate as validate
+
+    lake = open_lake(tmp_path / "lake", create=True)
+    ep, turns = make_episode("ep-old")
+    policy_turn = next(t for t in turns if t["actor"] == "policy")
+    policy_turn["behavior_logprobs"] = [*policy_turn["behavior_logprobs"][:-1], float("nan")]
+    with monkeypatch.context() as m:  # a writer from before the check
+        m.setattr(validate, "impossible_token_values", lambda turns: [])
+        with LakeWriter(lake, handle_signals=False) as w:
+            assert not w.write_batch([ep], turns).rejected
+    report = verify(open_lake(lake.root))
+    assert not report.ok
+    assert any(f"episode ep-old turn {policy_turn['turn_idx']}: behavior_logprobs: a log-probability is NaN" in p
+               for p in report.problems), report.problems

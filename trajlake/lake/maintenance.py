@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
@@ -39,6 +40,7 @@ from trajlake.lake.store import (
     Lake,
     checksum_from_name,
 )
+from trajlake.lake.values import impossible_token_values
 from trajlake.schema import TABLES, arrow_schema, table_def
 
 DEFAULT_ORPHAN_GRACE_HOURS = 1.0
@@ -315,6 +317,10 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
             if t is None:
                 continue
             counts["turns"] += t.num_rows
+            for rows, field_name, message in impossible_token_values(t):
+                for r in np.flatnonzero(rows)[:max_listed]:
+                    report.problems.append(f"turns/{f.path}: episode {t['episode_id'][int(r)]} turn "
+                                           f"{t['turn_idx'][int(r)]}: {field_name}: {message}")
             computed = hash_rows(t, "turns")
             for e, i, stored, h in zip(t["episode_id"].to_pylist(), t["turn_idx"].to_pylist(),
                                        t["content_hash"].to_pylist(), computed, strict=True):

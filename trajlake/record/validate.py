@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajlake.errors import Issue, ValidationError
+from trajlake.lake.values import impossible_token_values
 from trajlake.schema import arrow_schema, table_def
 from trajlake.schemas.vocab import TERMINATED_REASONS, TRUNCATED_REASONS
 
@@ -351,6 +352,8 @@ def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None 
           "length differs from token_ids")
     bad_vals, mask_sum = _mask_stats(_one(mask))
     c.add("turns", t_ep, t_idx, bad_vals, "loss_mask", "values must be 0 or 1")
+    for rows, field, message in impossible_token_values(turns):
+        c.add("turns", t_ep, t_idx, rows, field, message)
     is_policy = _bool(pc.equal(turns["actor"], "policy"))
     c.add("turns", t_ep, t_idx, (mask_sum > 0) & ~is_policy, "loss_mask",
           "only policy turns may carry loss_mask 1 (tool, system, user and env text is 0)")
