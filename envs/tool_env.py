@@ -41,6 +41,10 @@ def parse_action(action: str) -> tuple[str, Any, str | None]:
             "invalid action: expected a JSON object {\"tool\": NAME, \"args\": {...}}"
     if not isinstance(obj, dict) or not isinstance(obj.get("tool"), str):
         return "<unparsed>", {}, "invalid action: expected a JSON object with a string field \"tool\""
+    try:  # JSON's "\ud800" decodes to a lone surrogate: no page, file or observation could hold it
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return "<unparsed>", {}, "invalid action: the action holds a lone surrogate (\\ud800-\\udfff), not text"
     return obj["tool"], obj.get("args", {}), None
 
 

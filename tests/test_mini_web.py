@@ -221,6 +221,28 @@ def test_bad_actions_get_a_clear_observation_and_status(env, action: str, fragme
     assert ok.status == "OK" and "Last action error: none" in ok.observation
 
 
+@pytest.mark.security
+@pytest.mark.parametrize(("action", "status", "fragment"), [
+    (act("goto", path="/produçts"), "MODEL_INVALID_ACTION", "no page at /produ%C3%A7ts"),  # was ENV_BUG
+    (act("goto", path="/products?q=red shoes"), "OK", ""),  # was ENV_TRANSIENT: a space broke the request line
+    (act("goto", path="/prod ucts"), "MODEL_INVALID_ACTION", "no page at /prod%20ucts"),
+    (act("goto", path="/products\x7f"), "MODEL_INVALID_ACTION", "control characters"),  # was ENV_TRANSIENT
+    ('{"tool": "type", "args": {"id": 3, "text": "\\ud800"}}', "MODEL_INVALID_ACTION", "lone surrogate"),
+    ('{"tool": "answer", "args": {"text": "a\\udfffb"}}', "MODEL_INVALID_ACTION", "lone surrogate"),
+])
+def test_characters_are_model_mistakes_never_environment_failures(env, action: str, status: str,
+                                                                  fragment: str) -> None:
+    """A character in an action is the model's business: it never ends an episode as ENV_BUG/ENV_TRANSIENT, and a
+    lone surrogate (which made an observation that is not UTF-8 and lost the episode) is an invalid action."""
+    env.reset(0, task_id=by_family("compare/cheapest-in-category")["task_id"])
+    env.step(act("goto", path="/products"), "k0")
+    res = env.step(action, "k1")
+    assert res.status == status and not res.done and fragment in res.observation, res.observation
+    res.observation.encode("utf-8")
+    ok = env.step(act("goto", path="/"), "k2")  # the episode goes on
+    assert ok.status == "OK"
+
+
 def test_a_site_that_stops_answering_is_a_transient_error_not_a_crash() -> None:
     e = MiniWebEnv(split="dev")
     try:

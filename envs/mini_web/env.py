@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urljoin, urlsplit
+from urllib.parse import quote, urlencode, urljoin, urlsplit
 
 from trajlake.envs import taskset
 from trajlake.envs.core import (
@@ -454,7 +454,7 @@ class MiniWebEnv(ToolEnv):
             problem = _outside_site(path)
             if problem:
                 return _Plan("error", error=problem)
-            return _Plan("get", path=path)
+            return _Plan("get", path=_url_path(path))
         bid = int(args["id"])
         node = self._node(bid)
         if node is None:
@@ -559,9 +559,19 @@ class MiniWebEnv(ToolEnv):
                 f"in the page. When the task is done, call answer (with the answer, for a question). Tools:\n{tools}")
 
 
+_URL_SAFE = "/?&=%:#+,;@!$'()*~-._"
+"""Characters a path keeps as they are; others (spaces, non-ASCII, quotes) are percent-encoded, as a browser does."""
+
+
+def _url_path(path: str) -> str:
+    """``path`` as a browser sends it: spaces, non-ASCII and other unsafe characters percent-encoded (UTF-8), so
+    the HTTP and Chromium modes request the same URL and no character reaches the request line raw."""
+    return quote(path, safe=_URL_SAFE)
+
+
 def _outside_site(path: str) -> str | None:
     """Why a path is not a page of this site, or None."""
-    if any(ord(c) < 32 or c == "\\" for c in path):
+    if any(ord(c) < 32 or ord(c) == 127 or c == "\\" for c in path):
         return "invalid action: the path has control characters or backslashes"
     parts = urlsplit(path)
     if parts.scheme or parts.netloc or path.startswith("//"):
