@@ -128,3 +128,75 @@ def test_importer_tokenizer_defuses_untrusted_turns(tmp_path: Path) -> None:
     user = [ids for actor, ids in rows if actor != "policy"]
     assert user and all(not specials & set(ids) for ids in user)
     assert tok.decode([i for ids in user for i in ids], skip_special_tokens=False).endswith(PAYLOAD)
+
+
+# -- hostile servers (openai:) ---------------------------------------------------------------------------------
+class _Hostile:
+    """A loopback server that answers every POST badly: ``trickle`` (a valid JSON reply, 20 bytes a second,
+    without end) or ``huge`` (a 16 MB reply)."""
+
+    def __init__(self, mode: str):
+        import threading
+        import time
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if mode == "huge":
+                    body = json.dumps({"pad": "x" * (16 * 1024 * 1024)}).encode()
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_header("Content-Length", "100000000")
+                self.end_headers()
+                try:
+                    for _ in range(10_000):
+                        self.wfile.write(b" " * 2)
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                except OSError:
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize(("mode", "args", "message"), [
+    ("trickle", {"deadline_s": "1.5"}, "APITimeoutError"),
+    ("huge", {}, "larger than 8388608 bytes (--policy-arg max_reply_bytes)"),
+])
+def test_a_hostile_server_cannot_hold_a_worker_or_flood_it(mode: str, args: dict[str, str], message: str) -> None:
+    """Before: a reply trickled at 2 bytes/s held a worker forever (httpx's timeout bounds each read, not the
+    request), and a 16 MB reply was accepted and re-sent every turn."""
+    import time
+
+    pytest.importorskip("openai")
+    from trajlake.policies.lm import ModelServerError
+    from trajlake.policies.openai_policy import OpenAIPolicy
+    from trajlake.policies.settings import LMSettings
+
+    server = _Hostile(mode)
+    try:
+        policy = OpenAIPolicy("v1", "m", LMSettings.from_args({"base_url": server.base_url, "max_retries": "0",
+                                                               "timeout_s": "5", **args}))
+        start = time.monotonic()
+        with pytest.raises(ModelServerError) as e:
+            policy._call(policy.client.chat.completions.create, model="m", messages=[{"role": "user",
+                                                                                       "content": "hi"}])
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert time.monotonic() - start < 15
+    finally:
+        server.close()

@@ -74,7 +74,9 @@ class OpenAIPolicy(LMPolicy):
         self.model = model
         self._openai = openai
         self.client = openai.OpenAI(base_url=settings.base_url, api_key=os.environ.get(settings.api_key_env) or "EMPTY",
-                                    timeout=settings.timeout_s, max_retries=0)
+                                    timeout=settings.timeout_s, max_retries=0,
+                                    http_client=bounded_http_client(openai, settings.timeout_s, settings.deadline_s,
+                                                                    settings.max_reply_bytes))
         self.messages: list[dict[str, str]] = []
         self.server_context: list[int] | None = None
         self.history: list[tuple[int, str]] = []
@@ -88,7 +90,11 @@ class OpenAIPolicy(LMPolicy):
         while True:
             try:
                 return fn(**kw), retries
+            except _ReplyTooLarge as e:  # a hostile or broken server: retrying gains nothing
+                raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: {e}") from e
             except (o.APITimeoutError, o.APIConnectionError, o.InternalServerError, o.RateLimitError) as e:
+                if isinstance(e.__cause__, _ReplyTooLarge):  # (openai 1.x wraps what the transport raises)
+                    raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: {e.__cause__}") from e
                 err: Exception = e
             except o.APIStatusError as e:
                 if e.status_code < 500 and "structured_outputs" in (kw.get("extra_body") or {}):
@@ -202,3 +208,42 @@ class OpenAIPolicy(LMPolicy):
 
 
 __all__ = ["OpenAIPolicy"]
+
+
+class _ReplyTooLarge(Exception):
+    """A reply over ``max_reply_bytes`` (raised in the transport, turned into ModelServerError by ``_call``)."""
+
+
+def bounded_http_client(openai: Any, timeout_s: float, deadline_s: float, max_reply_bytes: int) -> Any:
+    """An HTTP client for ``openai``'s client whose every request ends within ``deadline_s`` seconds in all
+    (httpx's own timeouts bound each read, so a server trickling a byte a second would hold a worker forever) and
+    whose reply is at most ``max_reply_bytes`` bytes on the wire (a 16 MB reply was accepted and re-sent every
+    turn). Built on the HTTP library that client is built on (``httpx``, or ``httpx2`` in openai 3)."""
+    import sys
+
+    client_class = next(c for c in openai.DefaultHttpxClient.__mro__[1:] if c.__name__ == "Client")
+    httpx: Any = sys.modules[client_class.__module__.split(".")[0]]
+    transport: Any = httpx.HTTPTransport
+
+    class BoundedTransport(transport):
+        def handle_request(self, request: Any) -> Any:
+            start = time.monotonic()
+            response = super().handle_request(request)
+            chunks: list[bytes] = []
+            size = 0
+            try:
+                for chunk in response.stream:
+                    size += len(chunk)
+                    if size > max_reply_bytes:
+                        raise _ReplyTooLarge(f"the reply is larger than {max_reply_bytes} bytes "
+                                            f"(--policy-arg max_reply_bytes)")
+                    if time.monotonic() - start > deadline_s:
+                        raise httpx.ReadTimeout(f"the reply took longer than {deadline_s:g} s in all "
+                                                f"(--policy-arg deadline_s)", request=request)
+                    chunks.append(chunk)
+            finally:
+                response.close()
+            return httpx.Response(response.status_code, headers=response.headers, content=b"".join(chunks),
+                                  request=request, extensions=response.extensions)
+
+    return httpx.Client(transport=BoundedTransport(), timeout=timeout_s)

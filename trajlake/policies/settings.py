@@ -39,6 +39,11 @@ class LMSettings:
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the API key (the key itself is never recorded)."""
     timeout_s: float = 60.0
+    """openai: most seconds one read from the server may wait (connect, write and each read)."""
+    deadline_s: float = 300.0
+    """openai: most seconds one request may take in all, however the server trickles its reply."""
+    max_reply_bytes: int = 8 * 1024 * 1024
+    """openai: largest reply accepted (bytes on the wire); a larger one fails the request with one line."""
     max_retries: int = 4
     """Retries of a timed-out or 5xx request (with exponential backoff) before the episode fails."""
     backoff_s: float = 1.0
