@@ -373,7 +373,8 @@ class Seed:
 def verdict(seeds: Sequence[dict[str, Any]]) -> tuple[bool | None, list[str]]:
     """The preregistered criterion: on each seed R1 - B1 > 0 with its interval above 0, and the A/A and placebo
     intervals include 0. None when an arm it needs was not run."""
-    lines, ok = [], True
+    lines: list[str] = []
+    ok: bool | None = True
     for s in seeds:
         parts = []
         for key, want in (("r1_minus_b1", "above 0"), ("aa", "includes 0"), ("placebo_minus_b1", "includes 0")):
