@@ -448,3 +448,31 @@ def test_unisolated_runs_are_refused_unless_the_user_opts_in(monkeypatch, tmp_pa
 def test_isolated_episode_records_its_sandbox(make_env) -> None:
     env = make_env("bwrap")
     assert env.sandbox_kind == "bwrap"
+
+
+def test_scripted_policies_run_without_bubblewrap_saying_so_and_model_policies_still_refuse(
+        monkeypatch, tmp_path, capsys) -> None:
+    """A first run on a machine without bubblewrap (macOS has none) works for the built-in scripted policies, with
+    one loud line; a model's policy still refuses without --allow-unisolated (issue 26)."""
+    import json as _json
+
+    from tests.conftest import run_cli
+    from trajlake.query import connect
+
+    monkeypatch.delenv("TRAJLAKE_ALLOW_UNISOLATED", raising=False)
+    monkeypatch.setenv("TRAJLAKE_MINI_SWE_SANDBOX", "rlimit")  # what a machine without bubblewrap resolves to
+    lake = tmp_path / "lake"
+    from trajlake.envs import list_tasks
+
+    dev = list_tasks("mini-swe", "dev")[0]["task_id"]
+    code, _, err = run_cli(capsys, "--lake", str(lake), "rollout", "--env", "mini-swe", "--policy", "oracle",
+                           "--split", "dev", "--seeds", "0", "--tasks", str(dev), "--run-id", "oracle-dev")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("WARNING: bubblewrap is not available")]
+    assert len(warnings) == 1 and "rlimit fallback" in warnings[0] and "--allow-unisolated" in warnings[0]
+    row = connect(lake).execute("select config from runs where run_id = 'oracle-dev'").fetchone()
+    assert row is not None and _json.loads(row[0])["env_kwargs"]["allow_unisolated"] is True
+    code, _, err = run_cli(capsys, "--lake", str(lake), "rollout", "--env", "mini-swe", "--policy", "openai:m",
+                           "--policy-arg", "base_url=http://127.0.0.1:9/v1", "--split", "dev", "--seeds", "0",
+                           "--tasks", str(dev), "--run-id", "model-dev")
+    assert code != 0 and "allow-unisolated" in err and "WARNING: bubblewrap" not in err, err

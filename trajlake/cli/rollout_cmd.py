@@ -178,6 +178,16 @@ def rollout_config(options: RolloutOptions, explicit: frozenset[str] = frozenset
     policy_prices = {k: v for k, v in args.items() if k not in explicit & {"price_in", "price_out"}}
     cost = CostModel.for_run(policy_prices, options.price_in, options.price_out, options.price_tool_second)
     env_kwargs = _parse_env_args(options.env_arg, options.allow_unisolated)
+    if not options.allow_unisolated and "sandbox" not in env_kwargs:
+        from trajlake.rollout.preflight import (
+            SCRIPTED_FALLBACK_WARNING,
+            is_scripted_policy,
+            scripted_policies_need_fallback,
+        )
+
+        if is_scripted_policy(options.env, options.policy) and scripted_policies_need_fallback(options.env):
+            typer.echo(SCRIPTED_FALLBACK_WARNING, err=True)
+            env_kwargs["allow_unisolated"] = True  # recorded in the run's config with the other env args
     if options.injection:
         if env_kwargs.get("injection") not in (None, options.injection):
             raise TrajlakeError(f"--injection {options.injection} and --env-arg injection="
@@ -299,11 +309,17 @@ def quickstart(
     dev split into the lake, print the paired report of heuristic vs random, and write the HTML report.
     Exits 1 when the oracle fails any task it played (the environment is broken on this machine)."""
     from trajlake.evaluators import render
+    from trajlake.rollout.preflight import SCRIPTED_FALLBACK_WARNING, scripted_policies_need_fallback
     from trajlake.rollout.preflight import preflight as check_env
     from trajlake.rollout.quickstart import run_quickstart
     from trajlake.rollout.runner import parse_seeds
 
     seed_list = parse_seeds(seeds)
+    if not allow_unisolated and scripted_policies_need_fallback(env):
+        # the quickstart plays only the environment's scripted policies: trusted code, so a first run on a
+        # machine without bubblewrap works, saying once what the fallback does not promise
+        typer.echo(SCRIPTED_FALLBACK_WARNING, err=True)
+        allow_unisolated = True
     if allow_unisolated:  # the quickstart's workers inherit the opt-in
         os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
     if preflight:

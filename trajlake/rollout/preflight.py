@@ -33,6 +33,35 @@ class Check:
     requirement: Requirement
 
 
+SCRIPTED_FALLBACK_WARNING = (
+    "WARNING: bubblewrap is not available here: the built-in scripted policies (trusted code shipped with "
+    "trajlake) run under the rlimit fallback, which limits resources only: the code they run could read the "
+    "hidden tests, the lake and $HOME and reach the network. Model policies (hf:, openai:, imported) refuse "
+    "without bubblewrap unless --allow-unisolated. Install it: apt-get install bubblewrap.")
+
+
+def scripted_policies_need_fallback(env_name: str) -> bool:
+    """Whether ``env_name`` runs agent code in a sandbox that would be the unisolated rlimit fallback here. The
+    environment's own scripted policies (oracle, heuristic, random, ...) are trusted code: they may run there
+    with :data:`SCRIPTED_FALLBACK_WARNING` said once (a first run on a machine without bubblewrap, such as macOS,
+    works); a model's actions may not."""
+    if env_name != "mini-swe":
+        return False
+    from trajlake.envs.mini_swe.sandbox import resolve_sandbox
+
+    try:
+        return resolve_sandbox("auto") != "bwrap"
+    except Exception:  # any failure to set bubblewrap up means there is no sandbox
+        return True
+
+
+def is_scripted_policy(env_name: str, policy: str) -> bool:
+    """``policy`` names one of ``env_name``'s own scripted policies (not ``hf:``, ``openai:`` or a module)."""
+    if ":" in policy:
+        return False
+    return policy in spec(env_name).load().policies()
+
+
 def oracle_call_tokens(env_name: str, split: str, count_tokens: Callable[[str], int], n_tasks: int = 3,
                        task_ids: Sequence[str] = (), **env_kwargs: Any) -> tuple[int, str]:
     """The most tokens one of the oracle's tool calls takes, written as a language-model policy writes it
