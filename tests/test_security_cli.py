@@ -68,5 +68,7 @@ def test_browse_does_not_create_a_folder_tree(capsys, lake_dir, tmp_path) -> Non
 def test_rollout_refuses_to_run_unisolated_without_the_opt_in(capsys, lake_dir, monkeypatch) -> None:
     monkeypatch.setenv("TRAJLAKE_MINI_SWE_SANDBOX", "rlimit")  # as on a machine without bubblewrap
     monkeypatch.delenv("TRAJLAKE_ALLOW_UNISOLATED", raising=False)
-    line = refused(capsys, "--lake", str(lake_dir), "rollout", "--seeds", "0")
+    # a model's policy (the scripted ones are trusted and fall back with a warning: test_security.py)
+    line = refused(capsys, "--lake", str(lake_dir), "rollout", "--seeds", "0", "--policy", "openai:m",
+                   "--policy-arg", "base_url=http://127.0.0.1:9/v1")
     assert "--allow-unisolated" in line and "nothing was written" in line

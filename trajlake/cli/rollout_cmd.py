@@ -9,6 +9,7 @@ with ``register(app)`` (``trajlake/cli/__init__.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -178,16 +179,6 @@ def rollout_config(options: RolloutOptions, explicit: frozenset[str] = frozenset
     policy_prices = {k: v for k, v in args.items() if k not in explicit & {"price_in", "price_out"}}
     cost = CostModel.for_run(policy_prices, options.price_in, options.price_out, options.price_tool_second)
     env_kwargs = _parse_env_args(options.env_arg, options.allow_unisolated)
-    if not options.allow_unisolated and "sandbox" not in env_kwargs:
-        from trajlake.rollout.preflight import (
-            SCRIPTED_FALLBACK_WARNING,
-            is_scripted_policy,
-            scripted_policies_need_fallback,
-        )
-
-        if is_scripted_policy(options.env, options.policy) and scripted_policies_need_fallback(options.env):
-            typer.echo(SCRIPTED_FALLBACK_WARNING, err=True)
-            env_kwargs["allow_unisolated"] = True  # recorded in the run's config with the other env args
     if options.injection:
         if env_kwargs.get("injection") not in (None, options.injection):
             raise TrajlakeError(f"--injection {options.injection} and --env-arg injection="
@@ -197,7 +188,7 @@ def rollout_config(options: RolloutOptions, explicit: frozenset[str] = frozenset
         check_injection(options.env, options.injection)
         env_kwargs["injection"] = options.injection
     seeds = options.seeds if isinstance(options.seeds, str) else ",".join(map(str, options.seeds))
-    return RolloutConfig(
+    cfg = RolloutConfig(
         lake=options.lake, run_id=options.run_id or f"{options.policy.replace('/', '_')}-{options.split}",
         env=options.env, policy=options.policy, split=options.split,
         seeds=parse_seeds(seeds), workers=options.workers,
@@ -208,6 +199,18 @@ def rollout_config(options: RolloutOptions, explicit: frozenset[str] = frozenset
         env_kwargs=env_kwargs, cost_model=cost, engine=options.engine, attempts=options.attempts, policy_args=args,
         task_ids=_comma_separated(options.tasks), data_cutoff=_iso_date(options.data_cutoff),
         ray_address=options.ray_address)
+    if not options.allow_unisolated and "sandbox" not in env_kwargs:  # (after every option parsed)
+        from trajlake.rollout.preflight import (
+            SCRIPTED_FALLBACK_WARNING,
+            is_scripted_policy,
+            scripted_policies_need_fallback,
+        )
+
+        if is_scripted_policy(options.env, options.policy) and scripted_policies_need_fallback(options.env):
+            typer.echo(SCRIPTED_FALLBACK_WARNING, err=True)
+            env_kwargs["allow_unisolated"] = True  # recorded in the run's config with the other env args
+            cfg = dataclasses.replace(cfg, env_kwargs=env_kwargs)
+    return cfg
 
 
 def _comma_separated(value: str | list[str] | None) -> tuple[str, ...]:
