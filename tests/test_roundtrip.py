@@ -17,7 +17,8 @@ _counter = itertools.count()
 
 texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40)
 f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
-token = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+token = st.integers(min_value=0, max_value=2**31 - 1)  # a negative id comes from no tokenizer: refused
+logprob = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False, width=32)  # what a distribution gives
 
 
 @st.composite
@@ -32,7 +33,7 @@ def episodes(draw):
         toks = draw(st.one_of(st.none(), st.lists(token, max_size=12)))
         mask = None if toks is None else (draw(st.lists(st.sampled_from([0, 1]), min_size=len(toks),
                                                         max_size=len(toks))) if actor == "policy" else [0] * len(toks))
-        lps = None if toks is None or actor != "policy" else draw(st.lists(f32, min_size=len(toks), max_size=len(toks)))
+        lps = None if toks is None or actor != "policy" else draw(st.lists(logprob, min_size=len(toks), max_size=len(toks)))
         dur = dt.timedelta(microseconds=draw(st.integers(min_value=0, max_value=5_000_000)))
         turns.append({
             "episode_id": ep_id, "turn_idx": i, "role": role, "actor": actor,
