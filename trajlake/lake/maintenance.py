@@ -376,7 +376,7 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
                 keys.add(k)
     report.counts = dict(counts)
     if report.orphan_episodes and report.unrecorded_entries:
-        report.problems.append(
+        (report.problems if strict else report.notes).append(
             f"{len(report.orphan_episodes)} episode(s) have turns/events but no episode row, and the log holds "
             f"entries trajlake did not write ({', '.join(report.unrecorded_entries[:3])}): their rows are hidden by "
             f"those entries, not lost by a writer; do not compact: {', '.join(report.orphan_episodes[:max_listed])}")
@@ -446,7 +446,10 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
         # Rewriting, checkpointing and vacuuming would make an unrecorded (possibly forged) log entry's removes
         # permanent: the files it hides would be deleted for good. Refuse before touching anything.
         for name in TABLES:
-            unrecorded = unrecorded_log_entries(lake, name, lake.delta(name).version())
+            # only entries that remove files: an unrecorded add (a writer killed between its commit and its
+            # record) hides nothing that vacuum could delete
+            unrecorded = [(e, what) for e, what in unrecorded_log_entries(lake, name, lake.delta(name).version())
+                          if "and removes 0 file(s)" not in what]
             if unrecorded:
                 entry, what = unrecorded[0]
                 raise TrajlakeError(f"{name}/_delta_log/{entry} has no trajlake commit record (it {what}): not "
