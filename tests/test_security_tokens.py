@@ -87,15 +87,14 @@ def test_plain_observations_keep_their_old_ids(tokenizers: dict[str, Any]) -> No
 
 
 def test_the_trainer_re_renders_a_hostile_observation_without_special_tokens(tokenizers: dict[str, Any]) -> None:
-    from trajlake.render.chat import ChatRenderer
-    from trajlake.train.data.samples import _joined_cuts
+    from trajlake.render.chat import ChatRenderer, joined_cuts
 
     tok = tokenizers["env"]
     r = ChatRenderer(tok, "env")
     texts = [r.initial_text("sys", "task " + PAYLOAD), "call" + r.eos_text, r.observation_text(PAYLOAD, True)]
     cuts = [r.initial_cuts(texts[0], "task " + PAYLOAD), [], r.observation_cuts(PAYLOAD, True)]
     pieces = [r.encode_cut(t, c) for t, c in zip(texts, cuts, strict=True)]
-    whole = r.encode_cut("".join(texts), _joined_cuts(texts, cuts))
+    whole = r.encode_cut("".join(texts), joined_cuts(texts, cuts))
     assert whole == [i for p in pieces for i in p]  # the prefix check holds with the hostile text defused
     assert pieces[2] == r.observation(PAYLOAD, True)
 

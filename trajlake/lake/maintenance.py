@@ -140,11 +140,12 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
         report.problems.append(f"{name}/_delta_log: {len(lost)} committed version(s) are gone from the log "
                                f"(newest recorded {lost[-1]}, the log ends at {version}): the newest entries were "
                                f"deleted and their rows are silently dropped")
-    for entry, what in unrecorded_log_entries(lake, name, version, records=[v for v, _ in records], on_log=on_log):
+    for entry, actions in unrecorded_log_entries(lake, name, version, records=[v for v, _ in records],
+                                                 on_log=on_log):
         report.unrecorded_entries.append(f"{name}/_delta_log/{entry}")
         report.problems.append(f"{name}/_delta_log/{entry}: no trajlake commit record: trajlake did not write this "
                                f"entry (another tool or a hand edit forged it), or the trajlake writer that did "
-                               f"died between its commit and the record; it {what}")
+                               f"died between its commit and the record; it {actions.describe()}")
     for v, record in records:
         entry = log_entry_name(v)
         if v > version or not in_log(v):
@@ -161,7 +162,7 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
 
 
 def unrecorded_log_entries(lake: Lake, name: str, version: int, *, records: list[int] | None = None,
-                           on_log: set[str] | None = None) -> list[tuple[str, str]]:
+                           on_log: set[str] | None = None) -> list[tuple[str, LogEntryActions]]:
     """Log entries of ``name`` up to ``version`` that trajlake did not record at commit time, each as (entry name,
     what it does). Entries older than the first record (a lake written before commit records existed, and the
     table's creation, version 0) are not judged. Empty when the lake keeps no records."""
@@ -186,23 +187,38 @@ def unrecorded_log_entries(lake: Lake, name: str, version: int, *, records: list
         with contextlib.suppress(OSError, TrajlakeError):
             recorded = {int(n) for n in st.listdir(META_DIR, COMMIT_RECORDS, name) if n.isdigit()}
         found = [v for v in found if v not in recorded]
-    return [(log_entry_name(v), _log_entry_summary(lake, name, v)) for v in found]
+    return [(log_entry_name(v), _log_entry_actions(lake, name, v)) for v in found]
 
 
-def _log_entry_summary(lake: Lake, name: str, version: int) -> str:
-    """What a log entry does, in words: its operation and how many files it adds and removes."""
+@dataclass(frozen=True)
+class LogEntryActions:
+    """What one Delta log entry does: its operation and how many files it adds and removes (None: unreadable)."""
+
+    operation: str | None
+    adds: int
+    removes: int
+    error: str | None = None
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"cannot be read ({self.error})"
+        hides = f", hiding the rows of {self.removes} committed file(s)" if self.removes else ""
+        op = f"is a {self.operation} that " if self.operation else ""
+        return f"{op}adds {self.adds} and removes {self.removes} file(s){hides}"
+
+
+def _log_entry_actions(lake: Lake, name: str, version: int) -> LogEntryActions:
     try:
         actions = [json.loads(line) for line in
                    lake.storage.read_bytes(name, DELTA_LOG, log_entry_name(version)).decode("utf-8").splitlines()
                    if line.strip()]
     except (OSError, TrajlakeError, ValueError) as e:
-        return f"cannot be read ({e})"
+        return LogEntryActions(None, 0, 0, str(e))
     adds = sum(1 for a in actions if isinstance(a, dict) and "add" in a)
     removes = sum(1 for a in actions if isinstance(a, dict) and "remove" in a)
     ops = [a["commitInfo"].get("operation") for a in actions if isinstance(a, dict)
            and isinstance(a.get("commitInfo"), dict) and a["commitInfo"].get("operation")]
-    hides = f", hiding the rows of {removes} committed file(s)" if removes else ""
-    return f"{'is a ' + str(ops[0]) + ' that ' if ops else ''}adds {adds} and removes {removes} file(s){hides}"
+    return LogEntryActions(str(ops[0]) if ops else None, adds, removes)
 
 
 def _log_stats(lake: Lake, name: str, version: int) -> dict[str, dict[str, Any]]:
@@ -448,11 +464,12 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
         for name in TABLES:
             # only entries that remove files: an unrecorded add (a writer killed between its commit and its
             # record) hides nothing that vacuum could delete
-            unrecorded = [(e, what) for e, what in unrecorded_log_entries(lake, name, lake.delta(name).version())
-                          if "and removes 0 file(s)" not in what]
+            unrecorded = [(e, a) for e, a in unrecorded_log_entries(lake, name, lake.delta(name).version())
+                          if a.removes or a.error is not None]
             if unrecorded:
-                entry, what = unrecorded[0]
-                raise TrajlakeError(f"{name}/_delta_log/{entry} has no trajlake commit record (it {what}): not "
+                entry, actions = unrecorded[0]
+                raise TrajlakeError(f"{name}/_delta_log/{entry} has no trajlake commit record (it "
+                                    f"{actions.describe()}): not "
                                     f"compacting or vacuuming on the strength of it; run `trajlake verify`")
         # episodes first so the committed-id sets used for turns/events are as fresh as possible
         for name in ("episodes", "turns", "gateway_events", "tasks", "runs"):

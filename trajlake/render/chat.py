@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,10 +171,21 @@ class ChatRenderer:
 
     def encode_cut(self, text: str, cuts: Sequence[int]) -> list[int]:
         """``text`` encoded piece by piece between ``cuts`` (one encode when there are none)."""
-        if not cuts:
-            return self.encode(text)
-        bounds = [0, *sorted(set(cuts)), len(text)]
-        return [i for a, b in itertools.pairwise(bounds) if a < b for i in self.encode(text[a:b])]
+        return encode_between(self.encode, text, cuts)
+
+
+def encode_between(encode: Callable[[str], list[int]], text: str, cuts: Sequence[int]) -> list[int]:
+    """``text`` encoded with ``encode`` piece by piece between ``cuts`` (one call when there are none)."""
+    if not cuts:
+        return encode(text)
+    bounds = [0, *sorted(set(cuts)), len(text)]
+    return [i for a, b in itertools.pairwise(bounds) if a < b for i in encode(text[a:b])]
+
+
+def joined_cuts(texts: Sequence[str], cuts: Sequence[Sequence[int]]) -> list[int]:
+    """Each text's cut points as offsets into the texts' concatenation."""
+    starts = itertools.accumulate((len(t) for t in texts), initial=0)
+    return [start + c for start, piece_cuts in zip(starts, cuts, strict=False) for c in piece_cuts]
 
 
 def reserved_strings(tokenizer: Any) -> tuple[str, ...]:
@@ -183,7 +194,12 @@ def reserved_strings(tokenizer: Any) -> tuple[str, ...]:
     found = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
     for token in getattr(tokenizer, "added_tokens_decoder", {}).values():
         found.add(str(getattr(token, "content", token)))
-    return tuple(sorted((t for t in found if t), key=lambda t: (-len(t), t)))
+    return longest_first(found)
+
+
+def longest_first(strings: Iterable[str]) -> tuple[str, ...]:
+    """The non-empty ``strings``, longest first (then alphabetically)."""
+    return tuple(sorted({t for t in strings if t}, key=lambda t: (-len(t), t)))
 
 
 def untrusted_cuts(text: str, start: int, end: int, reserved: Sequence[str]) -> list[int]:
@@ -203,5 +219,5 @@ def untrusted_cuts(text: str, start: int, end: int, reserved: Sequence[str]) -> 
     return sorted(cuts)
 
 
-__all__ = ["ChatRenderer", "TemplateError", "dropped_hash", "reserved_strings", "split_fingerprint", "system_prompt",
-           "tokenizer_fingerprint", "untrusted_cuts"]
+__all__ = ["ChatRenderer", "TemplateError", "dropped_hash", "encode_between", "joined_cuts", "longest_first",
+           "reserved_strings", "split_fingerprint", "system_prompt", "tokenizer_fingerprint", "untrusted_cuts"]

@@ -11,13 +11,13 @@ conversation, and the episode is rejected naming the first turn where the two di
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from trajlake.errors import Issue, PrefixError, TrajlakeError, ValidationError
 from trajlake.lake.store import file_sha256
+from trajlake.render.chat import encode_between, joined_cuts, longest_first, untrusted_cuts
 
 
 class TurnTokenizer:
@@ -38,29 +38,24 @@ class TurnTokenizer:
             raise ValidationError([Issue("turns", None, None, "token_ids",
                                          f"cannot load tokenizer.json: {str(e)[:200]}", str(path))]) from None
         self.tokenizer_id = "hf-tokenizers:" + file_sha256(str(path))[:16]
-        self.reserved = tuple(sorted({str(t.content) for t in self._tok.get_added_tokens_decoder().values()
-                                      if t.content}, key=lambda t: (-len(t), t)))
+        self.reserved = longest_first(str(t.content) for t in self._tok.get_added_tokens_decoder().values())
         """The texts of the tokenizer's special and added tokens: untrusted turns never encode to them."""
 
-    def _encode(self, text: str, cuts: list[int]) -> list[int]:
-        bounds = [0, *cuts, len(text)]
-        return [i for a, b in itertools.pairwise(bounds) if a < b
-                for i in self._tok.encode(text[a:b], add_special_tokens=False).ids]
+    def _encode(self, text: str, cuts: Sequence[int]) -> list[int]:
+        return encode_between(lambda piece: list(self._tok.encode(piece, add_special_tokens=False).ids), text, cuts)
 
     def encode_turns(self, texts: list[str], untrusted: Sequence[bool] | None = None) -> list[list[int]]:
         """Token ids of each text; raises PrefixError when the whole conversation tokenizes differently.
         ``untrusted[i]``: turn i's text yields no special or added token (default: every turn trusted)."""
-        from trajlake.render.chat import untrusted_cuts
-
         if not texts:
             return []
         flags = list(untrusted) if untrusted is not None else [False] * len(texts)
         cuts = [untrusted_cuts(t, 0, len(t), self.reserved) if flag else [] for t, flag in zip(texts, flags,
                                                                                               strict=True)]
-        per: list[list[int]] = [self._encode(t, c) for t, c in zip(texts, cuts, strict=True)]
-        starts = list(itertools.accumulate((len(t) for t in texts), initial=0))
-        whole: list[int] = self._encode("".join(texts), [s + c for s, cs in zip(starts, cuts, strict=False)
-                                                         for c in cs])
+        # one batch for the turns (the Rust core encodes it in parallel); a turn with cuts is encoded piece by piece
+        per: list[list[int]] = [self._encode(t, c) if c else list(e.ids) for t, c, e in
+                                zip(texts, cuts, self._tok.encode_batch(texts, add_special_tokens=False), strict=True)]
+        whole: list[int] = self._encode("".join(texts), joined_cuts(texts, cuts))
         flat = [i for ids in per for i in ids]
         if whole == flat:
             return per

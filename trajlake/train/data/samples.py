@@ -30,6 +30,7 @@ from trajlake.errors import RetokenizationError, TrainDataError, TrajlakeError
 from trajlake.render.chat import (
     ChatRenderer,
     TemplateError,
+    joined_cuts,
     split_fingerprint,
     system_prompt,
     tokenizer_fingerprint,
@@ -331,7 +332,7 @@ class SampleBuilder:
                 policy_k.append(-1)
             owners.append(t.idx)
         flat = [i for p in pieces for i in p]
-        whole = r.encode_cut("".join(texts), _joined_cuts(texts, cuts))
+        whole = r.encode_cut("".join(texts), joined_cuts(texts, cuts))
         if whole != flat:
             self._prefix_error(eid, texts, cuts, pieces, owners, flat, whole)
         lens = [len(p) for p in pieces]
@@ -350,7 +351,7 @@ class SampleBuilder:
         ends = np.cumsum([len(p) for p in pieces]).tolist()
 
         def upto(k: int) -> list[int]:
-            return r.encode_cut("".join(texts[:k + 1]), _joined_cuts(texts[:k + 1], cuts[:k + 1]))
+            return r.encode_cut("".join(texts[:k + 1]), joined_cuts(texts[:k + 1], cuts[:k + 1]))
 
         def breaks(k: int) -> bool:
             return bool(upto(k) != list(flat[:ends[k]]))
@@ -373,13 +374,3 @@ class SampleBuilder:
             f"episode {eid} turn {owners[lo]}: re-rendered with the trainer's tokenizer, the turn's tokens do not "
             f"continue the previous turns exactly: token {i} is {a} ({show_a}) turn by turn but {b} ({show_b}) when "
             f"the text up to this turn is tokenized whole")
-
-
-def _joined_cuts(texts: Sequence[str], cuts: Sequence[Sequence[int]]) -> list[int]:
-    """Each piece's cut points as offsets into the pieces' concatenation."""
-    out: list[int] = []
-    offset = 0
-    for text, piece_cuts in zip(texts, cuts, strict=True):
-        out += [offset + c for c in piece_cuts]
-        offset += len(text)
-    return out
