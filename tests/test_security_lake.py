@@ -163,6 +163,76 @@ def test_compaction_records_its_own_log_entries_vacuum_included(three_commits) -
     assert result.ok and not result.unrecorded_entries, result.problems
 
 
+# -- round 3 (issue 26): a writer killed between its commit and its record is not a forger -------------------
+def commit_killed_before_its_record(lake: Lake, monkeypatch: pytest.MonkeyPatch, episode_id: str) -> int:
+    """Commit one episode as a writer killed right after its episodes commit would: the entry is on the log, its
+    commit record and the deletion of its commit intent never happen. Returns the entry's version."""
+    from trajlake.lake.storage import LakeStorage
+    from trajlake.lake.store import COMMIT_INTENTS
+
+    remove = LakeStorage.remove
+    with monkeypatch.context() as m:
+        m.setattr(Lake, "record_commits", lambda self, name, first, last: None)
+        m.setattr(LakeStorage, "remove", lambda self, *parts: None if COMMIT_INTENTS in parts
+                  else remove(self, *parts))
+        write(open_lake(lake.root), episode_id)
+    return open_lake(lake.root).versions()["episodes"]
+
+
+def test_an_entry_whose_writer_died_before_its_record_is_recognised_then_recorded(three_commits, monkeypatch) -> None:
+    from trajlake.lake.store import COMMIT_RECORDS, META_DIR
+
+    lake = three_commits
+    version = commit_killed_before_its_record(lake, monkeypatch, "ep-d")
+    assert not (lake.root / META_DIR / COMMIT_RECORDS / "episodes" / f"{version:020d}").exists()
+    report = verify(open_lake(lake.root), strict=True)
+    assert report.ok, report.problems  # its commit intent vouches for it
+    assert any(log_entry_name(version) in n and "stopped before recording it" in n for n in report.notes)
+    write(open_lake(lake.root), "ep-e")  # the next writer's first commit records it
+    assert (lake.root / META_DIR / COMMIT_RECORDS / "episodes" / f"{version:020d}").exists()
+    report = verify(open_lake(lake.root), strict=True)
+    assert report.ok and not any("stopped before recording" in n for n in report.notes), report
+
+
+def test_a_forged_entry_cannot_borrow_a_commit_intent(three_commits, monkeypatch) -> None:
+    """A forger who names a leftover intent (or copies the key of a recorded entry) gains nothing: the entry
+    may only add and remove what its intent lists."""
+    from trajlake.lake.delta_log import INTENT_KEY
+    from trajlake.lake.maintenance import compact
+
+    lake = three_commits
+    version = commit_killed_before_its_record(lake, monkeypatch, "ep-d")
+    nonce = json.loads(log_entry(lake, "episodes", version).read_text().splitlines()[0])["commitInfo"][INTENT_KEY]
+    live = [f.path for f in lake.files("episodes")]
+    lines = [{"commitInfo": {"timestamp": 1, "operation": "DELETE", INTENT_KEY: nonce}},
+             *({"remove": {"path": p, "deletionTimestamp": 1, "dataChange": True}} for p in live)]
+    forged = log_entry(lake, "episodes", version + 1)
+    forged.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    report = verify(open_lake(lake.root))
+    assert report.unrecorded_entries == [f"episodes/{DELTA_LOG}/{forged.name}"], report.problems
+    with pytest.raises(Exception, match="no trajlake commit record"):
+        compact(open_lake(lake.root), retention_hours=0, orphan_grace_hours=0)
+    # the killed writer's own entry was recorded by that compact attempt; the forged one still stands out
+    report = verify(open_lake(lake.root))
+    assert report.unrecorded_entries == [f"episodes/{DELTA_LOG}/{forged.name}"]
+    assert not any("stopped before recording" in n for n in report.notes)
+
+
+def test_compact_records_an_interrupted_commit_and_drops_stale_intents(three_commits, monkeypatch) -> None:
+    from trajlake.lake.maintenance import compact
+    from trajlake.lake.store import COMMIT_INTENTS, META_DIR
+
+    lake = three_commits
+    commit_killed_before_its_record(lake, monkeypatch, "ep-d")
+    stale = lake.root / META_DIR / COMMIT_INTENTS / "turns" / "0123abcd"  # a writer killed before its commit
+    stale.write_text(json.dumps({"adds": [], "removes": [], "pid": 1, "at": 0}), encoding="utf-8")
+    compact(open_lake(lake.root), retention_hours=0, orphan_grace_hours=0)
+    report = verify(open_lake(lake.root), strict=True)
+    assert report.ok and not report.notes, (report.problems, report.notes)
+    assert not any((lake.root / META_DIR / COMMIT_INTENTS).rglob("*")) or \
+        all(p.is_dir() for p in (lake.root / META_DIR / COMMIT_INTENTS).rglob("*"))
+
+
 # -- round 3 (issue 26): numbers no policy can produce -------------------------------------------------------
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("behavior_logprobs", float("nan"), "NaN, infinite or above 0"),

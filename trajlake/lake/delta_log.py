@@ -3,11 +3,15 @@
 A table's versions are the entries ``<table>/_delta_log/<version, 20 digits>.json``; a checkpoint is
 ``<version>.checkpoint[.<part>.<parts>].parquet`` beside them. The commit path stats the next entry, ``verify``
 checks the chain of entries and the commit records (``store.COMMIT_RECORDS``, named after the entries).
+``LogEntryActions`` is what one entry does, read from its JSON lines (``parse_log_entry``).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
+from urllib.parse import unquote
 
 DELTA_LOG = "_delta_log"
 """The log's folder under a table's root."""
@@ -38,4 +42,51 @@ def checkpoint_version(file_name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-__all__ = ["DELTA_LOG", "checkpoint_version", "log_entry_name", "log_entry_version", "version_name"]
+INTENT_KEY = "trajlake.intent"
+"""The key trajlake adds to every commit's ``commitInfo``: the name of the commit intent it wrote just before
+(``store.COMMIT_INTENTS``), so an entry whose writer died before recording it can be told from a forged one."""
+
+
+@dataclass(frozen=True)
+class LogEntryActions:
+    """What one Delta log entry does: its operation, the files it adds and removes (None: unreadable), and the
+    commit intent it names (``INTENT_KEY``), if any."""
+
+    operation: str | None
+    adds: int
+    removes: int
+    error: str | None = None
+    intent: str | None = None
+    add_paths: frozenset[str] = frozenset()
+    """Data-file paths the entry adds, percent-decoded (the log stores partition values encoded)."""
+    remove_paths: frozenset[str] = frozenset()
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"cannot be read ({self.error})"
+        hides = f", hiding the rows of {self.removes} committed file(s)" if self.removes else ""
+        op = f"is a {self.operation} that " if self.operation else ""
+        return f"{op}adds {self.adds} and removes {self.removes} file(s){hides}"
+
+
+def parse_log_entry(data: bytes) -> LogEntryActions:
+    """Read a log entry's JSON lines into ``LogEntryActions`` (an unreadable one has ``error`` set)."""
+    try:
+        actions = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return LogEntryActions(None, 0, 0, str(e))
+
+    def paths(kind: str) -> list[str]:
+        return [unquote(str(a[kind].get("path"))) for a in actions
+                if isinstance(a, dict) and isinstance(a.get(kind), dict)]
+
+    adds, removes = paths("add"), paths("remove")
+    infos = [a["commitInfo"] for a in actions if isinstance(a, dict) and isinstance(a.get("commitInfo"), dict)]
+    ops = [i.get("operation") for i in infos if i.get("operation")]
+    intents = [i.get(INTENT_KEY) for i in infos if isinstance(i.get(INTENT_KEY), str)]
+    return LogEntryActions(str(ops[0]) if ops else None, len(adds), len(removes), None,
+                           intents[0] if intents else None, frozenset(adds), frozenset(removes))
+
+
+__all__ = ["DELTA_LOG", "INTENT_KEY", "LogEntryActions", "checkpoint_version", "log_entry_name", "log_entry_version",
+           "parse_log_entry", "version_name"]

@@ -29,9 +29,16 @@ import pyarrow.compute as pc
 from deltalake.transaction import AddAction, RemoveAction
 
 from trajlake.errors import TrajlakeError, one_line
-from trajlake.lake.delta_log import DELTA_LOG, checkpoint_version, log_entry_name, log_entry_version
+from trajlake.lake.delta_log import (
+    DELTA_LOG,
+    LogEntryActions,
+    checkpoint_version,
+    log_entry_name,
+    log_entry_version,
+)
 from trajlake.lake.hashing import episode_hash, hash_rows, row_bytes
 from trajlake.lake.store import (
+    COMMIT_INTENTS,
     COMMIT_RECORDS,
     DEFAULT_RETENTION_HOURS,
     META_DIR,
@@ -39,6 +46,7 @@ from trajlake.lake.store import (
     DataFile,
     Lake,
     checksum_from_name,
+    intent_allows,
 )
 from trajlake.lake.values import impossible_token_values
 from trajlake.schema import TABLES, arrow_schema, table_def
@@ -140,8 +148,14 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
         report.problems.append(f"{name}/_delta_log: {len(lost)} committed version(s) are gone from the log "
                                f"(newest recorded {lost[-1]}, the log ends at {version}): the newest entries were "
                                f"deleted and their rows are silently dropped")
+    intents = lake.commit_intents(name)
     for entry, actions in unrecorded_log_entries(lake, name, version, records=[v for v, _ in records],
-                                                 on_log=on_log):
+                                                 on_log=on_log, intended=True):
+        if actions.intent in intents and intent_allows(intents[actions.intent], actions):
+            report.notes.append(f"{name}/_delta_log/{entry}: committed by a trajlake writer that stopped before "
+                                f"recording it (its commit intent is still there); the next commit to the table "
+                                f"or `trajlake compact` records it")
+            continue
         report.unrecorded_entries.append(f"{name}/_delta_log/{entry}")
         report.problems.append(f"{name}/_delta_log/{entry}: no trajlake commit record: trajlake did not write this "
                                f"entry (another tool or a hand edit forged it), or the trajlake writer that did "
@@ -162,10 +176,12 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
 
 
 def unrecorded_log_entries(lake: Lake, name: str, version: int, *, records: list[int] | None = None,
-                           on_log: set[str] | None = None) -> list[tuple[str, LogEntryActions]]:
+                           on_log: set[str] | None = None, intended: bool = False) -> list[tuple[str, LogEntryActions]]:
     """Log entries of ``name`` up to ``version`` that trajlake did not record at commit time, each as (entry name,
     what it does). Entries older than the first record (a lake written before commit records existed, and the
-    table's creation, version 0) are not judged. Empty when the lake keeps no records."""
+    table's creation, version 0) are not judged. Empty when the lake keeps no records. An entry whose writer
+    died between its commit and the record (it names a commit intent still on storage and does no more than
+    the intent says) is left out, unless ``intended``."""
     st = lake.storage
     if records is None:
         try:
@@ -187,38 +203,16 @@ def unrecorded_log_entries(lake: Lake, name: str, version: int, *, records: list
         with contextlib.suppress(OSError, TrajlakeError):
             recorded = {int(n) for n in st.listdir(META_DIR, COMMIT_RECORDS, name) if n.isdigit()}
         found = [v for v in found if v not in recorded]
-    return [(log_entry_name(v), _log_entry_actions(lake, name, v)) for v in found]
-
-
-@dataclass(frozen=True)
-class LogEntryActions:
-    """What one Delta log entry does: its operation and how many files it adds and removes (None: unreadable)."""
-
-    operation: str | None
-    adds: int
-    removes: int
-    error: str | None = None
-
-    def describe(self) -> str:
-        if self.error is not None:
-            return f"cannot be read ({self.error})"
-        hides = f", hiding the rows of {self.removes} committed file(s)" if self.removes else ""
-        op = f"is a {self.operation} that " if self.operation else ""
-        return f"{op}adds {self.adds} and removes {self.removes} file(s){hides}"
-
-
-def _log_entry_actions(lake: Lake, name: str, version: int) -> LogEntryActions:
-    try:
-        actions = [json.loads(line) for line in
-                   lake.storage.read_bytes(name, DELTA_LOG, log_entry_name(version)).decode("utf-8").splitlines()
-                   if line.strip()]
-    except (OSError, TrajlakeError, ValueError) as e:
-        return LogEntryActions(None, 0, 0, str(e))
-    adds = sum(1 for a in actions if isinstance(a, dict) and "add" in a)
-    removes = sum(1 for a in actions if isinstance(a, dict) and "remove" in a)
-    ops = [a["commitInfo"].get("operation") for a in actions if isinstance(a, dict)
-           and isinstance(a.get("commitInfo"), dict) and a["commitInfo"].get("operation")]
-    return LogEntryActions(str(ops[0]) if ops else None, adds, removes)
+    if not found:
+        return []
+    intents = lake.commit_intents(name)
+    out: list[tuple[str, LogEntryActions]] = []
+    for v in found:
+        entry = lake.log_entry(name, v)
+        if not intended and entry.intent in intents and intent_allows(intents[entry.intent], entry):
+            continue  # trajlake's: its writer died before the record (the next writer or compact records it)
+        out.append((log_entry_name(v), entry))
+    return out
 
 
 def _log_stats(lake: Lake, name: str, version: int) -> dict[str, dict[str, Any]]:
@@ -462,6 +456,8 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
         # Rewriting, checkpointing and vacuuming would make an unrecorded (possibly forged) log entry's removes
         # permanent: the files it hides would be deleted for good. Refuse before touching anything.
         for name in TABLES:
+            lake.recover_commit_records(name)  # entries of writers killed between their commit and its record
+        for name in TABLES:
             # only entries that remove files: an unrecorded add (a writer killed between its commit and its
             # record) hides nothing that vacuum could delete
             unrecorded = [(e, a) for e, a in unrecorded_log_entries(lake, name, lake.delta(name).version())
@@ -487,14 +483,27 @@ def compact(lake: Lake, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
             _prune_commit_records(lake, name)
             if vacuum:
                 before = d.version()
-                removed = d.vacuum(retention_hours=int(retention_hours), dry_run=False,
-                                   enforce_retention_duration=False)
-                report.vacuumed_files += len(removed)
-                d.update_incremental()
-                lake.record_commits(name, before + 1, d.version())  # delta-rs logs VACUUM START / END
+                with lake.commit_intent(name) as props:
+                    removed = d.vacuum(retention_hours=int(retention_hours), dry_run=False,
+                                       enforce_retention_duration=False, commit_properties=props())
+                    report.vacuumed_files += len(removed)
+                    d.update_incremental()
+                    lake.record_commits(name, before + 1, d.version())  # delta-rs logs VACUUM START / END
+            _prune_commit_intents(lake, name, now_ms - grace_ms)
             report.files_after[name] = len(lake.files(name))
         report.versions = lake.versions()
     return report
+
+
+def _prune_commit_intents(lake: Lake, name: str, before_ms: float) -> None:
+    """Drop commit intents written before ``before_ms`` (epoch ms) that no unrecorded entry used: their writer
+    was killed before its commit (or after recording it), and an old intent would keep vouching for a forger
+    who names it."""
+    for nonce, body in lake.commit_intents(name).items():
+        at = body.get("at")
+        if isinstance(at, (int, float)) and at * 1000 < before_ms:
+            with contextlib.suppress(OSError, TrajlakeError):
+                lake.storage.remove(META_DIR, COMMIT_INTENTS, name, nonce)
 
 
 def _prune_commit_records(lake: Lake, name: str) -> None:

@@ -19,10 +19,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import deltalake
 import pyarrow as pa
@@ -39,7 +40,15 @@ from trajlake.errors import (
     TrajlakeError,
     one_line,
 )
-from trajlake.lake.delta_log import DELTA_LOG, log_entry_name, version_name
+from trajlake.lake.delta_log import (
+    DELTA_LOG,
+    INTENT_KEY,
+    LogEntryActions,
+    log_entry_name,
+    log_entry_version,
+    parse_log_entry,
+    version_name,
+)
 from trajlake.lake.storage import LakeStorage, is_uri, storage_error
 from trajlake.schema import (
     BASE_SCHEMA_VERSION,
@@ -58,6 +67,12 @@ COMMIT_RECORDS = "commits"
 """Folder under META_DIR holding, per table, the sha256 of every Delta log entry trajlake committed or saw
 committed (one small file per version, named ``delta_log.version_name``): ``verify`` checks the log still holds
 them, unchanged."""
+COMMIT_INTENTS = "intents"
+"""Folder under META_DIR holding, per table, the commit intents of commits under way: a writer writes one (the
+files it will add and remove) before each commit, names it in the commit's ``commitInfo`` (``INTENT_KEY``), and
+deletes it after recording the commit. A writer killed between its commit and the record leaves both, so the next
+writer's first commit (``Lake.recover_commit_records``), ``compact`` and ``verify`` recognise the entry as trajlake's;
+an entry may only do what its intent says (a subset of its adds and removes)."""
 LAKE_FILE = "lake.json"
 DEFAULT_RETENTION_HOURS = 7 * 24
 TARGET_FILE_BYTES = 256 * 1024 * 1024  # in-memory Arrow bytes per data file (zstd makes files several x smaller)
@@ -99,6 +114,14 @@ def _delta_table_config() -> dict[str, str]:
         "delta.logRetentionDuration": "interval 30 days",
         "delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
     }
+
+
+def intent_allows(intent: dict[str, Any], entry: LogEntryActions) -> bool:
+    """Whether a log entry does no more than the commit intent it names: it adds and removes only files the
+    intent lists (so an intent left by a writer killed before its commit vouches for nothing else)."""
+    adds = {unquote(str(p)) for p in intent.get("adds") or []}
+    removes = {unquote(str(p)) for p in intent.get("removes") or []}
+    return entry.error is None and entry.add_paths <= adds and entry.remove_paths <= removes
 
 
 def _post_commit_hooks(d: deltalake.DeltaTable) -> deltalake.PostCommitHookProperties:
@@ -250,6 +273,8 @@ class Lake:
             # (delta-rs's local store has no listing from an offset), a cost that grows with the log.
             d.update_incremental()
         if name not in self._schema_current:
+            # this process's first commit to the table: record what a writer killed before us left unrecorded
+            self.recover_commit_records(name)
             before = d.version()
             if self._upgrade_schema(name, d):
                 d.update_incremental()
@@ -264,9 +289,13 @@ class Lake:
         missing column as null. Returns whether anything changed."""
         add, relax = schema_upgrade(d.schema(), name)
         if add:
-            d.alter.add_columns([deltalake.Field.from_arrow(f) for f in add])
+            with self.commit_intent(name) as props:
+                d.alter.add_columns([deltalake.Field.from_arrow(f) for f in add], commit_properties=props())
+                self.record_commits(name, d.version(), d.version())
         for col in relax:
-            d.alter.drop_column_not_null(col)
+            with self.commit_intent(name) as props:
+                d.alter.drop_column_not_null(col, commit_properties=props())
+                self.record_commits(name, d.version(), d.version())
         return bool(add or relax)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -544,26 +573,28 @@ class Lake:
             return self.delta(name).version()
         td = table_def(name)
         last: Exception | None = None
-        for attempt in range(retries):
-            with self._commit_tables_lock:
-                d = self._latest(name)
-                if expect_present:
-                    live = {f.path for f in self.files(name)}
-                    gone = [p for p in expect_present if p not in live]
-                    if gone:
-                        raise ConcurrentChangeError(
-                            f"{name}: {len(gone)} file(s) were removed concurrently: {gone[0]}")
-                try:
-                    before = d.version()
-                    d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
-                                               partition_by=list(td.partition_by) or None,
-                                               post_commithook_properties=_post_commit_hooks(d))
-                    d.update_incremental()
-                    self.record_commits(name, before + 1, d.version())
-                    return d.version()
-                except CommitFailedError as e:  # another writer won the version: refresh and try again
-                    last = e
-            time.sleep(min(0.5, 0.01 * (attempt + 1)))
+        with self.commit_intent(name, actions) as props:
+            for attempt in range(retries):
+                with self._commit_tables_lock:
+                    d = self._latest(name)
+                    if expect_present:
+                        live = {f.path for f in self.files(name)}
+                        gone = [p for p in expect_present if p not in live]
+                        if gone:
+                            raise ConcurrentChangeError(
+                                f"{name}: {len(gone)} file(s) were removed concurrently: {gone[0]}")
+                    try:
+                        before = d.version()
+                        d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
+                                                   partition_by=list(td.partition_by) or None,
+                                                   commit_properties=props(),
+                                                   post_commithook_properties=_post_commit_hooks(d))
+                        d.update_incremental()
+                        self.record_commits(name, before + 1, d.version())
+                        return d.version()
+                    except CommitFailedError as e:  # another writer won the version: refresh and try again
+                        last = e
+                time.sleep(min(0.5, 0.01 * (attempt + 1)))
         raise TrajlakeError(f"{name}: could not commit after {retries} attempts: {one_line(last) if last else ''}")
 
     def commit_rewritten(self, name: str, removes: Sequence[RemoveAction], adds: Sequence[AddAction],
@@ -596,16 +627,91 @@ class Lake:
                 d = self._latest(name)
             if d.version() != read_version:
                 return None
-            try:
-                d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
-                                           partition_by=list(td.partition_by) or None,
-                                           commit_properties=deltalake.CommitProperties(max_commit_retries=0),
-                                           post_commithook_properties=_post_commit_hooks(d))
-            except CommitFailedError:
-                return None  # another writer created that version first
-            d.update_incremental()
-            self.record_commits(name, read_version + 1, d.version())
+            with self.commit_intent(name, actions) as props:
+                try:
+                    d.create_write_transaction(list(actions), mode="append", schema=_delta_schema(name),
+                                               partition_by=list(td.partition_by) or None,
+                                               commit_properties=props(max_commit_retries=0),
+                                               post_commithook_properties=_post_commit_hooks(d))
+                except CommitFailedError:
+                    return None  # another writer created that version first
+                d.update_incremental()
+                self.record_commits(name, read_version + 1, d.version())
             return read_version + 1  # ours (d may already show a later writer's version too)
+
+    @contextlib.contextmanager
+    def commit_intent(self, name: str, actions: Sequence[AddAction | RemoveAction] = ()
+                       ) -> Iterator[Callable[..., deltalake.CommitProperties]]:
+        """Write a commit intent (``COMMIT_INTENTS``) for a commit of ``actions``; yields a factory of the
+        ``CommitProperties`` that name it in the entry's ``commitInfo``; deletes the intent when the block ends
+        (the caller has recorded the commit by then, or made none)."""
+        nonce = uuid.uuid4().hex
+        body = {"adds": [a.path for a in actions if isinstance(a, AddAction)],
+                "removes": [a.path for a in actions if isinstance(a, RemoveAction)],
+                "pid": os.getpid(), "at": time.time()}
+        self.storage.write_bytes(json.dumps(body).encode(), META_DIR, COMMIT_INTENTS, name, nonce)
+
+        def props(**kw: Any) -> deltalake.CommitProperties:
+            return deltalake.CommitProperties(custom_metadata={INTENT_KEY: nonce}, **kw)
+
+        try:
+            yield props
+        finally:
+            with contextlib.suppress(OSError, TrajlakeError):  # a leftover intent is harmless (compact drops it)
+                self.storage.remove(META_DIR, COMMIT_INTENTS, name, nonce)
+
+    def commit_intents(self, name: str) -> dict[str, dict[str, Any]]:
+        """The commit intents of ``name`` still on storage (intent name -> its content; unreadable ones are
+        left out: they can vouch for nothing)."""
+        try:
+            names = self.storage.listdir(META_DIR, COMMIT_INTENTS, name)
+        except (OSError, TrajlakeError):
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for n in names:
+            if n.startswith(".") or n.endswith(".tmp"):
+                continue
+            try:
+                body = json.loads(self.storage.read_bytes(META_DIR, COMMIT_INTENTS, name, n))
+            except (OSError, TrajlakeError, ValueError):
+                continue
+            if isinstance(body, dict):
+                out[n] = body
+        return out
+
+    def log_entry(self, name: str, version: int) -> LogEntryActions:
+        """What the log entry of ``version`` of ``name`` does (``error`` set when it cannot be read)."""
+        try:
+            return parse_log_entry(self.storage.read_bytes(name, DELTA_LOG, log_entry_name(version)))
+        except (OSError, TrajlakeError) as e:
+            return LogEntryActions(None, 0, 0, one_line(e))
+
+    def recover_commit_records(self, name: str) -> list[int]:
+        """Record the log entries of ``name`` that a trajlake writer committed but died before recording: an
+        unrecorded entry naming a commit intent still on storage, doing no more than the intent says. Deletes
+        the intents it used. Returns the versions recorded. Cheap when no intent is left (one listing)."""
+        intents = self.commit_intents(name)
+        if not intents:
+            return []
+        st = self.storage
+        try:
+            records = {int(n) for n in st.listdir(META_DIR, COMMIT_RECORDS, name) if n.isdigit()}
+            on_log = st.listdir(name, DELTA_LOG)
+        except (OSError, TrajlakeError):
+            return []
+        if not records:
+            return []  # a lake written before commit records: nothing is judged, nothing to recover
+        first = min(records)
+        recovered: list[int] = []
+        for v in sorted(v for n in on_log if (v := log_entry_version(n)) is not None and v > first
+                        and v not in records):
+            entry = self.log_entry(name, v)
+            if entry.intent in intents and intent_allows(intents[entry.intent], entry):
+                self.record_commits(name, v, v)
+                with contextlib.suppress(OSError, TrajlakeError):
+                    st.remove(META_DIR, COMMIT_INTENTS, name, entry.intent)
+                recovered.append(v)
+        return recovered
 
     def record_commits(self, name: str, first: int, last: int) -> None:
         """Record the sha256 of log entries ``first..last`` (see COMMIT_RECORDS): the log alone cannot show
