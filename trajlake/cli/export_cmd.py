@@ -61,7 +61,8 @@ def hf_command(
     shard_mb: Annotated[float, typer.Option(help="Approximate largest shard size in MiB (compressed).")
                         ] = DEFAULT_MAX_SHARD_BYTES / _MB,
     overwrite: Annotated[bool, typer.Option(
-        "--overwrite", help="Export into a non-empty folder, replacing its README.md and data/.")] = False,
+        "--overwrite", help="Export into a non-empty folder, replacing its README.md and data/ (other files are "
+        "kept). Crash-safe: a killed export leaves the old export or the new one, never a mix.")] = False,
     private: Annotated[bool, typer.Option(
         "--private/--public", help="Visibility of the Hub repo when --push creates it.")] = True,
     memory_limit: MemoryOpt = None,

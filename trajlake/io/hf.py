@@ -26,13 +26,19 @@ Types: every schema type maps to a ``datasets`` feature directly except ``map<st
 
 from __future__ import annotations
 
+import ctypes
 import datetime as dt
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -64,6 +70,7 @@ __all__ = [
     "prepare_export",
     "push_export",
     "push_to_hub",
+    "recover_export",
     "set_temp_directory",
     "write_staged",
 ]
@@ -639,7 +646,12 @@ def _check_out(out: Path, overwrite: bool, lake: Lake) -> None:
     target = out.resolve()
     if root is not None and (target == root or root in target.parents):
         raise TrajlakeError(f"--out {out}: is inside the lake {root}; export somewhere else")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    try:  # what a killed export left must neither block this one nor count as the folder's files
+        recover_export(out)
+    except OSError as e:
+        raise TrajlakeError(f"--out {out}: cannot repair what an interrupted export left: {e.strerror or e}"
+                            f"{f' ({e.filename})' if e.filename else ''}; fix it and rerun") from e
+    if out.is_dir() and _own_entries(out) and not overwrite:
         raise TrajlakeError(f"--out {out}: directory is not empty; pass --overwrite to replace its "
                             f"{CARD} and {DATA_DIR}/ (other files are kept)")
 
@@ -656,6 +668,7 @@ class ExportTarget:
     out: Path
     versions: dict[str, int]
     api: Any
+    overwrite: bool = False
 
 
 def prepare_export(lake: LakeArg, out: str | os.PathLike[str], *, as_of: str | dict[str, int]
@@ -675,39 +688,279 @@ def prepare_export(lake: LakeArg, out: str | os.PathLike[str], *, as_of: str | d
     lk = as_lake(lake)
     out_p = Path(out)
     _check_out(out_p, overwrite, lk)
-    return ExportTarget(lk, out_p, dict(lk.resolve_as_of(as_of) or lk.versions()), api)
+    return ExportTarget(lk, out_p, dict(lk.resolve_as_of(as_of) or lk.versions()), api, overwrite)
 
 
-def write_staged(out: Path, build: Callable[[Path], ExportSummary]) -> ExportSummary:
-    """Run ``build(staging)`` (which writes ``README.md`` and ``data/`` into a hidden staging folder inside
-    ``out``), then swap those two into place. On any error ``out`` is left as it was (and removed when this
-    created it): a failed export never leaves partial data."""
-    created = not out.exists()
+# ------------------------------------------------------------------------------------------------- crash safety
+# An export is built in a staging folder, then swapped into place so that at every instant (a kill included) the
+# output folder holds the complete old export or the complete new one. The usual way ("swap" mode) stages a
+# sibling of the output folder, ``.<name>.trajlake-export-<pid>-<hex>``, moves the folder's other files into it,
+# and exchanges the two folders with one rename (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames via
+# ``.<name>.trajlake-old-<id>``: a kill between them leaves no folder, and the next export finishes the swap,
+# as ``recover_export`` does). When the folder
+# itself cannot move (a mount point, an unwritable parent, the current directory) the staging folder sits inside
+# it ("in place" mode) and README.md and data/ are renamed one after the other; a kill between the two leaves a
+# marker and the next export finishes the swap. A staging folder is locked (``flock`` on its directory) by the
+# process that builds it, so the kernel drops the lock when that process dies, even by SIGKILL: an unlocked
+# staging folder is a leftover, a locked one belongs to a running export and is never touched. Swaps and the
+# recovery of leftovers run under a lock on the folder that never moves (the parent, or the folder in place).
+_STAGE = "trajlake-export-"
+_OLD = "trajlake-old-"
+_SPILL = ".trajlake-duckdb-tmp"
+_SWAP_MARK = ".trajlake-swapping"
+_INTERNAL = frozenset({CARD, DATA_DIR, _SPILL, _SWAP_MARK})
+"""Names inside a staging folder that belong to the export; anything else was moved there from the folder."""
+_IN_PLACE_RE = re.compile(r"^\.trajlake-export-")  # this version's and older versions' staging inside ``out``
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where the export of one output folder is staged and how it is swapped in."""
+
+    out: Path
+    """The output folder, symlinks resolved (the swap replaces the folder a link points to, not the link)."""
+    in_place: bool
+
+    @property
+    def anchor(self) -> Path:
+        """The folder that never moves: locked while swapping or recovering."""
+        return self.out if self.in_place else self.out.parent
+
+    @property
+    def prefix(self) -> str:
+        """Name prefix of this folder's staging siblings (a digest for very long names: NAME_MAX is 255)."""
+        name = self.out.name
+        if len(name) > 150:
+            name = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+        return f".{name}."
+
+    def sibling_re(self) -> re.Pattern[str]:
+        return re.compile(rf"^{re.escape(self.prefix)}({_STAGE}|{_OLD})(\d+-[0-9a-f]{{8}})$")
+
+
+def _place(out: Path) -> _Place:
+    real = Path(os.path.realpath(out))
+    if not real.is_dir():
+        return _Place(real, in_place=False)
+    cwd = Path.cwd().resolve()
+    fixed = (os.path.ismount(real) or not os.access(real.parent, os.W_OK | os.X_OK)
+             or cwd == real or real in cwd.parents)  # renaming the cwd would strand this process and the shell
+    return _Place(real, in_place=fixed)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (``renameat2(RENAME_EXCHANGE)``); False where the OS or file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:  # glibc < 2.28, musl
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _try_lock(path: Path) -> int | None:
+    """A descriptor holding the lock of the folder ``path``; None if another process holds it (or it is gone)."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextmanager
+def _anchor_lock(place: _Place) -> Iterator[None]:
+    """Hold the lock of the folder that does not move (waits for another export's swap to end)."""
+    fd = os.open(place.anchor, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _return_entries(stage: Path, out: Path) -> None:
+    """Move the folder's own files, which a killed swap left in ``stage``, back to ``out``."""
+    for p in sorted(stage.iterdir()):
+        if p.name in _INTERNAL:
+            continue
+        if os.path.lexists(out / p.name):
+            raise TrajlakeError(f"--out {out}: an interrupted export left {p.name} in {stage}, and {out} has one "
+                                f"too; keep one of them by hand, delete {stage} and rerun")
+        os.rename(p, out / p.name)
+
+
+def _finish_in_place(stage: Path, out: Path) -> None:
+    """Move the finished export in ``stage`` (inside ``out``) into place, skipping steps already done."""
+    if (stage / DATA_DIR).is_dir():
+        if os.path.lexists(out / DATA_DIR):
+            os.rename(out / DATA_DIR, stage / f".old-{DATA_DIR}-{secrets.token_hex(4)}")
+        os.rename(stage / DATA_DIR, out / DATA_DIR)
+    if (stage / CARD).is_file():
+        os.replace(stage / CARD, out / CARD)
+
+
+def _recover(place: _Place) -> None:
+    """Repair what killed exports of ``place.out`` left (call with the anchor lock held): finish a swap that a
+    kill cut between its two renames, return the folder's own files, and delete unlocked staging folders. A
+    locked staging folder belongs to a running export and is left alone."""
+    out = place.out
+    held: list[int] = []
+    try:
+        if out.is_dir():  # staging folders inside the folder (in place mode; older trajlake versions)
+            for p in sorted(out.iterdir()):
+                if not (_IN_PLACE_RE.match(p.name) and p.is_dir()):
+                    continue
+                fd = _try_lock(p)
+                if fd is None:
+                    continue
+                held.append(fd)
+                if (p / _SWAP_MARK).exists():  # built and marked: roll the swap forward
+                    _finish_in_place(p, out)
+                shutil.rmtree(p)
+        if place.in_place or not out.parent.is_dir():
+            return
+        stages: dict[str, Path] = {}
+        olds: dict[str, Path] = {}
+        pattern = place.sibling_re()
+        for p in sorted(out.parent.iterdir()):
+            m = pattern.match(p.name)
+            if m is None or not p.is_dir():
+                continue
+            if m.group(1) == _OLD:
+                olds[m.group(2)] = p  # only exists inside a swap, which holds the anchor lock we hold now
+                continue
+            fd = _try_lock(p)
+            if fd is not None:
+                held.append(fd)
+                stages[m.group(2)] = p
+        if not out.exists():
+            # A kill between "folder -> old" and "staging -> folder": the staging is complete (with the
+            # folder's own files), so finish the swap; without it, put the old folder back.
+            for key, old in olds.items():
+                if key in stages:
+                    os.rename(stages.pop(key), out)
+                else:
+                    os.rename(old, out)
+                    olds.pop(key)
+                break
+        for stage in stages.values():
+            if out.is_dir():
+                _return_entries(stage, out)
+            shutil.rmtree(stage)
+        for old in olds.values():
+            shutil.rmtree(old)
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def recover_export(out: str | os.PathLike[str]) -> None:
+    """Repair what a killed ``export hf`` left in or beside ``out`` (every export does this first)."""
+    place = _place(Path(out))
+    if place.anchor.is_dir():
+        with _anchor_lock(place):
+            _recover(place)
+
+
+def _own_entries(out: Path) -> list[str]:
+    """Names in ``out`` other than staging folders of running in-place exports."""
+    return sorted(p.name for p in out.iterdir() if not _IN_PLACE_RE.match(p.name))
+
+
+def _new_stage(place: _Place) -> tuple[Path, int]:
+    """Create and lock a staging folder (under the anchor lock, so no recovery sees it unlocked)."""
+    parent = place.out if place.in_place else place.out.parent
+    with _anchor_lock(place):
+        while True:
+            name = f"{os.getpid()}-{secrets.token_hex(4)}"
+            stage = parent / (f".{_STAGE}{name}" if place.in_place else f"{place.prefix}{_STAGE}{name}")
+            try:
+                stage.mkdir()
+            except FileExistsError:
+                continue
+            fd = _try_lock(stage)
+            assert fd is not None  # just created, under the anchor lock
+            return stage, fd
+
+
+def _swap_in(place: _Place, stage: Path, overwrite: bool) -> None:
+    """Put the finished export in ``stage`` in place of ``place.out`` (call with the anchor lock held)."""
+    out = place.out
+    shutil.rmtree(stage / _SPILL, ignore_errors=True)
+    if out.is_dir() and not overwrite and _own_entries(out):
+        raise TrajlakeError(f"--out {out}: files appeared in the folder during the export; nothing was "
+                            "changed; pass --overwrite to replace its README.md and data/")
+    if place.in_place:
+        (stage / _SWAP_MARK).touch()  # from here on a rerun finishes this swap instead of deleting it
+        _finish_in_place(stage, out)
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    if not out.exists():
+        os.rename(stage, out)  # a fresh export: one rename, nothing to keep
+        return
+    shutil.copymode(out, stage)  # the new folder keeps the old one's permissions
+    for name in _own_entries(out):
+        if name not in (CARD, DATA_DIR):
+            os.rename(out / name, stage / name)  # the folder's own files (.git, notes) go with the new export
+    if _exchange(stage, out):  # the commit point
+        shutil.rmtree(stage, ignore_errors=True)  # now the old export (a leftover is removed by the next export)
+        return
+    old = stage.with_name(place.prefix + _OLD + stage.name[len(place.prefix + _STAGE):])
+    os.rename(out, old)
+    os.rename(stage, out)  # the commit point; a kill just before it leaves no folder, put back by _recover
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _cleanup_after_error(place: _Place, stage: Path, fd: int) -> None:
+    """What a failed (not killed) export does: unlock its staging folder and repair as a rerun would."""
+    os.close(fd)
+    if place.anchor.is_dir():
+        with _anchor_lock(place):
+            _recover(place)
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def write_staged(out: Path, build: Callable[[Path], ExportSummary], *, overwrite: bool = True) -> ExportSummary:
+    """Run ``build(staging)`` (which writes ``README.md`` and ``data/`` into a staging folder), then swap the
+    result into ``out`` so that the folder holds the old export or the new one at every instant, even if the
+    process is killed (see the crash-safety comment above). Files of ``out`` other than README.md and data/ are
+    kept. On an error ``out`` is left as it was: a failed export never leaves partial data."""
+    place = _place(out)
+    try:
+        place.anchor.mkdir(parents=True, exist_ok=True)
+        stage, fd = _new_stage(place)
     except OSError as e:
         raise TrajlakeError(f"--out {out}: cannot create the folder: {e.strerror or e}") from e
-    staging = Path(tempfile.mkdtemp(prefix=".trajlake-export-", dir=out))
     try:
-        summary = build(staging)
-        # Swap the finished export into place: only README.md and data/ are ever replaced.
-        if (out / DATA_DIR).exists():
-            shutil.rmtree(out / DATA_DIR)
-        (out / CARD).unlink(missing_ok=True)
-        os.replace(staging / DATA_DIR, out / DATA_DIR)
-        os.replace(staging / CARD, out / CARD)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
+        summary = build(stage)
+        with _anchor_lock(place):
+            _recover(place)  # an export killed meanwhile (or before) leaves nothing half done under ours
+            _swap_in(place, stage, overwrite)
+    except BaseException as e:
+        _cleanup_after_error(place, stage, fd)
+        if isinstance(e, OSError):
+            raise TrajlakeError(f"--out {out}: could not write the export: {e.strerror or e}"
+                                f"{f' ({e.filename})' if e.filename else ''}; the folder is as it was, "
+                                "fix the cause and rerun") from e
         raise
-    shutil.rmtree(staging, ignore_errors=True)
+    os.close(fd)
     return summary
 
 
 def set_temp_directory(con: duckdb.DuckDBPyConnection, staging: Path) -> None:
     """Let DuckDB spill sorts into the staging folder (removed with it)."""
-    tmp = staging / ".duckdb-tmp"
+    tmp = staging / _SPILL
     con.execute(f"SET temp_directory = '{str(tmp).replace(chr(39), chr(39) * 2)}'")
 
 
@@ -786,5 +1039,5 @@ def export_hf(lake: LakeArg, out: str | os.PathLike[str], *,
         (staging / CARD).write_text(render_card(summary, lk.name), encoding="utf-8")
         return summary
 
-    summary = write_staged(target.out, build)
+    summary = write_staged(target.out, build, overwrite=target.overwrite)
     return push_export(summary, push, private=private, api=target.api)

@@ -610,5 +610,5 @@ def export_layout(lake: LakeArg, out: str | os.PathLike[str], *, layout: str,
                                     encoding="utf-8")
         return summary
 
-    summary = write_staged(target.out, build)
+    summary = write_staged(target.out, build, overwrite=target.overwrite)
     return push_export(summary, push, private=private, api=target.api)
