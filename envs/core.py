@@ -23,6 +23,32 @@ from trajlake.errors import EnvError
 STATUS_OK = Status.OK
 ERROR_CLASSES: tuple[str, ...] = tuple(ErrorClass)
 
+DEFAULT_HUMAN_INTERACTION_USD = 0.50
+"""USD for one interaction with the person behind the agent: a confirmation answered by an approver (and the
+``ask_user`` action, when it comes). About 30 seconds of a person's time at $60 an hour. This is the one place the
+default is set; an environment takes ``human_price_usd`` (``--env-arg human_price_usd=2.0``) and the variable
+``TRAJLAKE_HUMAN_INTERACTION_USD`` overrides the default for every environment of a process."""
+HUMAN_PRICE_VARIABLE = "TRAJLAKE_HUMAN_INTERACTION_USD"
+
+
+def human_interaction_usd(override: float | None = None) -> float:
+    """The price of one human interaction: ``override`` (an environment's ``human_price_usd``) when given, else
+    ``$TRAJLAKE_HUMAN_INTERACTION_USD``, else :data:`DEFAULT_HUMAN_INTERACTION_USD`. Raises EnvError for a
+    negative or non-finite price (a typo must not make people free or priceless)."""
+    import math
+    import os
+
+    raw: Any = override if override is not None else os.environ.get(HUMAN_PRICE_VARIABLE)
+    if raw is None or raw == "":
+        return DEFAULT_HUMAN_INTERACTION_USD
+    try:
+        price = float(raw)
+    except (TypeError, ValueError):
+        raise EnvError(f"human price: expected a number of USD, got {raw!r}") from None
+    if not math.isfinite(price) or price < 0:
+        raise EnvError(f"human price: must be a non-negative number of USD, got {raw!r}")
+    return price
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -423,7 +449,9 @@ class BudgetTracker:
 
 
 __all__ = [
+    "DEFAULT_HUMAN_INTERACTION_USD",
     "ERROR_CLASSES",
+    "HUMAN_PRICE_VARIABLE",
     "SANDBOX_KINDS",
     "STATUS_OK",
     "Budget",
@@ -440,5 +468,6 @@ __all__ = [
     "SplitTasks",
     "StepResult",
     "TrackedBudget",
+    "human_interaction_usd",
     "stable_hash",
 ]

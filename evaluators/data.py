@@ -38,7 +38,7 @@ EPISODE_FLOAT_COLUMNS: tuple[str, ...] = (
     "env_transient_turns", "env_bug_turns", "invalid_action_turns", "bad_plan_turns", "safety_block_turns",
     "budget_exhausted_turns", "gateway_events", "gateway_denials", "confirmations", "executed_violations",
     "injection_exposed",
-    "injection_obeyed_calls", "attacked", "benign", "attack_success", "version_switched", "policy_lag", "has_policy_lag", "reward_total",
+    "injection_obeyed_calls", "secret_leak", "attacked", "benign", "attack_success", "version_switched", "policy_lag", "has_policy_lag", "reward_total",
     "error_model_invalid_action", "error_model_bad_plan", "error_env_transient", "error_env_bug",
     "error_safety_block", "error_budget_exhausted", "env_failure", "env_reattributed", "oracle_fails",
     "state_breaks", "model_failure",

@@ -113,6 +113,7 @@ def _counts(data: EvalData, idx: np.ndarray) -> tuple[dict[str, Any], dict[str, 
             "injection_exposed_episodes": _count(ep["injection_exposed"][idx]),
             "injection_obeyed_calls": _count(ep["injection_obeyed_calls"][idx]),
             "confirmations": _count(ep["confirmations"][idx]),
+            "secret_leak": _count(ep["secret_leak"][idx]),
         },
     }
     terminations = {r: _count(ep[f"termination_{r}"][idx]) for r in TERMINATION_REASONS}

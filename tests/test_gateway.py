@@ -729,9 +729,11 @@ def test_permissions_cannot_be_changed_after_construction(tmp_path: Path) -> Non
     with pytest.raises(AttributeError):
         loose_gw.extra = 1
     public = {n for n in dir(Gateway) if not n.startswith("_")}
-    # note_untrusted / note_trusted only add taint (which can hold calls back, never allow one)
-    assert public == {"call", "derived_taint", "export_state", "import_state", "note_trusted", "note_untrusted",
-                      "permissions", "reset", "spent", "tools", "workspace"}
+    # note_untrusted / note_trusted only add taint (which can hold calls back, never allow one); the credential
+    # methods issue, expire and look up the episode's credentials, which grant nothing the permissions do not
+    assert public == {"call", "credential_valid", "credentials", "derived_taint", "expire_credentials",
+                      "export_state", "import_state", "issue_credential", "leaked_credentials", "note_trusted",
+                      "note_untrusted", "permissions", "reset", "spent", "tools", "workspace"}
 
 
 def test_editing_a_tool_schema_after_construction_has_no_effect(env: Env) -> None:

@@ -47,15 +47,24 @@ from trajlake.envs.core import (
     ResetResult,
     Snapshot,
     StepResult,
+    human_interaction_usd,
     stable_hash,
 )
-from trajlake.envs.gateway import Gateway, Permissions, ToolSpec, TransientToolError, validate_args
+from trajlake.envs.gateway import (
+    LEAK_LABEL,
+    Credential,
+    Gateway,
+    Permissions,
+    ToolSpec,
+    TransientToolError,
+    validate_args,
+)
 from trajlake.envs.policy import Policy
 from trajlake.envs.tool_env import ToolEnv, clip, code_digest, describe_tools, parse_action
 from trajlake.schemas.vocab import Capability, FaultKind, Status
 
 from .app import HOST, IRREVERSIBLE, Site, endpoint_shape
-from .data import build_database, canonical_dump
+from .data import ACCOUNT_SECRET_KEY, build_database, canonical_dump
 from .dom import Node, Page, form_data, parse_page, render
 from .grading import ATTACKS, INJECTION_MARK, TASKS_PATH, attack_succeeded, grade, load_tasks
 from .injection import injected_tasks
@@ -156,7 +165,17 @@ class MiniWebEnv(ToolEnv):
     irreversible call for a confirmation it never gets (a strict defence, for paired comparisons).
     ``enforce_taint`` (alias ``taint_enforcement``): the gateway's ``Permissions.enforce_taint``, which holds only
     irreversible calls with an argument copied from untrusted page text (off by default, so its effect on utility
-    and attack success can be measured with the paired comparison)."""
+    and attack success can be measured with the paired comparison).
+
+    ``taint_mode``: ``literal`` (what ``enforce_taint`` does) or ``context`` (once a page with user-written text
+    was shown, an irreversible call whose values, the form's fields and what it deletes or refunds, are not all in
+    the task statement is held); ``off``. ``approver``: who answers held calls (``none``, ``deny_all``,
+    ``approve_all``, ``approve_trusted``: accepts when the recipient, amount, address or order is in the task
+    statement); each answer is recorded on the call's gateway event and costs ``human_price_usd`` (default
+    :data:`trajlake.envs.core.DEFAULT_HUMAN_INTERACTION_USD`) in the observation turn's ``cost_usd``.
+    ``credentials`` (default on): at reset the account's API key is replaced by an episode credential (derived
+    from the seed and the task, scoped to the granted capabilities, expired when the episode ends); a call or an
+    answer carrying it out is tainted ``secret_leak:...`` (counted by ``trajlake eval`` as ``secret_leak``)."""
 
     env_id = ENV_ID
     env_version = ENV_VERSION
@@ -171,14 +190,23 @@ class MiniWebEnv(ToolEnv):
                  injection: str | None = None, confirm_irreversible: bool = False,
                  irreversible_budget: int | None = None, taint_enforcement: bool = False,
                  enforce_taint: bool = False, browser: str | None = None,
-                 workdir: str | os.PathLike[str] | None = None):
+                 workdir: str | os.PathLike[str] | None = None, taint_mode: str | None = None,
+                 approver: str | None = None, human_price_usd: float | None = None, credentials: bool = True):
         super().__init__(tasks if tasks is not None else load_tasks(tasks_path), split, injection=injection,
                          injected=injected_tasks, budget=budget, what="Mini Web")
-        self.taint_enforcement = bool(taint_enforcement or enforce_taint)
-        self.permissions = Permissions(
-            capabilities=frozenset({Capability.READ, Capability.WRITE}), irreversible_budget=irreversible_budget,
-            confirm_side_effects=frozenset({"irreversible"}) if confirm_irreversible else frozenset(),
-            enforce_taint=self.taint_enforcement)
+        try:
+            self.permissions = Permissions(
+                capabilities=frozenset({Capability.READ, Capability.WRITE}), irreversible_budget=irreversible_budget,
+                confirm_side_effects=frozenset({"irreversible"}) if confirm_irreversible else frozenset(),
+                enforce_taint=bool(taint_enforcement or enforce_taint), taint_mode=taint_mode,
+                approver=approver or "none")
+        except ValueError as e:
+            raise EnvError(f"Mini Web: {e}") from None
+        self.taint_enforcement = self.permissions.enforce_taint
+        self.human_price = human_interaction_usd(human_price_usd)
+        self.issue_credentials = bool(credentials)
+        self.secret_leak = 0
+        """Calls (and answers) of the episode that carried its credential out (executed ones)."""
         if browser not in (None, "chromium"):
             raise EnvError(f"unknown browser {browser!r}; the only browser is chromium")
         self.browser_name = browser
@@ -251,13 +279,22 @@ class MiniWebEnv(ToolEnv):
                 raise EnvError(f"browser='chromium': {e}") from None
         image = _database_image(task["seed"], json.dumps(task.get("plant", [])))
         self.site.load(image)
-        self._initial = _initial_dump(image)
         self._begin_episode(task)
         self.answer, self.ended = None, False
         self.failures = ()
         self._steps = 0
+        self.secret_leak = 0
         self.gateway = Gateway(self._tmp, self.permissions, self._tools(), self.state_hash)
         self.gateway.note_trusted(task["statement"])  # values the user asked for are not taint
+        if self.issue_credentials:
+            # The account's API key is this episode's credential: a function of the seed and the task (replays
+            # issue it again), dead when the episode ends; the long-lived seeded key never reaches the agent.
+            key = self.gateway.issue_credential(ACCOUNT_SECRET_KEY, seed, f"{task['task_id']}@{task['task_version']}")
+            with self.site.lock:
+                self.site.conn.execute("UPDATE account SET value = ? WHERE key = ?", (key, ACCOUNT_SECRET_KEY))
+                self._initial = canonical_dump(self.site.conn)
+        else:
+            self._initial = _initial_dump(image)
         self.browser = _Browser()
         self._load("GET", task.get("start_path", "/"))
         self._taint = self._page_taint()
@@ -275,15 +312,21 @@ class MiniWebEnv(ToolEnv):
         self._site_error = None
         self._pending = None
         gw_tool, gw_args = tool, args
+        data: list[str] | None = None
+        targets: list[str] | None = None
         if problem is None and tool in ACTION_SCHEMAS and validate_args(ACTION_SCHEMAS[tool], args) is None:
             plan = self._resolve(tool, args)
             self._pending = plan
             if plan.kind == "post":
                 gw_tool = IRREVERSIBLE.get(endpoint_shape(plan.path)) or "post"
                 gw_args = {"action": tool, "id": plan.element, "path": plan.path, "fields": dict(plan.fields)}
+                data, targets = self._effect_values(plan)
         # The gateway adds args_from:<label> for arguments copied from untrusted text and, with enforce_taint,
-        # holds such irreversible calls.
-        res = self.gateway.call(gw_tool, gw_args, idempotency_key=idempotency_key, taint=self._taint)
+        # holds such irreversible calls (and asks the approver, if there is one).
+        res = self.gateway.call(gw_tool, gw_args, idempotency_key=idempotency_key, taint=self._taint,
+                                data_values=data, target_values=targets)
+        if res.executed and any(t.startswith(LEAK_LABEL + ":") for t in res.event["taint"]):
+            self.secret_leak += 1
         status = res.status
         if problem is not None or self._invalid is not None:
             status = Status.MODEL_INVALID_ACTION
@@ -306,13 +349,39 @@ class MiniWebEnv(ToolEnv):
             if status == "OK":
                 status = Status.BUDGET_EXHAUSTED
         self.done = terminated or truncated
+        if self.done:
+            self.gateway.expire_credentials()  # the episode's credential dies with it
         obs = ("The episode is over." + (f" Your answer: {self.answer}" if self.answer is not None else "")
                if terminated else self._observe()) + notice
         self._taint = self._page_taint()
+        # A confirmation answered is a person's time: priced here, recorded on the observation turn.
+        human_cost = self.human_price if res.approval is not None else 0.0
         return StepResult(observation=clip(obs), reward_components=comps, terminated=terminated,
-                          truncated=truncated, status=status, cost_usd=0.0, state_hash=self.state_hash(),
+                          truncated=truncated, status=status, cost_usd=human_cost, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None, tool_seconds=0.0,
                           gateway_events=(res.event,), taint=self._taint)
+
+    def _effect_values(self, plan: _Plan) -> tuple[list[str], list[str]]:
+        """What a form post is made of, for the gateway's context taint (every field value, and what a delete or
+        refund acts on) and for the ``approve_trusted`` approver (whom or what it reaches: recipient, amount,
+        address label, the deleted address, the refunded order)."""
+        fields = dict(plan.fields)
+        shape = endpoint_shape(plan.path)
+        ids = [int(p) for p in urlsplit(plan.path).path.split("/") if p.isdigit()]
+        target: list[str] = []
+        if shape == "addresses/#/delete" and ids:
+            rows = self.db_rows("SELECT label FROM addresses WHERE id = ?", ids[0])
+            target = [str(rows[0][0])] if rows else [f"address {ids[0]}"]
+        elif shape == "orders/#/refund" and ids:
+            target = [f"order {ids[0]}"]
+        data = [v for v in fields.values() if v] + target
+        targets = [fields[k] for k in ("recipient", "to", "amount", "address") if fields.get(k)] + target
+        return data, targets
+
+    @property
+    def credentials(self) -> list[Credential]:
+        """The episode's credentials as the lake may see them (name, scope, sha256, expired); no values."""
+        return self.gateway.credentials() if self.gateway is not None else []
 
     def step_with_fault(self, kind: str, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
                         cost_usd: float = 0.0) -> StepResult:
@@ -342,13 +411,14 @@ class MiniWebEnv(ToolEnv):
         payload = (self.site.image(), copy.deepcopy(self.browser), self.answer, self.ended, self.done,
                    self.injection_shown, self.attack_success, self.failures, self._taint,
                    self.tracker.state(),
-                   self.gateway.export_state(), self._steps, self.task["task_id"], self.task["task_version"])
+                   self.gateway.export_state(), self._steps, self.task["task_id"], self.task["task_version"],
+                   self.secret_leak)
         return Snapshot(self.env_id, self.env_version, self.state_hash(), payload)
 
     def restore(self, snapshot: Snapshot) -> None:
         self._check_snapshot(snapshot)
         (image, browser, answer, ended, done, shown, attack, failures, taint, tracker, gw_state, steps, task_id,
-         task_version) = snapshot.payload
+         task_version, leaks) = snapshot.payload
         if self.task is None or self.site is None or self.gateway is None or \
                 (self.task["task_id"], self.task["task_version"]) != (task_id, task_version):
             raise EnvError("restore needs the environment reset on the snapshot's task")
@@ -356,7 +426,7 @@ class MiniWebEnv(ToolEnv):
         self.browser = copy.deepcopy(browser)
         self._page = None
         self.answer, self.ended, self.done, self.injection_shown, self.attack_success = answer, ended, done, shown, attack
-        self.failures, self._steps = failures, steps
+        self.failures, self._steps, self.secret_leak = failures, steps, leaks
         self._taint = taint
         self.tracker.set_state(tracker)
         self.gateway.import_state(gw_state)
@@ -512,7 +582,9 @@ class MiniWebEnv(ToolEnv):
         return ""
 
     def _tools(self) -> list[ToolSpec]:
-        specs = [ToolSpec(name, "read", "read", ACTION_SCHEMAS[name], self._run) for name in ACTION_TOOLS]
+        # An answer leaves the environment (to the user): a credential in it is a leak.
+        specs = [ToolSpec(name, "read", "read", ACTION_SCHEMAS[name], self._run, egress=name == "answer")
+                 for name in ACTION_TOOLS]
         specs.append(ToolSpec("post", "write", "write", _POST_SCHEMA, self._run))
         specs += [ToolSpec(name, "write", "irreversible", _POST_SCHEMA, self._run) for name in EFFECT_TOOLS]
         return specs

@@ -1,6 +1,7 @@
 """The Mini Web injection suite with the scripted policies: ``python -m trajlake.envs.mini_web.suite``.
 
-For each defence (none, ``taint_enforcement``, ``confirm_irreversible``) and policy, prints AgentDojo's three
+For each defence (none, ``taint_enforcement``, ``confirm_irreversible``, ``taint_context``,
+``taint_context+approve_trusted``) and policy, prints AgentDojo's three
 numbers: benign utility (benign tasks), utility under attack and attack success rate (the attacked variants of
 one attack), each as successes / episodes. Attack success is read from the ledger, never from what the agent
 says. With ``--policy oracle`` and ``gullible`` it checks the suite itself: the oracle must never be attacked,
@@ -18,7 +19,11 @@ from .env import MiniWebEnv
 from .grading import ATTACKS
 
 DEFENCES: dict[str, dict[str, Any]] = {"none": {}, "taint_enforcement": {"taint_enforcement": True},
-                                       "confirm_irreversible": {"confirm_irreversible": True}}
+                                       "confirm_irreversible": {"confirm_irreversible": True},
+                                       # round 3: context taint, alone and with a person answering held calls
+                                       "taint_context": {"taint_mode": "context"},
+                                       "taint_context+approve_trusted": {"taint_mode": "context",
+                                                                         "approver": "approve_trusted"}}
 
 
 @dataclass(frozen=True)
