@@ -257,6 +257,47 @@ def test_impossible_token_numbers_are_refused_naming_episode_turn_and_field(tmp_
     assert verify(open_lake(lake.root)).ok
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    ({"token_ids": [5, 99, 100]}, "at or above the vocabulary size"),
+    ({"token_ids": [5, 6, 7], "raw_content": "x" * 75}, "longer than its token ids can encode"),
+])
+def test_ids_a_stated_vocabulary_cannot_give_are_refused(tmp_path, change, message) -> None:
+    """A tokenizer id that states its vocabulary (hf:, tokenizer-mode openai:, --tokenizer imports) bounds the
+    ids: 100 is outside a 100-token vocabulary, and 3 ids of at most 8 bytes cannot encode 75 characters."""
+    lake = open_lake(tmp_path / "lake", create=True)
+    ep, turns = make_episode("ep-bad")
+    policy_turn = next(t for t in turns if t["actor"] == "policy")
+    policy_turn.update(change, tokenizer_id="tiny|tok:ab|tmpl:cd|vocab:100|maxbytes:7",
+                       loss_mask=[1] * len(change["token_ids"]), behavior_logprobs=[-0.5] * len(change["token_ids"]),
+                       tokens=len(change["token_ids"]))
+    ok_ep, ok_turns = make_episode("ep-ok")
+    ok_turn = next(t for t in ok_turns if t["actor"] == "policy")
+    ok_turn.update(token_ids=[5, 99], raw_content="x" * 16, tokenizer_id="tiny|tok:ab|tmpl:cd|vocab:100|maxbytes:7",
+                   loss_mask=[1, 1], behavior_logprobs=[-0.5] * 2, tokens=2)  # 16 bytes = 2 x (7 + 1): possible
+    with LakeWriter(lake, handle_signals=False) as w:
+        result = w.write_batch([ep, ok_ep], turns + ok_turns)
+    assert list(result.rejected) == ["ep-bad"], result.rejected
+    (issue,) = [i for i in result.rejected["ep-bad"] if message in i.message]
+    assert issue.field == "token_ids" and issue.turn_idx == policy_turn["turn_idx"]
+    assert trajlake_ids(lake) == ["ep-ok"]
+
+
+def test_policy_tokenizer_ids_state_their_vocabulary_and_real_turns_pass(tmp_path) -> None:
+    from trajlake.lake.values import tokenizer_limits
+    from trajlake.policies.tiny import build_tiny_model
+    from trajlake.render.chat import ChatRenderer
+
+    transformers = pytest.importorskip("transformers")
+    build_tiny_model(tmp_path / "tiny", layers=1)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "tiny")
+    renderer = ChatRenderer(tok, "tiny")
+    vocab, longest = tokenizer_limits(renderer.tokenizer_id)  # type: ignore[misc]
+    assert vocab == len(tok) and longest == max(len(tok.decode([i]).encode()) for i in range(len(tok)))
+    text = "\n" + " " * 40 + "<|im_end|>" * 3  # the longest tokens: the bound must hold for every real encoding
+    ids = tok.encode(text, add_special_tokens=False)
+    assert len(text.encode()) <= len(ids) * (longest + 1)
+
+
 def trajlake_ids(lake: Lake) -> list[str]:
     from trajlake.query import connect
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trajlake.errors import TemplateError
+from trajlake.lake.values import max_token_bytes, vocab_suffix
 from trajlake.render.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_call
 
 _OBS_MARK = "@@TRAJLAKE_OBSERVATION@@"
@@ -56,8 +57,10 @@ def dropped_hash(turns: Sequence[tuple[int, str]]) -> str:
 
 
 def tokenizer_fingerprint(tokenizer: Any, name: str) -> str:
-    """``NAME|tok:HASH|tmpl:HASH``: the tokenizer id recorded on every turn. The two hashes (of the tokenizer's
-    full definition and of its chat template) let a drift check say which of the two changed."""
+    """``NAME|tok:HASH|tmpl:HASH|vocab:N|maxbytes:L``: the tokenizer id recorded on every turn. The two hashes (of
+    the tokenizer's full definition and of its chat template) let a drift check say which of the two changed; the
+    vocabulary size and longest token let the recorder and ``verify`` refuse ids no such tokenizer gives
+    (``trajlake.lake.values``)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         definition = backend.to_str()
@@ -65,7 +68,10 @@ def tokenizer_fingerprint(tokenizer: Any, name: str) -> str:
         definition = json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens])
     tok_hash = hashlib.sha256(definition.encode("utf-8")).hexdigest()[:16]
     tmpl_hash = hashlib.sha256((tokenizer.chat_template or "").encode("utf-8")).hexdigest()[:16]
-    return f"{name}|tok:{tok_hash}|tmpl:{tmpl_hash}"
+    n = len(tokenizer)
+    decoded = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+    return f"{name}|tok:{tok_hash}|tmpl:{tmpl_hash}{vocab_suffix(n, max_token_bytes(decoded))}"
 
 
 def split_fingerprint(tokenizer_id: str) -> dict[str, str]:

@@ -17,11 +17,13 @@ from typing import Any
 
 from trajlake.errors import Issue, PrefixError, TrajlakeError, ValidationError
 from trajlake.lake.store import file_sha256
+from trajlake.lake.values import max_token_bytes, vocab_suffix
 from trajlake.render.chat import encode_between, joined_cuts, longest_first, untrusted_cuts
 
 
 class TurnTokenizer:
-    """A loaded tokenizer with a content-derived id (``hf-tokenizers:<sha256 of tokenizer.json>[:16]``)."""
+    """A loaded tokenizer with a content-derived id (``hf-tokenizers:<sha256 of tokenizer.json>[:16]``, then its
+    vocabulary size and longest token, ``trajlake.lake.values.vocab_suffix``)."""
 
     def __init__(self, path: Path):
         try:
@@ -37,7 +39,9 @@ class TurnTokenizer:
         except Exception as e:  # the Rust side raises plain Exception subclasses for malformed files
             raise ValidationError([Issue("turns", None, None, "token_ids",
                                          f"cannot load tokenizer.json: {str(e)[:200]}", str(path))]) from None
-        self.tokenizer_id = "hf-tokenizers:" + file_sha256(str(path))[:16]
+        n = self._tok.get_vocab_size(with_added_tokens=True)
+        decoded = self._tok.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
+        self.tokenizer_id = "hf-tokenizers:" + file_sha256(str(path))[:16] + vocab_suffix(n, max_token_bytes(decoded))
         self.reserved = longest_first(str(t.content) for t in self._tok.get_added_tokens_decoder().values())
         """The texts of the tokenizer's special and added tokens: untrusted turns never encode to them."""
 
