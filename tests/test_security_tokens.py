@@ -199,3 +199,71 @@ def test_a_hostile_server_cannot_hold_a_worker_or_flood_it(mode: str, args: dict
         assert time.monotonic() - start < 15
     finally:
         server.close()
+
+
+class _ChatStub:
+    """A loopback chat server that answers every request with the same short reply and keeps each request's
+    messages (text only: no token ids)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        stub = self
+        self.requests: list[list[dict[str, str]]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                stub.requests.append(body["messages"])
+                reply = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+                    {"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": '<tool_call>{"name": "read", "arguments": {}}'
+                                                                 '</tool_call>'}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_chat_history_sent_to_a_server_is_bounded() -> None:
+    """Before: chat mode re-sent the whole history every turn, without bound (a tool that returns 1 MB a turn made
+    the tenth request 10 MB). Now the oldest pairs are dropped to fit max_request_bytes, and named on the turn."""
+    pytest.importorskip("openai")
+    from trajlake.envs.policy import TaskView
+
+    from trajlake.policies.lm import ContextOverflowError
+    from trajlake.policies.openai_policy import OpenAIPolicy
+    from trajlake.policies.settings import LMSettings
+
+    server = _ChatStub()
+    try:
+        policy = OpenAIPolicy("v1", "m", LMSettings.from_args({"base_url": server.base_url, "max_retries": "0",
+                                                               "max_request_bytes": "20000"}))
+        policy.reset(TaskView("t", "v", "the task", {}), 0)
+        outs = [policy.act("the task" if i == 0 else f"page {i}: " + "x" * 6000) for i in range(8)]
+        sizes = [sum(len(m["content"].encode()) for m in msgs) for msgs in server.requests]
+        assert max(sizes) <= 20000 and len(server.requests) == 8, sizes
+        last = server.requests[-1]
+        assert last[1]["content"] == "the task" and "page 7:" in last[-1]["content"]  # task and newest kept
+        assert outs[2].context_dropped_hash is None and outs[-1].context_dropped_hash is not None
+        assert outs[-1].context_strategy == "drop_oldest"
+        with pytest.raises(ContextOverflowError, match="over max_request_bytes 20000") as e:
+            policy.act("y" * 30000)  # one observation alone does not fit
+        assert "\n" not in str(e.value)
+    finally:
+        server.close()

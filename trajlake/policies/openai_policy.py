@@ -11,7 +11,9 @@ Two ways to talk to the server:
   of the history is not an extension of the previous context (it re-tokenized an earlier reply), the turn's
   context is recorded whole on the observation turn with ``context_strategy`` ``rerendered`` and the earlier turns
   named by ``context_dropped_hash``. When the server returns no token ids, turns are text only
-  (``tokenizer_id`` null) and a warning says so once per worker.
+  (``tokenizer_id`` null) and a warning says so once per worker. The history sent is bounded
+  (``--policy-arg max_request_bytes``, 4 MiB): the context strategy drops the oldest action/observation pairs to
+  fit, naming them by ``context_dropped_hash``.
 
 Under ``--policy-arg grammar=tools`` every request carries the episode's tool-call grammar (Lark, see
 ``trajlake.render.grammar``) as vLLM's structured outputs, ``extra_body={"structured_outputs": {"grammar": ...}}``;
@@ -36,7 +38,7 @@ import numpy as np
 
 from trajlake.envs.policy import PolicyOutput, TaskView
 from trajlake.errors import TrajlakeError
-from trajlake.policies.lm import Generation, LMPolicy, ModelServerError, dropped_hash
+from trajlake.policies.lm import ContextOverflowError, Generation, LMPolicy, ModelServerError, dropped_hash
 from trajlake.policies.settings import LMSettings
 from trajlake.render.chat import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, ChatRenderer
 from trajlake.render.toolcall import parse_tool_call
@@ -148,6 +150,27 @@ class OpenAIPolicy(LMPolicy):
         self.server_context = None
         self.history = []
         self.rerendered_upto = 0
+        self.trimmed = 0  # history entries (from the first action on) dropped from the messages sent
+
+    def _trim_messages(self) -> None:
+        """Keep the messages sent within ``max_request_bytes``: drop the oldest (assistant, observation) pairs
+        after the task (strategy ``drop_oldest``); raise ContextOverflowError when even the system prompt, the
+        task, the last reply and the newest observation do not fit."""
+        limit = self.settings.max_request_bytes
+
+        def size() -> int:
+            return sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in self.messages)
+
+        if self.settings.context_strategy == "drop_oldest":
+            # as hf:'s drop_oldest: the system prompt, the task, the last reply and the newest observation stay
+            while size() > limit and len(self.messages) > 4:
+                del self.messages[2:4]
+                self.trimmed += 2
+        if size() > limit:
+            raise ContextOverflowError(
+                f"turn {2 * self.n_turns}: the messages to send take {size()} bytes, over max_request_bytes "
+                f"{limit}, after context strategy {self.settings.context_strategy!r} (--policy-arg "
+                f"max_request_bytes)")
 
     def observation_tokens(self, observation: str) -> Any:
         return super().observation_tokens(observation) if self.renderer is not None else None
@@ -160,6 +183,8 @@ class OpenAIPolicy(LMPolicy):
         first = self.n_turns == 0
         self.messages.append({"role": "user", "content": observation if first else
                               TOOL_RESPONSE_OPEN + observation + TOOL_RESPONSE_CLOSE})
+        self._trim_messages()
+        trimmed = dropped_hash(self.history[1:1 + self.trimmed]) if self.trimmed else None
         resp, retries = self._call(self.client.chat.completions.create, messages=self.messages, logprobs=True,
                                    **self._sampling())
         choice = resp.choices[0]
@@ -181,7 +206,9 @@ class OpenAIPolicy(LMPolicy):
                       f"recorded as text only (tokenizer_id null)", file=sys.stderr)
                 _warned_text_only = True
             self.history.append((obs_idx + 1, parsed.action))
-            return PolicyOutput(**common, completion_tokens=completion_tokens)
+            if trimmed is not None:
+                common["context_strategy"] = self.settings.context_strategy
+            return PolicyOutput(**common, completion_tokens=completion_tokens, context_dropped_hash=trimmed)
         prompt_ids = [int(i) for i in prompt_ids]
         gen_ids = [int(i) for i in gen_ids]
         strategy = "server_chat"

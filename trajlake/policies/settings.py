@@ -44,6 +44,11 @@ class LMSettings:
     """openai: most seconds one request may take in all, however the server trickles its reply."""
     max_reply_bytes: int = 8 * 1024 * 1024
     """openai: largest reply accepted (bytes on the wire); a larger one fails the request with one line."""
+    max_request_bytes: int = 4 * 1024 * 1024
+    """openai chat mode: most UTF-8 bytes of message contents one request may carry. The context strategy drops
+    the oldest action/observation pairs (keeping the system prompt, the task and the newest observation) to fit;
+    what still does not fit fails the episode with one line. Without it a chat history grows without bound and
+    is re-sent whole every turn (the token window, ``max_context``, needs a tokenizer: use tokenizer mode)."""
     max_retries: int = 4
     """Retries of a timed-out or 5xx request (with exponential backoff) before the episode fails."""
     backoff_s: float = 1.0
