@@ -10,7 +10,10 @@ Security properties (POSIX only):
 
 - Nothing the agent writes can change what is allowed: permissions are frozen at construction and the gateway
   has no method that changes them; taint labels are recorded, and can only ever hold a call back
-  (``Permissions.enforce_taint``), never allow one.
+  (``Permissions.enforce_taint`` / ``taint_mode``), never allow one. A held call runs only when the configured
+  approver (``Permissions.approver``, a simulated person outside the agent's reach) says yes.
+- Episode credentials (:meth:`Gateway.issue_credential`) stay inside the gateway; only their sha256 leaves it,
+  and a call that carries one out is tainted ``secret_leak:...``.
 - Path arguments reach the handler as normalised paths relative to the workspace, after lexical and symlink
   (``os.path.realpath``) containment checks and the protected-path globs.
 - Exec commands are split with :func:`shlex.split` and reach the handler as an argv list; the gateway never
