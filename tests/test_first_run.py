@@ -191,3 +191,25 @@ def test_the_report_states_each_runs_isolation(tmp_path: Path, capsys: pytest.Ca
     assert json.loads(out)["runs"]["r"]["isolation"] == {"bwrap": 2, "none recorded": 1, "rlimit": 1}
     rc, out, _ = run_cli(capsys, "eval", "--lake", str(lake.root), "--resamples", "50")
     assert "isolation" in out and "rlimit (1)" in out
+
+
+@pytest.mark.parametrize("env_name", ["mini-web", "mini-swe"])
+def test_a_step_budget_env_arg_is_a_run_setting_not_a_broken_environment(
+        env_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `--env-arg budget={"max_steps": 4}` made Mini Web's pre-flight oracle run out of steps, and the
+    rollout refused to start ("not graded as solved (budget_steps)"); Mini SWE's oracle happened to fit."""
+    from trajlake.lake.store import Lake
+    from trajlake.query import connect
+
+    env = registry.make(env_name, split="dev")
+    try:
+        ids = [t["task_id"] for t in env.list_tasks()[:2]]
+    finally:
+        env.close()
+    lake = tmp_path / "lake"
+    rc, _out, err = run_cli(capsys, "--lake", str(lake), "rollout", "--env", env_name, "--policy", "oracle",
+                            "--split", "dev", "--tasks", ",".join(ids), "--env-arg", 'budget={"max_steps": 4}',
+                            "--run-id", "b4")
+    assert rc == 0, err
+    rows = connect(Lake(lake)).execute("select n_turns, termination_reason from episodes").fetchall()
+    assert len(rows) == 2 and all(n <= 2 * 4 + 1 for n, _ in rows), rows
