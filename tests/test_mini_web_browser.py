@@ -98,3 +98,35 @@ def test_restore_in_the_browser_returns_to_the_snapshot_page() -> None:
         assert again[-1].reward_components == {"resolved": 1.0}
     finally:
         env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.security
+@needs_chromium
+def test_http_and_chromium_give_the_same_status_for_the_same_odd_characters() -> None:
+    """A character in an action is judged once, before either mode runs it: the same status (and the same
+    error line) whether the page is fetched over HTTP or driven in Chromium."""
+    import json
+
+    def act(tool: str, **args: Any) -> str:
+        return json.dumps({"tool": tool, "args": args})
+
+    actions = [act("goto", path="/produçts"), act("goto", path="/products?q=red shoes"),
+               act("goto", path="/prod ucts"), act("goto", path="/products\x7f"),
+               '{"tool": "type", "args": {"id": 3, "text": "\\ud800"}}', '{"tool": "answer", "args": {"text": "a\\udfffb"}}']
+    task = TASKS["compare/cheapest-in-category"]
+    plain, chrome = MiniWebEnv(tasks=[task]), MiniWebEnv(tasks=[task], browser="chromium")
+    try:
+        for action in actions:
+            got = []
+            for env in (plain, chrome):
+                env.reset(0, task_id=task["task_id"])
+                env.step(act("goto", path="/products"), "k0")
+                res = env.step(action, "k1")
+                error = next((ln for ln in res.observation.splitlines() if ln.startswith("Last action error:")), "")
+                got.append((res.status, res.done, error))
+            assert got[0] == got[1], (action, got)
+            assert got[0][0] in {"OK", "MODEL_INVALID_ACTION"} and not got[0][1], (action, got)
+    finally:
+        plain.close()
+        chrome.close()
