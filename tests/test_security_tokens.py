@@ -130,14 +130,24 @@ def test_importer_tokenizer_defuses_untrusted_turns(tmp_path: Path) -> None:
 
 
 # -- hostile servers (openai:) ---------------------------------------------------------------------------------
+def serve_on_loopback(handler: Any) -> tuple[Any, str]:
+    """Serve ``handler`` on a free loopback port in a daemon thread; returns (server, its /v1 base URL)."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+
+
 class _Hostile:
     """A loopback server that answers every POST badly: ``trickle`` (a valid JSON reply, 20 bytes a second,
     without end) or ``huge`` (a 16 MB reply)."""
 
     def __init__(self, mode: str):
-        import threading
         import time
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *a: Any) -> None:
@@ -163,10 +173,7 @@ class _Hostile:
                 except OSError:
                     pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd, self.base_url = serve_on_loopback(Handler)
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -206,8 +213,7 @@ class _ChatStub:
     messages (text only: no token ids)."""
 
     def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
 
         stub = self
         self.requests: list[list[dict[str, str]]] = []
@@ -230,10 +236,7 @@ class _ChatStub:
                 self.end_headers()
                 self.wfile.write(reply)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd, self.base_url = serve_on_loopback(Handler)
 
     def close(self) -> None:
         self.httpd.shutdown()
