@@ -639,6 +639,29 @@ def test_tokenizer_prefix_break_is_reported(lake: trajlake.Lake, tmp_path: Path)
         _import(lake, path, "openai-chat", tokenizer=tmp_path / "missing.json")
 
 
+def test_tokenizer_accepts_a_model_folder_or_says_what_it_expected(lake: trajlake.Lake, tmp_path: Path) -> None:
+    # issue 27: a model folder (config.json, tokenizer.json, ...) used to fail with "tokenizer file does not exist"
+    model = tmp_path / "model"
+    model.mkdir()
+    tok_path = _train_tokenizer(model)
+    (model / "config.json").write_text("{}")
+    path = _jsonl(tmp_path / "chat.jsonl", _chat())
+    assert _import(lake, path, "openai-chat", tokenizer=model, run_id="folder").episodes_written == 1
+    assert _import(lake, path, "openai-chat", tokenizer=tok_path, run_id="file").episodes_written == 1
+    by_run = {e["run_id"]: _turns(lake, e["episode_id"]) for e in _episodes(lake)}
+    assert [t["token_ids"] for t in by_run["folder"]] == [t["token_ids"] for t in by_run["file"]]
+    assert {t["tokenizer_id"] for t in by_run["folder"]} == {t["tokenizer_id"] for t in by_run["file"]}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for bad, what in [(empty, "the folder has no tokenizer.json"), (tmp_path / "nope", "no such file or folder")]:
+        with pytest.raises(ValidationError) as ei:
+            _import(lake, path, "openai-chat", tokenizer=bad)
+        (issue,) = ei.value.issues
+        assert issue.source == str(bad) and issue.field == "token_ids"
+        assert what in issue.message and "expected a tokenizer.json file" in issue.message
+        assert "\n" not in str(ei.value)
+
+
 # --- issue 8 section 3: shapes seen on real public logs -------------------------------------------------------
 
 def _policy_model_events(sample: dict[str, Any]) -> list[dict[str, Any]]:

@@ -21,19 +21,41 @@ from trajlake.lake.values import max_token_bytes, vocab_suffix
 from trajlake.render.chat import encode_between, joined_cuts, longest_first, untrusted_cuts
 
 
+def resolve_tokenizer_path(path: Path) -> Path:
+    """``--tokenizer PATH``: a ``tokenizer.json`` file, or a folder holding one (a Hugging Face model or tokenizer
+    folder, as ``hf:`` and ``openai: tokenizer=`` take). Anything else is one ValidationError saying what was
+    expected."""
+    if path.is_dir():
+        inside = path / "tokenizer.json"
+        if inside.is_file():
+            return inside
+        # a folder with only a slow tokenizer (vocab.json + merges.txt, tokenizer.model) cannot be read by the
+        # `tokenizers` package: say what the folder lacks rather than that it does not exist
+        raise ValidationError([Issue("turns", None, None, "token_ids",
+                                     "--tokenizer: the folder has no tokenizer.json (expected a tokenizer.json file, "
+                                     "or a Hugging Face model or tokenizer folder holding one)", str(path))])
+    if not path.exists():
+        raise ValidationError([Issue("turns", None, None, "token_ids",
+                                     "--tokenizer: no such file or folder (expected a tokenizer.json file, or a "
+                                     "folder holding one)", str(path))])
+    if not path.is_file():
+        raise ValidationError([Issue("turns", None, None, "token_ids",
+                                     "--tokenizer: not a regular file (expected a tokenizer.json file, or a folder "
+                                     "holding one)", str(path))])
+    return path
+
+
 class TurnTokenizer:
     """A loaded tokenizer with a content-derived id (``hf-tokenizers:<sha256 of tokenizer.json>[:16]``, then its
     vocabulary size and longest token, ``trajlake.lake.values.vocab_suffix``)."""
 
     def __init__(self, path: Path):
+        """``path``: a ``tokenizer.json``, or a folder holding one."""
         try:
             from tokenizers import Tokenizer
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise TrajlakeError("--tokenizer needs the `tokenizers` package: pip install tokenizers") from e
-        path = Path(path)
-        if not path.is_file():
-            raise ValidationError([Issue("turns", None, None, "token_ids", "tokenizer file does not exist",
-                                         str(path))])
+        path = resolve_tokenizer_path(Path(path))
         try:
             self._tok: Any = Tokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises plain Exception subclasses for malformed files
