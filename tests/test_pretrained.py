@@ -158,6 +158,9 @@ def test_bench_train_times_a_model_folder_on_cpu(tmp_path: Path, capsys: pytest.
     tps = float(out.split("training tokens/s: ")[1].split()[0].replace(",", ""))
     mfu = float(out.split("MFU: ")[1].split("%")[0])
     assert tps > 0 and mfu > 0 and "peak memory: " in out
+    # issue 28: the plain transformers loop on the same batches, alternating with the trainer, and their ratio
+    plain = float(out.split("plain transformers loop tokens/s: ")[1].split()[0].replace(",", ""))
+    assert plain > 0 and "ratio trainer / plain: " in out and "ratio by CPU time" in out
     with pytest.raises(SystemExit):  # longer than the model's window
         bench.main(["--model", str(folder), "--device", "cpu", "--seq", "256"])
     assert "longer than the model's window (128 positions)" in capsys.readouterr().err

@@ -142,6 +142,24 @@ def test_entropy_hand_computed() -> None:
     assert abs(float(M.entropy_from_logits(logits, temperature=1000.0)[0, 1]) - math.log(2.0)) < 1e-6
 
 
+def test_temperature_one_is_bit_identical_to_dividing_by_one() -> None:
+    # issue 28: at temperature 1.0 the logits are no longer copied by x / 1.0; division by 1 is exact in IEEE
+    # arithmetic, so the log-probs, entropies and gradients must be bit for bit those of the explicit division
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(2, 7, 19, generator=gen) * 4).requires_grad_()
+    ids = torch.randint(0, 19, (2, 7), generator=gen)
+    lp = M.token_logprobs(logits, ids, 1.0)
+    (g,) = torch.autograd.grad(lp.sum(), [logits])
+    x = logits[:, :-1].float() / 1.0
+    ref = x.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(x, dim=-1)
+    ref = torch.cat([ref.new_zeros(2, 1), ref], dim=1)
+    (g_ref,) = torch.autograd.grad(ref.sum(), [logits])
+    assert torch.equal(lp, ref) and torch.equal(g, g_ref)
+    logp = torch.log_softmax(x, dim=-1)
+    h_ref = torch.cat([logp.new_zeros(2, 1), -(logp.exp() * logp).sum(-1)], dim=1)
+    assert torch.equal(M.entropy_from_logits(logits, 1.0), h_ref)
+
+
 # ---------------------------------------------------------------------------------------------- policy losses
 
 

@@ -88,7 +88,8 @@ def _shifted_logits(logits: Tensor, input_ids: Tensor, temperature: float) -> Te
         raise ValueError(f"logits must be [B, T, V] and input_ids [B, T]; got {tuple(logits.shape)} and "
                          f"{tuple(input_ids.shape)}")
     x = logits[:, :-1].float()
-    return x / temperature if temperature > 0 else x
+    # x / 1.0 == x exactly: skipping it saves a [B, T-1, V] copy (and its backward) at the usual temperature
+    return x / temperature if temperature > 0 and temperature != 1.0 else x
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
@@ -157,7 +158,7 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     if logits.dim() != 3:
         raise ValueError(f"logits must be [B, T, V], got {tuple(logits.shape)}")
     x = logits[:, :-1].float()
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:  # dividing by 1.0 is exact: skip the [B, T-1, V] copy
         x = x / temperature
     logp = torch.log_softmax(x, dim=-1)
     h = -(logp.exp() * logp).sum(-1)
