@@ -80,6 +80,8 @@ ToolOutput: TypeAlias = str
 """What a handler returns: the text shown to the agent."""
 
 CAPABILITIES: frozenset[str] = frozenset(Capability)
+# Capabilities whose calls can carry a value out of the environment (a credential in them is a leak).
+_EGRESS_CAPABILITIES = frozenset({Capability.NETWORK, Capability.SECRET, Capability.EXEC})
 SIDE_EFFECT_CLASSES: frozenset[str] = frozenset(SideEffectClass)
 
 EVENT_COLUMNS: tuple[str, ...] = (
@@ -852,8 +854,8 @@ class Gateway:
         derived = self.derived_taint(parsed) if parse_error is None else []
         spec = self._tools.get(tool) if isinstance(tool, str) else None
         # A credential in the arguments of a call that takes them out of the environment is a leak.
-        leaves = spec is not None and (spec.side_effect_class != "read" or spec.egress
-                                       or spec.capability in ("network", "secret", "exec"))
+        leaves = spec is not None and (spec.side_effect_class != SideEffectClass.READ or spec.egress
+                                       or spec.capability in _EGRESS_CAPABILITIES)
         leaks = self.leaked_credentials(parsed if parse_error is None else args) if leaves else []
         taint_list = list(dict.fromkeys([*taint_list, *derived, *leaks]))
         tool_name = tool if isinstance(tool, str) else repr(tool)
