@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import struct
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -509,10 +511,63 @@ def _open_eval(path: Path) -> Source:
     return Source(format_version=h.version, run=h.run_info(), records=records)
 
 
+ZIP_ZSTD = 93
+"""The zip compression method of Zstandard (APPNOTE 4.4.5). inspect_ai writes the members of ``.eval`` logs with it
+(``zipfile-zstd``); Python's ``zipfile`` reads it only from 3.14 on (``zipfile.ZIP_ZSTANDARD``)."""
+
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # the zip local file header, as zipfile's own structFileHeader
+
+
+def read_member(zf: zipfile.ZipFile, name: str, path: Path) -> bytes:
+    """The bytes of one member of a ``.eval`` zip: stored and deflated members through ``zipfile``, Zstandard ones
+    (method 93) through the ``zstandard`` package where ``zipfile`` cannot read them; the size and CRC-32 are
+    checked either way. Raises ValueError (with what to install) or zipfile.BadZipFile."""
+    info = zf.getinfo(name)
+    if info.compress_type != ZIP_ZSTD or hasattr(zipfile, "ZIP_ZSTANDARD"):
+        return zf.read(name)
+    try:
+        import zstandard
+    except ImportError:
+        raise ValueError(f"{name} is Zstandard-compressed (zip method 93, as current inspect_ai writes .eval "
+                         f"logs): install the zstandard package (pip install 'trajlake[inspect]')") from None
+    if info.flag_bits & 0x1:
+        raise ValueError(f"{name} is encrypted")
+    with open(path, "rb") as fh:  # a handle of our own: zipfile's is positioned by its own readers
+        fh.seek(info.header_offset)
+        header = fh.read(_LOCAL_HEADER.size)
+        if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+            raise zipfile.BadZipFile(f"{name}: bad local file header")
+        fields = _LOCAL_HEADER.unpack(header)
+        fh.seek(fields[10] + fields[11], 1)  # the file name and extra field of the local header
+        compressed = fh.read(info.compress_size)
+    if len(compressed) != info.compress_size:
+        raise zipfile.BadZipFile(f"{name}: truncated ({len(compressed)} of {info.compress_size} compressed bytes)")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(compressed) as reader:
+            # read at most one byte past the declared size: a member that inflates further is refused, not held
+            while size <= info.file_size:
+                chunk = reader.read(min(1 << 20, info.file_size + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+    except zstandard.ZstdError as e:
+        raise zipfile.BadZipFile(f"{name}: invalid Zstandard data: {e}") from None
+    data = b"".join(chunks)
+    if len(data) != info.file_size:
+        raise zipfile.BadZipFile(f"{name}: {'more' if len(data) > info.file_size else 'fewer'} bytes than the "
+                                 f"{info.file_size} the zip declares")
+    if zlib.crc32(data) != info.CRC:
+        raise zipfile.BadZipFile(f"{name}: bad CRC-32")
+    return data
+
+
 def _read_json(zf: zipfile.ZipFile, name: str, path: Path, loc: Loc | None = None) -> Any:
     loc = loc or Loc(f"{path}:{name}")
     try:
-        data = zf.read(name)
+        data = read_member(zf, name, path)
     except (zipfile.BadZipFile, OSError, KeyError, EOFError, ValueError, RuntimeError) as e:
         loc.fail("*", f"cannot read {name} from the zip: {e}")
     try:
