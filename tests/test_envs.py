@@ -183,23 +183,32 @@ def test_faults_are_seeded_and_recorded(env) -> None:
     assert rec.episode["faults_injected"] == len(faulted)
 
 
+# One dev task per Mini SWE repository: the rollout tests below check the runner's plumbing (resume, faults,
+# crashes, engines, lag), which 4 tasks exercise as well as all 14 (each episode runs pytest in the sandbox).
+FOUR_DEV_TASKS = ("mini-swe/durations/drop_branch/0", "mini-swe/fractionlib/flip_boolean/0",
+                  "mini-swe/rangeset/flip_comparison/0", "mini-swe/textkit/flip_arithmetic/0")
+SIX_DEV_TASKS = (*FOUR_DEV_TASKS, "mini-swe/fractionlib/swap_arguments/0", "mini-swe/textkit/wrong_variable/0")
+
+
 @pytest.mark.slow
 def test_rollout_resume_replay_and_cli(tmp_path: Path, capsys) -> None:
     lake = tmp_path / "lake"
+    tasks = ",".join(FOUR_DEV_TASKS)
     code, out, err = run(capsys, "--lake", str(lake), "rollout", "--env", "mini-swe", "--policy", "heuristic",
-                         "--split", "dev", "--seeds", "0-1", "--workers", "2", "--run-id", "H1", "--fault-rate", "0.2")
+                         "--split", "dev", "--seeds", "0-1", "--workers", "2", "--run-id", "H1", "--fault-rate", "0.2",
+                         "--tasks", tasks)
     assert code == 0, err
-    assert "28 episode(s) written" in out
+    assert "8 episode(s) written" in out
     code, out, _ = run(capsys, "--lake", str(lake), "rollout", "--policy", "heuristic", "--split", "dev",
-                       "--seeds", "0,1", "--workers", "2", "--run-id", "H1", "--fault-rate", "0.2")
-    assert code == 0 and "0 episode(s) written" in out and "28 already in the lake" in out
+                       "--seeds", "0,1", "--workers", "2", "--run-id", "H1", "--fault-rate", "0.2", "--tasks", tasks)
+    assert code == 0 and "0 episode(s) written" in out and "8 already in the lake" in out
     con = connect(lake)
-    assert con.execute("select count(*), count(distinct episode_id) from episodes").fetchone() == (28, 28)
+    assert con.execute("select count(*), count(distinct episode_id) from episodes").fetchone() == (8, 8)
     assert con.execute("select count(*) from tasks").fetchone() == (80,)
     assert con.execute("select count(*) from runs").fetchone() == (1,)
     assert con.execute("select count(*) from turns where fault_injected is not null").fetchone()[0] > 0
     assert con.execute("select count(*) from gateway_events").fetchone()[0] > 0
-    assert con.execute("select count(*) from episodes where env_image_digest like 'sha256:%'").fetchone() == (28,)
+    assert con.execute("select count(*) from episodes where env_image_digest like 'sha256:%'").fetchone() == (8,)
     assert verify(open_lake(lake), strict=True).ok
     # policy turns carry mask 1 and a version; observations mask 0
     assert con.execute("select bool_and(list_sum(loss_mask) = len(loss_mask)) from turns where actor = 'policy'"
@@ -209,7 +218,7 @@ def test_rollout_resume_replay_and_cli(tmp_path: Path, capsys) -> None:
     code, out, err = run(capsys, "--lake", str(lake), "replay", "--episode", ep)
     assert code == 0 and "every state hash matches" in out, err
     code, _, err = run(capsys, "--lake", str(lake), "rollout", "--policy", "oracle", "--split", "dev",
-                       "--seeds", "0", "--run-id", "H1")
+                       "--seeds", "0", "--run-id", "H1", "--tasks", tasks)
     assert code == 1 and "another configuration" in err
 
 
@@ -240,9 +249,9 @@ def test_policy_lag_is_bounded(tmp_path: Path) -> None:
     open_lake(lake, create=True)
     PolicyVersions(lake, "heuristic").publish("h-1")
     cfg = RolloutConfig(lake=str(lake), run_id="lag", env="mini-swe", policy="heuristic", split="dev", seeds=(0,),
-                        max_policy_lag=0)
+                        max_policy_lag=0, task_ids=FOUR_DEV_TASKS[:2])
     s = run_rollout(cfg)
-    assert s.written == 14
+    assert s.written == 2
     assert connect(lake).execute("select distinct policy_version_start from episodes").fetchall() == [("h-1",)]
 
 
@@ -253,7 +262,7 @@ def test_worker_crash_loses_nothing_and_resume_completes(tmp_path: Path) -> None
 
     lake = tmp_path / "lake"
     args = [sys.executable, "-m", "trajlake", "--lake", str(lake), "rollout", "--policy", "heuristic", "--split",
-            "dev", "--seeds", "0-1", "--run-id", "crash", "--commit-every", "0"]
+            "dev", "--seeds", "0-1", "--run-id", "crash", "--commit-every", "0", "--tasks", ",".join(SIX_DEV_TASKS)]
     p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -264,11 +273,11 @@ def test_worker_crash_loses_nothing_and_resume_completes(tmp_path: Path) -> None
     p.send_signal(signal.SIGKILL)
     p.wait()
     done_before = connect(lake).execute("select count(*) from episodes").fetchone()[0]
-    assert 0 < done_before < 28
+    assert 0 < done_before < 12
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     con = connect(lake)
-    assert con.execute("select count(*), count(distinct episode_id) from episodes").fetchone() == (28, 28)
+    assert con.execute("select count(*), count(distinct episode_id) from episodes").fetchone() == (12, 12)
     assert verify(open_lake(lake)).ok
 
 
@@ -277,13 +286,13 @@ def test_ray_engine(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     lake = tmp_path / "lake"
     cfg = RolloutConfig(lake=str(lake), run_id="ray", env="mini-swe", policy="oracle", split="dev", seeds=(0,),
-                        workers=2)
+                        workers=2, task_ids=FOUR_DEV_TASKS)
     s = run_rollout(cfg, engine="ray")
-    assert s.written == 14 and s.successes == 14 and not s.failed_items
+    assert s.written == 4 and s.successes == 4 and not s.failed_items
     import ray
 
     ray.shutdown()
-    assert connect(lake).execute("select count(distinct episode_id) from episodes").fetchone() == (14,)
+    assert connect(lake).execute("select count(distinct episode_id) from episodes").fetchone() == (4,)
 
 
 @pytest.mark.slow
