@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -57,13 +58,21 @@ class Budget:
     max_steps: int | None = None
     max_tokens: int | None = None
     max_cost: float | None = None
+    max_seconds: float | None = None
+    """Wall-clock seconds from reset, the policy's thinking included: the first step that ends past it truncates
+    the episode (``termination_reason`` ``timeout``). Wall time is not state: a replay never re-triggers it."""
+
+    def __post_init__(self) -> None:
+        if self.max_seconds is not None and not (isinstance(self.max_seconds, (int, float))
+                                                 and self.max_seconds >= 0):
+            raise EnvError(f"budget: max_seconds must be a non-negative number, got {self.max_seconds!r}")
 
     @classmethod
     def of_task(cls, task: Mapping[str, Any]) -> Budget:
-        """The budgets a task record carries (its ``budget``: max_steps, max_tokens, max_cost; absent:
-        unlimited)."""
+        """The budgets a task record carries (its ``budget``: max_steps, max_tokens, max_cost, max_seconds;
+        absent: unlimited)."""
         b = task.get("budget") or {}
-        return cls(b.get("max_steps"), b.get("max_tokens"), b.get("max_cost"))
+        return cls(b.get("max_steps"), b.get("max_tokens"), b.get("max_cost"), b.get("max_seconds"))
 
 
 @dataclass(frozen=True)
@@ -413,19 +422,29 @@ class TrackedBudget:
             return None
         comps = self._final_grade()
         self.done = True
-        return StepResult(observation=f"The {spent.removeprefix('budget_')} budget is spent.", reward_components=comps,
+        return StepResult(observation=f"{spent_notice(spent)}.", reward_components=comps,
                           terminated=False, truncated=True, status=Status.BUDGET_EXHAUSTED, cost_usd=0.0,
                           state_hash=self.state_hash(), termination_reason=spent)
 
 
-class BudgetTracker:
-    """Counts steps, tokens and cost of an episode and says which budget, if any, is spent."""
+def spent_notice(reason: str) -> str:
+    """``The steps budget is spent`` (tokens, cost; ``time`` for a timeout): what an observation says when a
+    budget ends the episode."""
+    what = "time" if reason == TerminationReason.TIMEOUT else reason.removeprefix("budget_")
+    return f"The {what} budget is spent"
 
-    def __init__(self, budget: Budget):
+
+class BudgetTracker:
+    """Counts steps, tokens and cost of an episode, and its wall time from creation (at reset), and says which
+    budget, if any, is spent. ``clock``: seconds, monotonic (a test passes its own)."""
+
+    def __init__(self, budget: Budget, clock: Callable[[], float] = time.monotonic):
         self.budget = budget
         self.steps = 0
         self.tokens = 0
         self.cost = 0.0
+        self.clock = clock
+        self.started = clock()
 
     def add(self, tokens: int, cost_usd: float) -> str | None:
         """Count one step; returns the termination reason when a budget is now spent."""
@@ -439,6 +458,8 @@ class BudgetTracker:
             return TerminationReason.BUDGET_COST
         if b.max_steps is not None and self.steps >= b.max_steps:
             return TerminationReason.BUDGET_STEPS
+        if b.max_seconds is not None and self.clock() - self.started > b.max_seconds:
+            return TerminationReason.TIMEOUT
         return None
 
     def state(self) -> tuple[int, int, float]:
@@ -469,5 +490,6 @@ __all__ = [
     "StepResult",
     "TrackedBudget",
     "human_interaction_usd",
+    "spent_notice",
     "stable_hash",
 ]

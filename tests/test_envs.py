@@ -306,3 +306,33 @@ def test_quickstart_main_job(tmp_path: Path, capsys) -> None:
     assert "quickstart-heuristic vs quickstart-random" in text or "Comparison" in text
     html = out.read_text()
     assert "<svg" in html and "quickstart-heuristic" in html and "http://" not in html.replace("http://www.w3.org", "")
+
+
+@pytest.mark.parametrize("env_name", ["mini-swe", "mini-web", "tool-lookup"])
+def test_a_wall_clock_budget_truncates_with_reason_timeout(env_name: str) -> None:
+    """`budget={"max_seconds": S}`: the first step that ends more than S seconds after reset truncates the episode
+    (reason `timeout`, never terminated too); a clock that has not run out changes nothing."""
+    from trajlake.envs.core import BudgetTracker
+
+    env = make_env(env_name, split="dev" if env_name != "tool-lookup" else None, budget={"max_seconds": 30})
+    try:
+        task = env.list_tasks()[0]
+        now = [100.0]
+        env.reset(0, task_id=task["task_id"])
+        env.tracker = BudgetTracker(env.tracker.budget, clock=lambda: now[0])  # a clock the test moves
+        action = json.dumps({"tool": next(iter(env.tool_docs)), "args": {}})
+        first = env.step(action, "k0")
+        assert not first.done, first.observation  # 0 s of 30
+        now[0] += 31
+        res = env.step(action, "k1")
+        assert res.truncated and not res.terminated and res.termination_reason == "timeout"
+        assert "The time budget is spent" in res.observation
+    finally:
+        env.close()
+
+
+def test_max_seconds_must_be_a_non_negative_number() -> None:
+    from trajlake.envs.core import EnvError
+
+    with pytest.raises(EnvError, match="max_seconds must be a non-negative number"):
+        make_env("tool-lookup", budget={"max_seconds": -1})

@@ -45,6 +45,7 @@ from trajlake.envs.core import (
     ResetResult,
     Snapshot,
     StepResult,
+    spent_notice,
     stable_hash,
 )
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
@@ -224,7 +225,7 @@ class MiniSWEEnv(ToolEnv):
         if not terminated and spent is not None:
             truncated, reason = True, spent
             comps = self._final_grade()
-            obs += f"\nThe {spent.removeprefix('budget_')} budget is spent: the episode ends here."
+            obs += f"\n{spent_notice(spent)}: the episode ends here."
             if status == "OK":
                 status = Status.BUDGET_EXHAUSTED
         self.done = terminated or truncated

@@ -48,6 +48,7 @@ from trajlake.envs.core import (
     Snapshot,
     StepResult,
     human_interaction_usd,
+    spent_notice,
     stable_hash,
 )
 from trajlake.envs.gateway import (
@@ -345,7 +346,7 @@ class MiniWebEnv(ToolEnv):
         if not terminated and spent is not None:
             truncated, reason = True, spent
             comps = self._final_grade()
-            notice = f"\nThe {spent.removeprefix('budget_')} budget is spent: the episode ends here."
+            notice = f"\n{spent_notice(spent)}: the episode ends here."
             if status == "OK":
                 status = Status.BUDGET_EXHAUSTED
         self.done = terminated or truncated

@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.envs import taskset
-from trajlake.envs.core import Budget, EnvError, EvalDocument, ResetResult, Snapshot, StepResult, stable_hash
+from trajlake.envs.core import (
+    Budget,
+    EnvError,
+    EvalDocument,
+    ResetResult,
+    Snapshot,
+    StepResult,
+    spent_notice,
+    stable_hash,
+)
 from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
 from trajlake.envs.policy import Policy
 from trajlake.envs.tool_env import ToolEnv, clip, code_digest, parse_action
@@ -138,7 +147,7 @@ class ToolLookupEnv(ToolEnv):
             reason = TerminationReason.SUCCESS if comps["resolved"] else TerminationReason.SUBMITTED
             obs = f"The episode is over. Your answer: {self.answer}"
         elif truncated:
-            obs += f"\nThe {str(spent).removeprefix('budget_')} budget is spent: the episode ends here."
+            obs += f"\n{spent_notice(str(spent))}: the episode ends here."
             status = Status.BUDGET_EXHAUSTED if status == Status.OK else status
         self.done = terminated or truncated
         return StepResult(observation=clip(obs), reward_components=comps, terminated=terminated, truncated=truncated,
