@@ -22,7 +22,8 @@ class ModelServer:
     """``with ModelServer(path) as srv: srv.base_url``; ``srv.faults`` is a list of "503", "500" or "timeout"
     consumed one per request; ``srv.requests`` logs (endpoint, prompt token ids) of the requests answered and
     ``srv.bodies`` their JSON bodies; with ``srv.reject_structured`` a request carrying ``structured_outputs`` gets
-    HTTP 400 (a server without structured outputs)."""
+    HTTP 400 (a server without structured outputs); a request carrying a field of ``srv.reject_fields`` gets HTTP 422
+    ``{"detail": "Unexpected fields in the request: {...}"}``, as ``transformers serve`` answers vLLM's fields."""
 
     def __init__(self, model_path: str, *, token_ids: bool = True, timeout_sleep_s: float = 1.5):
         self.model, self.tok = load_model(model_path)
@@ -32,6 +33,7 @@ class ModelServer:
         self.requests: list[tuple[str, list[int]]] = []
         self.bodies: list[dict[str, Any]] = []
         self.reject_structured = False
+        self.reject_fields: set[str] = set()
         self._maskers: dict[str, TokenMasker] = {}
         self.lock = threading.Lock()
         server = self
@@ -45,6 +47,9 @@ class ModelServer:
                 with server.lock:
                     fault = server.faults.pop(0) if server.faults else None
                     server.bodies.append(body)
+                unexpected = server.reject_fields & body.keys()
+                if unexpected:  # as transformers serve (FastAPI) answers fields it does not know
+                    return self._send(422, {"detail": f"Unexpected fields in the request: {unexpected}"})
                 if server.reject_structured and "structured_outputs" in body:
                     return self._send(400, {"error": {"message": "unknown field: structured_outputs"}})
                 if fault == "timeout":

@@ -299,6 +299,89 @@ def test_openai_chat_mode_records_server_token_ids(env: Any, server: Any) -> Non
     assert all(t["tokenizer_id"] == "served:tiny" and t["behavior_logprobs"] is not None for t in pol)
 
 
+def test_openai_chat_mode_is_one_tokenizer_per_episode(env: Any, server: Any, tmp_path: Path) -> None:
+    """Issue 27: the last observation of a chat-mode episode (the server never tokenizes it: nothing is sent after
+    it) used to keep byte tokens (trajlake-bytes-v1) beside the server's ids; it is now text only, and verify
+    reports an episode that mixes tokenizer ids."""
+    import dataclasses
+
+    from trajlake.envs.policy import BYTE_TOKENIZER_ID, byte_tokenize
+
+    import trajlake
+    from trajlake.rollout.runner import write_records
+
+    rec = _play(env, _openai("tiny", server))
+    last = rec.turns[-1]
+    assert last["actor"] == "env" and last["raw_content"]
+    assert last["token_ids"] is None and last["loss_mask"] is None and last["tokenizer_id"] is None
+    assert all(t["tokenizer_id"] == "served:tiny" and t["token_ids"] is not None for t in rec.turns[:-1])
+    lake = trajlake.open_lake(tmp_path / "lake", create=True)
+    with trajlake.LakeWriter(lake, handle_signals=False) as w:
+        write_records(w, [rec], wait=True)
+    assert trajlake.verify(lake, strict=True).ok
+    # the old recording: byte tokens on the last observation, served ids on the rest
+    ids = byte_tokenize(last["raw_content"])
+    old_turns = [{**t, "run_id": "old", "episode_id": "old-ep"} for t in rec.turns]
+    old_turns[-1].update(token_ids=ids, loss_mask=np.zeros(len(ids), dtype=np.int8), tokenizer_id=BYTE_TOKENIZER_ID)
+    old = dataclasses.replace(rec, episode={**rec.episode, "run_id": "old", "episode_id": "old-ep"}, turns=old_turns,
+                              events=[])
+    with trajlake.LakeWriter(lake, handle_signals=False) as w:
+        write_records(w, [old], wait=True)
+    report = trajlake.verify(lake)
+    assert not report.ok
+    (problem,) = report.problems
+    assert "episode old-ep mixes tokenizer ids: turn 0 has 'served:tiny', turn " in problem
+    assert f"has {BYTE_TOKENIZER_ID!r}" in problem
+
+
+def test_openai_negotiates_vllm_extensions_with_the_server(tiny: Path, env: Any, server: Any,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27: a server that refuses vLLM's return_token_ids (transformers serve: HTTP 422 "Unexpected fields in
+    the request") is asked once more without it, remembered for the run, and gives text-only turns with one note;
+    errors keep the server's explanation."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from openai_server import ModelServer
+
+    from trajlake.policies import openai_policy
+    from trajlake.policies.lm import ModelServerError
+
+    with ModelServer(str(tiny)) as srv:
+        srv.reject_fields = {"return_token_ids"}
+        monkey_warned = openai_policy._warned_text_only
+        openai_policy._warned_text_only = False
+        try:
+            recs = [_play(env, _openai("tiny", srv), seed=seed) for seed in (0, 1)]  # two episodes, one run
+        finally:
+            openai_policy._warned_text_only = monkey_warned
+        err = capsys.readouterr().err
+        # one refused request in the whole run, then every request without the extension
+        sent = [("return_token_ids" in b) for b in srv.bodies]
+        assert sent[:2] == [True, False] and not any(sent[2:]) and len(sent) == 1 + len(srv.requests)
+        assert err.count("note: ") == 1 and "refused vLLM's return_token_ids (HTTP 422: Unexpected fields in the " \
+            "request: {'return_token_ids'})" in err and "text only" in err
+        for rec in recs:
+            pol = [t for t in rec.turns if t["actor"] == "policy"]
+            assert all(t["token_ids"] is None and t["tokenizer_id"] is None and t["tokens"] > 0 for t in pol)
+            assert all(t["status"] != "ENV_TRANSIENT" for t in pol)  # a negotiation is not a retry
+            assert {t["tokenizer_id"] for t in rec.turns} - {None} == {"trajlake-bytes-v1"}
+        # token in, token out cannot do without token ids: one line with the server's explanation
+        with pytest.raises(ModelServerError) as ei:
+            _play(env, _openai("tiny", srv, tokenizer=str(tiny)))
+        msg = str(ei.value)
+        assert "\n" not in msg and "HTTP 422: Unexpected fields in the request: {'return_token_ids'}" in msg
+        assert "--policy-arg tokenizer" in msg
+    # a 4xx that is not about the extensions: asked once more, then one line with the server's words, not remembered
+    server.faults[:] = ["400", "400"]
+    try:
+        with pytest.raises(ModelServerError, match=r"HTTP 400: injected 400$"):
+            _play(env, _openai("tiny", server))
+    finally:
+        server.faults.clear()
+    assert server.base_url not in openai_policy._refused
+
+
 def test_openai_chat_without_token_ids_records_text(tiny: Path, env: Any) -> None:
     import sys
 

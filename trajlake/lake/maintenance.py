@@ -322,11 +322,13 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
     for _run, tables in sorted(_partitions(lake, versions).items(), key=lambda kv: str(kv[0])):
         turn_hashes: dict[str, list[tuple[int, str]]] = defaultdict(list)
         event_hashes: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+        tokenizers: dict[str, dict[str, tuple[int, str]]] = defaultdict(dict)
         for f in tables.get("turns", []):
             t = _read(lake, "turns", f, report, stats["turns"])
             if t is None:
                 continue
             counts["turns"] += t.num_rows
+            _collect_tokenizers(t, f.path, tokenizers)
             for rows, field_name, message in impossible_token_values(t):
                 for r in np.flatnonzero(rows)[:max_listed]:
                     report.problems.append(f"turns/{f.path}: episode {t['episode_id'][int(r)]} turn "
@@ -370,6 +372,7 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
                 if stored != h:
                     report.problems.append(f"episodes/{f.path}: episode {e}: content_hash mismatch "
                                            f"(stored {str(stored)[:12]}, recomputed {h[:12]})")
+        _check_one_tokenizer(tokenizers, report, max_listed)
         orphans = sorted((set(turn_hashes) | set(event_hashes)) - seen)
         report.orphan_episodes += orphans
     for name in ("tasks", "runs"):
@@ -398,6 +401,33 @@ def verify(lake: Lake, as_of: str | dict[str, int] | None = None, *, strict: boo
     if len(report.problems) > 200:
         report.problems = [*report.problems[:200], f"... and {len(report.problems) - 200} more problems"]
     return report
+
+
+def _collect_tokenizers(t: pa.Table, path: str, seen: dict[str, dict[str, tuple[int, str]]]) -> None:
+    """Per episode, each tokenizer id its turns carry with the first turn (and file) that carries it."""
+    if "tokenizer_id" not in t.column_names:
+        return
+    for e, i, tok in zip(t["episode_id"].to_pylist(), t["turn_idx"].to_pylist(), t["tokenizer_id"].to_pylist(),
+                         strict=True):
+        if tok is not None:
+            have = seen[e].get(tok)
+            if have is None or i < have[0]:
+                seen[e][tok] = (i, path)
+
+
+def _check_one_tokenizer(seen: dict[str, dict[str, tuple[int, str]]], report: VerifyReport, max_listed: int) -> None:
+    """One tokenizer per episode: token ids of two tokenizers in one episode do not concatenate to any model's
+    context (a trainer would feed one tokenizer's ids to a model of another). Text-only turns (null) are allowed."""
+    mixed = sorted(e for e, toks in seen.items() if len(toks) > 1)
+    for e in mixed[:max_listed]:
+        toks = sorted(seen[e].items(), key=lambda kv: kv[1][0])
+        (first, (i0, path)), (other, (i1, _)) = toks[0], toks[1]
+        more = f" and {len(toks) - 2} more" if len(toks) > 2 else ""
+        report.problems.append(f"turns/{path}: episode {e} mixes tokenizer ids: turn {i0} has {first!r}, turn {i1} "
+                               f"has {other!r}{more} (one tokenizer per episode: its turns' token ids must "
+                               f"concatenate to one model's context)")
+    if len(mixed) > max_listed:
+        report.problems.append(f"... and {len(mixed) - max_listed} more episodes that mix tokenizer ids")
 
 
 @dataclass

@@ -28,6 +28,7 @@ played again when the run resumes.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -44,6 +45,38 @@ from trajlake.render.chat import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, ChatRe
 from trajlake.render.toolcall import parse_tool_call
 
 _warned_text_only = False
+
+OPTIONAL_EXTENSIONS = ("return_token_ids",)
+"""vLLM/SGLang request fields the chat mode can do without: a server that refuses them (``transformers serve``
+answers HTTP 422 "Unexpected fields in the request") is asked again without them and the turns are text only.
+``structured_outputs`` (``--policy-arg grammar``) is not among them: the grammar is what the run asked for."""
+
+_refused: dict[str, str] = {}
+"""base URL -> why that server refused the optional extensions (``HTTP 422: ...``): remembered for the run (this
+process), so each server is asked with them once."""
+
+
+def server_detail(e: Any) -> str:
+    """The server's own explanation of an HTTP error, on one line: FastAPI's ``detail`` (``transformers serve``),
+    OpenAI's and vLLM's ``error.message``, else the body's text (the ``openai`` client's message for a body it does not
+    know is only "Error code: 422")."""
+    body = getattr(e, "body", None)
+    text: Any = None
+    if isinstance(body, dict):
+        err = body.get("error")
+        text = body.get("detail") or (err.get("message") if isinstance(err, dict) else err) or body.get("message")
+    if not text:
+        response = getattr(e, "response", None)
+        try:
+            text = response.text if response is not None else None
+        except Exception:  # a streamed body that was not read: fall back to the client's message
+            text = None
+    if not text:
+        text = getattr(e, "message", None) or str(e)
+    if not isinstance(text, str):
+        text = json.dumps(text, default=str)
+    line = " ".join(text.split())
+    return line if len(line) <= 500 else line[:500] + "..."
 
 
 def _extra(obj: Any, key: str) -> Any:
@@ -86,38 +119,74 @@ class OpenAIPolicy(LMPolicy):
 
     # -- transport ---------------------------------------------------------------------------------------------
     def _call(self, fn: Callable[..., Any], **kw: Any) -> tuple[Any, int]:
-        """Call the server; retry transient failures with backoff. Returns (response, retries)."""
+        """Call the server; retry transient failures with backoff. Returns (response, retries).
+
+        A chat request that a server refuses with HTTP 400/422 while it carries the optional vLLM extensions
+        (``OPTIONAL_EXTENSIONS``) is sent once more without them; when that succeeds the server is remembered for
+        the run (``_refused``) and every later request goes without them (text-only turns)."""
         o = self._openai
+        where = f"openai:{self.model} at {self.settings.base_url}"
         retries = 0
+        refused: str | None = None
         while True:
             try:
-                return fn(**kw), retries
+                resp = fn(**kw)
+                if refused is not None:
+                    self._remember_refusal(refused)
+                return resp, retries
             except _ReplyTooLarge as e:  # a hostile or broken server: retrying gains nothing
-                raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: {e}") from e
+                raise ModelServerError(f"{where}: {e}") from e
             except (o.APITimeoutError, o.APIConnectionError, o.InternalServerError, o.RateLimitError) as e:
                 if isinstance(e.__cause__, _ReplyTooLarge):  # (openai 1.x wraps what the transport raises)
-                    raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: {e.__cause__}") from e
+                    raise ModelServerError(f"{where}: {e.__cause__}") from e
                 err: Exception = e
             except o.APIStatusError as e:
-                if e.status_code < 500 and "structured_outputs" in (kw.get("extra_body") or {}):
+                detail = f"HTTP {e.status_code}: {server_detail(e)}"
+                extra = kw.get("extra_body") or {}
+                optional = [k for k in OPTIONAL_EXTENSIONS if k in extra]
+                if e.status_code in (400, 422) and optional and "messages" in kw and refused is None:
+                    # maybe only the vLLM extensions are refused (transformers serve: 422 "Unexpected fields"):
+                    # ask once more without them; not a retry (the server is up, nothing transient happened)
+                    refused = detail
+                    kw = {**kw, "extra_body": {k: v for k, v in extra.items() if k not in optional}}
+                    continue
+                if e.status_code < 500 and "structured_outputs" in extra:
                     raise ModelServerError(
-                        f"openai:{self.model} at {self.settings.base_url} refused the request with the tool-call "
-                        f"grammar (structured_outputs.grammar, Lark): HTTP {e.status_code}: {e.message}; it needs "
-                        f"a server that takes vLLM's structured outputs (vLLM >= 0.12), or drop --policy-arg "
-                        f"grammar") from e
+                        f"{where} refused the request with the tool-call grammar (structured_outputs.grammar, "
+                        f"Lark): {detail}; it needs a server that takes vLLM's structured outputs (vLLM >= 0.12), "
+                        f"or drop --policy-arg grammar") from e
+                if e.status_code < 500 and "prompt" in kw:
+                    raise ModelServerError(
+                        f"{where} refused a token-id prompt with return_token_ids: {detail}; --policy-arg "
+                        f"tokenizer (token in, token out) needs a server that takes token-id prompts and vLLM's "
+                        f"return_token_ids (vLLM >= 0.10.2); without it the policy talks chat") from e
                 if e.status_code < 500:
-                    raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: HTTP {e.status_code}: "
-                                           f"{e.message}") from e
+                    if refused is not None and refused != detail:  # both answers: the first names the extension
+                        detail = f"{detail} (with {', '.join(OPTIONAL_EXTENSIONS)}: {refused})"
+                    raise ModelServerError(f"{where}: {detail}") from e
                 err = e
             if retries >= self.settings.max_retries:
-                raise ModelServerError(f"openai:{self.model} at {self.settings.base_url}: {retries + 1} attempt(s) "
-                                       f"failed; last: {type(err).__name__}: {err}") from err
+                raise ModelServerError(f"{where}: {retries + 1} attempt(s) failed; last: {type(err).__name__}: "
+                                       f"{_one_line(err)}") from err
             time.sleep(min(30.0, self.settings.backoff_s * 2 ** retries))
             retries += 1
 
+    def _remember_refusal(self, detail: str) -> None:
+        global _warned_text_only
+        url = str(self.settings.base_url)
+        if url not in _refused:
+            _refused[url] = detail
+            print(f"note: openai:{self.model} at {url} refused vLLM's {', '.join(OPTIONAL_EXTENSIONS)} ({detail}): "
+                  f"this run asks it without them; turns are recorded as text only (tokenizer_id null)",
+                  file=sys.stderr)
+            _warned_text_only = True  # this note says it: not the generic "returns no token ids" one as well
+
     def _sampling(self) -> dict[str, Any]:
         s = self.settings
-        extra: dict[str, Any] = {"return_token_ids": True}
+        # a server that refused the vLLM extensions this run is asked without them (chat mode only: token-id
+        # prompts need return_token_ids)
+        extra: dict[str, Any] = {} if self.renderer is None and str(s.base_url) in _refused \
+            else {"return_token_ids": True}
         if self.grammar is not None:
             extra["structured_outputs"] = {"grammar": self.grammar.text}
         return {"model": self.model, "max_tokens": s.max_new_tokens, "temperature": s.temperature,
@@ -235,6 +304,13 @@ class OpenAIPolicy(LMPolicy):
 
 
 __all__ = ["OpenAIPolicy"]
+
+
+def _one_line(e: Exception) -> str:
+    """An exception's text on one line, with the server's explanation for an HTTP error."""
+    code = getattr(e, "status_code", None)
+    text = f"HTTP {code}: {server_detail(e)}" if code is not None else str(e)
+    return " ".join(text.split())
 
 
 class _ReplyTooLarge(Exception):

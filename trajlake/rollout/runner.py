@@ -184,6 +184,7 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
     if final is not None:  # the last observation in the policy's tokenizer too: one tokenizer per episode
         _use_policy_context_tokens(turns[-1], PolicyOutput("", pv, context_token_ids=final[0],
                                                            context_tokenizer_id=final[1]))
+    _one_tokenizer(turns)
     end = utcnow()
     comps = dict(last.reward_components) if last else {}
     graded = env.success_component in comps
@@ -208,6 +209,20 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         "verification_source": env.verification_source if graded else None, "policy_lag": policy_lag,
     }, turns)
     return EpisodeRecord(episode, turns, events)
+
+
+def _one_tokenizer(turns: list[dict[str, Any]]) -> None:
+    """One tokenizer per episode: when the policy recorded its own token ids (an LM's tokenizer, a server's
+    ``served:MODEL``), turns it did not tokenize keep no byte tokens: they become text only (``token_ids``,
+    ``loss_mask`` and ``tokenizer_id`` null; ``tokens`` keeps its count). These are the observations no model
+    context holds: the last one of a chat-mode ``openai:`` episode (the server tokenizes only what it is sent, and
+    nothing is sent after the last observation) and the read-outs of a ``single-turn:`` wrapper. Before, they were
+    stored as ``trajlake-bytes-v1`` ids beside ``served:...`` ones, which no trainer can concatenate."""
+    if not any(t.get("tokenizer_id") not in (None, BYTE_TOKENIZER_ID) for t in turns):
+        return  # scripted policies and text-only servers: byte tokens throughout (or none), one tokenizer
+    for t in turns:
+        if t.get("tokenizer_id") == BYTE_TOKENIZER_ID:
+            t.update(token_ids=None, loss_mask=None, tokenizer_id=None)
 
 
 def _use_policy_context_tokens(obs_turn: dict[str, Any], out: PolicyOutput) -> None:
