@@ -5,21 +5,26 @@ Two designs over the same 100,000 matched (baseline, candidate) pairs:
 * ``2000x50``: 2,000 tasks x 50 seeds, tasks are the clusters (the realistic eval layout);
 * ``100000x1``: the same pairs, every pair its own cluster (where cluster and row bootstrap coincide).
 
-For each design the script times ``bootstrap_paired_mean_difference`` (percentile, and BCa unless
-``--skip-bca``) with 10,000 resamples, and compares with ``scipy.stats.bootstrap(paired=True,
-method="percentile")``:
+For each design the script times ``bootstrap_paired_mean_difference`` (percentile; with ``--workers`` threads,
+default the CPUs, and on one thread) with 10,000 resamples, and ``scipy.stats.bootstrap(paired=True,
+method="percentile")`` on the same data:
 
-* speed: scipy on the 100,000 pair rows, the call the issue timed (~12 s there); for ``100000x1`` it computes
-  exactly the same bootstrap as ours. It is run once; both designs are compared with it.
-* intervals: for ``2000x50`` scipy on the 2,000 per-task mean pairs (with 50 seeds in every task, resampling
-  tasks == resampling task means), for ``100000x1`` the row run above. The two runs use different random
-  streams, so endpoints agree up to Monte Carlo error; the difference is printed in units of its MC SD
-  (sqrt(2) * sqrt(p(1-p)/B) / phi(z_p) * bootstrap SE).
+* ``100000x1`` against scipy on the 100,000 pair rows (exactly the same bootstrap as ours);
+* ``2000x50`` against scipy on the 2,000 per-task mean pairs (with 50 seeds in every task, resampling tasks ==
+  resampling task means: the same bootstrap).
 
-scipy is given ``batch=--scipy-batch`` (default 1000): with ``batch=None`` it materialises all 10,000 x
+All arms run in ``--rounds`` rounds, the order reversed every other round, so the load of a shared machine weighs
+on both sides; each round gives one ratio and the median is reported (issue 28). The two sides use different
+random streams, so endpoints agree up to Monte Carlo error; the difference is printed in units of its MC SD
+(sqrt(2) * sqrt(p(1-p)/B) / phi(z_p) * bootstrap SE). "Drawing the indices alone" times just the
+``Generator.integers`` draws ours makes (the same stream): the floor under any implementation that keeps the
+results for a given seed.
+
+scipy is given ``batch=--scipy-batch`` (default 250): with ``batch=None`` it materialises all 10,000 x
 100,000 resample indices and data at once (over 24 GB). Usage::
 
-    python bench/bench_bootstrap.py [--n-resamples 10000] [--workers N] [--skip-bca] [--seed 0]
+    OMP_NUM_THREADS=1 python bench/bench_bootstrap.py [--n-resamples 10000] [--workers N] [--rounds 2]
+                                                      [--skip-bca] [--seed 0]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import math
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +41,12 @@ from typing import Any
 import numpy as np
 import scipy
 from scipy import stats as sps
-from trajlake.evaluators.stats import BootstrapResult, bootstrap_paired_mean_difference, paired_difference
+from trajlake.evaluators.stats import (
+    BootstrapResult,
+    _block_generators,
+    bootstrap_paired_mean_difference,
+    paired_difference,
+)
 
 
 def make_pairs(
@@ -103,6 +114,19 @@ def compare(label: str, ours: BootstrapResult, ref: Any, n_resamples: int) -> tu
     return line, max(abs(z_lo), abs(z_hi))
 
 
+def draws_only(n_clusters: int, n_resamples: int, seed: int) -> float:
+    """Seconds to draw just the resamples' cluster indices, the same stream as ours (``Generator.integers`` per
+    block of 256 resamples, in cache-sized pieces): the floor under any bootstrap with these resamples."""
+    gens = _block_generators(seed, -(-n_resamples // 256))
+    piece = 1 << 16
+    start = time.perf_counter()
+    for b, g in enumerate(gens):
+        for _ in range(min(256, n_resamples - 256 * b)):
+            for a in range(0, n_clusters, piece):
+                g.integers(0, n_clusters, size=min(piece, n_clusters - a), dtype=np.intp)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n-resamples", type=int, default=10_000)
@@ -112,87 +136,109 @@ def main() -> None:
     ap.add_argument(
         "--scipy-batch", type=int, default=250, help="scipy batch size; 0 means None (all at once)"
     )
-    ap.add_argument("--repeat", type=int, default=1, help="time every run this many times, keep the fastest")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="alternating rounds (scipy then ours, ours then scipy, ...); one ratio per round")
     args = ap.parse_args()
-    n_res, rep = args.n_resamples, args.repeat
+    n_res = args.n_resamples
     batch = args.scipy_batch or None
 
     rng = np.random.default_rng(args.seed)
     base, cand, tasks = make_pairs(2_000, 50, rng)
     singles = np.arange(base.size)
+    mb = base.reshape(2_000, 50).mean(axis=1)
+    mc = cand.reshape(2_000, 50).mean(axis=1)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
     print(
         f"python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
-        f"{cpus} CPUs, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at start"
+        f"{cpus} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+        f"load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at start"
     )
-    print(f"{base.size:,} pairs, {n_res:,} resamples, scipy batch={batch}, fastest of {rep} run(s)\n")
+    print(f"{base.size:,} pairs, {n_res:,} resamples, scipy batch={batch}, {args.rounds} alternating round(s)\n")
 
-    print("scipy.stats.bootstrap(paired=True, method='percentile') on the 100,000 pair rows", flush=True)
-    ref_rows, t_scipy = scipy_boot(base, cand, "percentile", n_res, args.seed + 1, batch, rep)
-    print(f"    {t_scipy:.2f} s\n")
+    def ours(clusters: np.ndarray, workers: int | None, method: str = "percentile") -> Callable[[], Any]:
+        return lambda: bootstrap_paired_mean_difference(
+            base, cand, clusters, n_resamples=n_res, method=method, seed=args.seed, n_workers=workers
+        )
+
+    # every arm: (label, function); each round runs them all, the order reversed every other round, so load
+    # that rises or falls during the run weighs on scipy and on ours alike
+    arms: list[tuple[str, Callable[[], Any]]] = [
+        ("scipy rows", lambda: scipy_boot(base, cand, "percentile", n_res, args.seed + 1, batch, 1)[0]),
+        ("ours 100000x1", ours(singles, args.workers)),
+        ("ours 100000x1, 1 thread", ours(singles, 1)),
+        ("scipy task means", lambda: scipy_boot(mb, mc, "percentile", n_res, args.seed + 2, batch, 1)[0]),
+        ("ours 2000x50", ours(tasks, args.workers)),
+        ("ours 2000x50, 1 thread", ours(tasks, 1)),
+    ]
+    secs: dict[str, list[float]] = {label: [] for label, _ in arms}
+    results: dict[str, Any] = {}
+    for r in range(args.rounds):
+        order = arms if r % 2 == 0 else arms[::-1]
+        line = []
+        for label, fn in order:
+            res, t = timed(fn)
+            results[label] = res
+            secs[label].append(t)
+            line.append(f"{label} {t:.3f} s")
+        print(f"round {r + 1} (load {os.getloadavg()[0]:.1f}): " + ", ".join(line), flush=True)
+    floor_single = draws_only(base.size, n_res, args.seed)
+    floor_tasks = draws_only(2_000, n_res, args.seed)
+    print()
+
+    def ratios(num: str, den: str) -> str:
+        per = [a / b for a, b in zip(secs[num], secs[den], strict=True)]
+        return f"{statistics.median(per):.1f}x (per round " + ", ".join(f"{x:.1f}" for x in per) + ")"
 
     summary: list[str] = []
-    designs = [
-        ("2000x50: 2,000 task clusters of 50 pairs", tasks),
-        ("100000x1: 100,000 clusters of 1", singles),
-    ]
-    for name, clusters in designs:
-        print(name)
-        ana = paired_difference(base, cand, clusters)
-        print(f"    clustered t interval (C-1 df)  {fmt_ci(ana.ci_low, ana.ci_high)}   se {ana.se:.5f}")
-        runs: list[tuple[str, str, int | None]] = [("percentile", "percentile", args.workers)]
-        runs.append(("percentile, 1 thread", "percentile", 1))
-        if not args.skip_bca:
-            runs.append(("bca", "bca", args.workers))
-        results: dict[str, BootstrapResult] = {}
-        times: dict[str, float] = {}
-        for label, method, workers in runs:
+    ref_rows = results["scipy rows"]
+    print("2000x50: 2,000 task clusters of 50 pairs")
+    ana = paired_difference(base, cand, tasks)
+    print(f"    clustered t interval (C-1 df)  {fmt_ci(ana.ci_low, ana.ci_high)}   se {ana.se:.5f}")
+    for label in ("ours 2000x50", "ours 2000x50, 1 thread"):
+        res = results[label]
+        print(f"    {label:<28} {min(secs[label]):7.3f} s   {fmt_ci(res.ci_low, res.ci_high)}   "
+              f"vs scipy on task means {ratios('scipy task means', label)}")
+    print(f"    scipy percentile, 2,000 task means {min(secs['scipy task means']):7.3f} s (same bootstrap)")
+    print(f"    drawing the indices alone          {floor_tasks:7.3f} s (ours 1 thread / draws "
+          f"{min(secs['ours 2000x50, 1 thread']) / floor_tasks:.2f}x)")
+    line, gap = compare("percentile vs scipy on task means", results["ours 2000x50"],
+                        results["scipy task means"], n_res)
+    print(line)
+    summary.append(
+        f"2000x50 : {ratios('scipy task means', 'ours 2000x50')} faster than scipy on task means "
+        f"({ratios('scipy task means', 'ours 2000x50, 1 thread')} on 1 thread), "
+        f"{ratios('scipy rows', 'ours 2000x50')} than scipy on the rows; intervals within {gap:.1f} MC SD"
+    )
+    if not args.skip_bca:
+        ours_bca = ours(tasks, args.workers, "bca")()
+        ref_bca, t_bca = scipy_boot(mb, mc, "BCa", n_res, args.seed + 3, batch, 1)
+        print(f"    scipy BCa, 2,000 task means        {t_bca:7.3f} s")
+        line, gap = compare("BCa vs scipy BCa on task means", ours_bca, ref_bca, n_res)
+        print(line)
+    rlo, rhi = ref_rows.confidence_interval
+    print(f"    scipy on rows ignores the tasks:   {fmt_ci(rlo, rhi)}  (too narrow)\n")
 
-            def run(
-                method: str = method, workers: int | None = workers, clusters: np.ndarray = clusters
-            ) -> Any:
-                return bootstrap_paired_mean_difference(
-                    base, cand, clusters, n_resamples=n_res, method=method, seed=args.seed, n_workers=workers
-                )
-
-            res, secs = timed(run, rep)
-            results[label], times[label] = res, secs
-            print(
-                f"    ours {label:<22} {secs:7.3f} s   {fmt_ci(res.ci_low, res.ci_high)}   "
-                f"speed-up vs scipy on rows {t_scipy / secs:6.1f}x"
-            )
-        if clusters is tasks:
-            mb = base.reshape(2_000, 50).mean(axis=1)
-            mc = cand.reshape(2_000, 50).mean(axis=1)
-            ref_pct, t_ref = scipy_boot(mb, mc, "percentile", n_res, args.seed + 2, batch, rep)
-            print(
-                f"    scipy percentile, 2,000 task means {t_ref:7.3f} s   "
-                f"(same bootstrap; ours is {t_ref / times['percentile']:.1f}x faster)"
-            )
-            line, gap = compare("percentile vs scipy on task means", results["percentile"], ref_pct, n_res)
-            print(line)
-            summary.append(
-                f"2000x50 : {t_scipy / times['percentile']:.0f}x faster than scipy on the rows, "
-                f"{t_ref / times['percentile']:.1f}x than scipy on task means; intervals within {gap:.1f} MC SD"
-            )
-            if not args.skip_bca:
-                ref_bca, t_bca = scipy_boot(mb, mc, "BCa", n_res, args.seed + 3, batch, rep)
-                print(f"    scipy BCa, 2,000 task means        {t_bca:7.3f} s")
-                line, gap = compare("BCa vs scipy BCa on task means", results["bca"], ref_bca, n_res)
-                print(line)
-            rlo, rhi = ref_rows.confidence_interval
-            print(f"    scipy on rows ignores the tasks:   {fmt_ci(rlo, rhi)}  (too narrow)")
-        else:
-            line, gap = compare("percentile vs scipy on rows", results["percentile"], ref_rows, n_res)
-            print(line)
-            summary.append(
-                f"100000x1: {t_scipy / times['percentile']:.1f}x faster than scipy "
-                f"({t_scipy / times['percentile, 1 thread']:.1f}x on 1 thread); intervals within {gap:.1f} MC SD"
-            )
-            if not args.skip_bca:
-                print("    scipy BCa on 100,000 rows: not run (its jackknife is 100,000 x 99,999 values)")
-        print()
+    print("100000x1: 100,000 clusters of 1")
+    ana = paired_difference(base, cand, singles)
+    print(f"    clustered t interval (C-1 df)  {fmt_ci(ana.ci_low, ana.ci_high)}   se {ana.se:.5f}")
+    for label in ("ours 100000x1", "ours 100000x1, 1 thread"):
+        res = results[label]
+        print(f"    {label:<28} {min(secs[label]):7.3f} s   {fmt_ci(res.ci_low, res.ci_high)}   "
+              f"vs scipy on rows {ratios('scipy rows', label)}")
+    print(f"    scipy percentile on the rows       {min(secs['scipy rows']):7.3f} s (same bootstrap)")
+    print(f"    drawing the indices alone          {floor_single:7.3f} s (ours 1 thread / draws "
+          f"{min(secs['ours 100000x1, 1 thread']) / floor_single:.2f}x; scipy / draws "
+          f"{min(secs['scipy rows']) / floor_single:.1f}x)")
+    line, gap = compare("percentile vs scipy on rows", results["ours 100000x1"], ref_rows, n_res)
+    print(line)
+    summary.append(
+        f"100000x1: {ratios('scipy rows', 'ours 100000x1')} faster than scipy "
+        f"({ratios('scipy rows', 'ours 100000x1, 1 thread')} on 1 thread); intervals within {gap:.1f} MC SD"
+    )
+    if not args.skip_bca:
+        print("    scipy BCa on 100,000 rows: not run (its jackknife is 100,000 x 99,999 values)")
+    print()
     print("summary")
     for line in summary:
         print("    " + line)

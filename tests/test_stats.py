@@ -358,6 +358,44 @@ def test_bootstrap_engine_is_counts_matmul_cluster_sums() -> None:
     np.testing.assert_allclose(res.replicates, counts @ sums @ np.array([1.0, 10.0, 100.0]), rtol=1e-12)
 
 
+def _reference_totals(sums: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """The cluster-sums bootstrap by its definition, written plainly: per block of 256 resamples its own generator
+    draws the whole ``(rows, C)`` index matrix in one ``integers`` call; totals are the rows' ``take(...).sum()``."""
+    c = sums.shape[0]
+    gens = S._block_generators(seed, -(-n_resamples // 256))
+    out = []
+    for b, g in enumerate(gens):
+        idx = g.integers(0, c, size=(min(256, n_resamples - 256 * b), c), dtype=np.intp)
+        out.append(np.column_stack([np.take(sums[:, j], idx).sum(axis=1) for j in range(sums.shape[1])]))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("draw_elems", [1, 5, 7, 13, 64, 1 << 16])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_bootstrap_chunking_never_changes_a_replicate(
+    monkeypatch: pytest.MonkeyPatch, draw_elems: int, workers: int
+) -> None:
+    # issue 28: resamples are drawn in cache-sized chunks, and a resample longer than a chunk in pieces (the long
+    # path); every replicate must stay bit for bit the one of the plain definition, whatever the chunk size
+    rng = np.random.default_rng(21)
+    sums = np.column_stack([rng.normal(size=13) * 1e3, rng.normal(size=13), np.full(13, 2.0)])
+    ref = _reference_totals(sums, 700, 8)
+    monkeypatch.setattr(S, "_DRAW_ELEMS", draw_elems)
+    res = bootstrap_cluster_sums(sums, lambda t: t[:, 0] / t[:, 1] + t[:, 2], n_resamples=700, seed=8,
+                                 n_workers=workers)
+    expected = ref[:, 0] / ref[:, 1] + 13 * 2.0
+    assert res.replicates.tobytes() == expected.tobytes()
+
+
+def test_bootstrap_long_resamples_match_the_definition() -> None:
+    # 70,000 single-pair clusters: longer than a draw chunk, so each resample is drawn and gathered in pieces
+    rng = np.random.default_rng(22)
+    base, cand = rng.normal(size=70_000), rng.normal(size=70_000)
+    res = bootstrap_paired_mean_difference(base, cand, np.arange(70_000), n_resamples=40, seed=5, n_workers=1)
+    ref = _reference_totals(np.column_stack([cand - base, np.ones(70_000)]), 40, 5)
+    assert res.replicates.tobytes() == (ref[:, 0] / ref[:, 1]).tobytes()
+
+
 def test_bootstrap_deterministic_and_worker_independent() -> None:
     rng = np.random.default_rng(10)
     base, cand, cl = _clustered_pairs(rng, 50, 3)
