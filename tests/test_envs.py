@@ -336,3 +336,14 @@ def test_max_seconds_must_be_a_non_negative_number() -> None:
 
     with pytest.raises(EnvError, match="max_seconds must be a non-negative number"):
         make_env("tool-lookup", budget={"max_seconds": -1})
+
+
+def test_mini_swe_give_up_ends_the_episode_unsolved_without_grading(env) -> None:
+    """`give_up`: terminated (the task's own semantics), reason gave_up, resolved 0, and the hidden tests do not
+    run (the episode's tool time is the call's, not a grader's)."""
+    env.reset(0, task_id=env.tasks[0]["task_id"])
+    assert "give_up" in env.reset(0, task_id=env.tasks[0]["task_id"]).observation  # the intro lists it
+    res = env.step(json.dumps({"tool": "give_up", "args": {}}), "k0")
+    assert res.terminated and not res.truncated and res.termination_reason == "gave_up"
+    assert res.reward_components == {"resolved": 0.0, "partial": 0.0} and env.grade_result is None
+    assert res.status == "OK" and "gave up" in res.observation

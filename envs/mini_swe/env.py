@@ -55,10 +55,10 @@ from trajlake.envs.mini_swe.injection import ATTACKS, INJECTION_MARK, attack_ach
 from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
 from trajlake.envs.policy import Policy
 from trajlake.envs.tool_env import ToolEnv, clip, code_digest, describe_tools, parse_action
-from trajlake.schemas.vocab import Capability, FaultKind, Status
+from trajlake.schemas.vocab import Capability, FaultKind, Status, TerminationReason
 
 ENV_ID = "mini-swe"
-ENV_VERSION = "1.0"
+ENV_VERSION = "1.1"  # 1.1: the give_up tool (the intro lists it)
 TASKS_CREATED_AT = dt.datetime(2026, 11, 29, tzinfo=dt.UTC)
 MAX_READ_LINES = 400
 MAX_FILE_BYTES = 4 * 1024**2  # the tools never read more than this from one file
@@ -79,6 +79,7 @@ TOOL_DOCS: dict[str, dict[str, Any]] = {
              "args": {"path": "relative path", "old": "exact text", "new": "replacement"}},
     "run_tests": {"description": "Run the visible tests.", "args": {"command": "e.g. 'pytest -q'"}},
     "submit": {"description": "Finish; hidden tests grade the workspace.", "args": {}},
+    "give_up": {"description": "Stop without submitting (the task is not solved; nothing is graded).", "args": {}},
 }
 
 
@@ -123,6 +124,7 @@ class MiniSWEEnv(ToolEnv):
         self._workdir = Path(workdir) if workdir else None
         self._ws: Path | None = None
         self.submitted = False
+        self.gave_up = False
         self.grade_result: GradeResult | None = None
         self._executed_args: list[str] = []
         self._originals: dict[str, bytes] = {}
@@ -195,6 +197,7 @@ class MiniSWEEnv(ToolEnv):
         self._executed_args = []
         self._begin_episode(task)
         self.submitted = False
+        self.gave_up = False
         self.grade_result = None
         self.gateway = Gateway(self.workspace, Permissions(
             capabilities=frozenset({Capability.READ, Capability.WRITE, Capability.EXEC}),
@@ -221,6 +224,10 @@ class MiniSWEEnv(ToolEnv):
         if tool == "submit" and res.executed and self.grade_result is not None:
             terminated, comps = True, self._rewards()
             reason = "success" if self.grade_result.resolved else "submitted"
+        elif tool == "give_up" and res.executed:
+            # Ends by the task's own semantics (terminated), unsolved: an agent that knows it cannot finish stops
+            # early instead of spending its budget; the hidden tests do not run.
+            terminated, comps, reason = True, {"resolved": 0.0, "partial": 0.0}, TerminationReason.GAVE_UP
         spent = self.tracker.add(tokens, cost_usd)
         if not terminated and spent is not None:
             truncated, reason = True, spent
@@ -373,6 +380,8 @@ class MiniSWEEnv(ToolEnv):
                      self._run_tests, exec_arg="command", exec_check=check_run_tests_argv),
             ToolSpec("submit", "write", "irreversible", {"type": "object", "properties": {},
                                                          "additionalProperties": False}, self._submit),
+            ToolSpec("give_up", "read", "read", {"type": "object", "properties": {}, "additionalProperties": False},
+                     self._give_up),
         ]
 
     def _list_files(self, args: dict[str, Any]) -> str:
@@ -439,6 +448,10 @@ class MiniSWEEnv(ToolEnv):
         if g.error:
             return f"submitted; grading failed: {g.error.splitlines()[0] if g.error else ''}"
         return f"submitted; resolved: {'yes' if g.resolved else 'no'}"
+
+    def _give_up(self, args: dict[str, Any]) -> str:
+        self.gave_up = True
+        return "gave up; the episode ends unsolved"
 
     def _rewards(self) -> dict[str, float]:
         g = self.grade_result
