@@ -445,3 +445,44 @@ def test_push_of_a_layout_uploads_card_and_data(lake: Lake, tmp_path: Path) -> N
     assert s.pushed_to == "https://huggingface.co/datasets/me/tasks"
     assert api.kw["allow_patterns"] == ["README.md", "data/**"]
     assert api.kw["commit_message"].startswith("trajlake export hf --layout rl --as-of ")
+
+
+@pytest.mark.slow
+def test_trl_sft_trainer_trains_only_the_assistant_turns_of_the_export(sft: ExportSummary, tmp_path: Path) -> None:
+    """Issue 27: TRL's SFTTrainer(assistant_only_loss=True) runs 2 steps on the sft export with the bundled tiny
+    model, whose template marks the assistant turns with {% generation %}; the tokens it trains on (labels not
+    -100) decode to exactly the assistant turns (text, calls, end token) and nothing of the context."""
+    pytest.importorskip("trl")
+    pytest.importorskip("torch")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from trajlake.policies.tiny import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "tiny")
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+    ds = _load(sft.out, tmp_path / "cache", "dev")
+    rows = [{"messages": _drop_nulls(r["messages"]), "tools": r["tools"]} for r in ds]
+    torch.manual_seed(0)
+    config = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2,
+                       assistant_only_loss=True, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
+                       max_length=None, dataloader_num_workers=0, dataset_num_proc=None, learning_rate=1e-3)
+    trainer = SFTTrainer(model=model, args=config, train_dataset=ds, processing_class=tok)
+    result = trainer.train()
+    assert trainer.state.global_step == 2 and result.training_loss == result.training_loss  # ran, loss not NaN
+    processed = trainer.train_dataset
+    assert len(processed) == len(rows)
+    for i, row in enumerate(rows):
+        batch = trainer.data_collator([processed[i]])
+        ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+        trained = tok.decode([t for t, lab in zip(ids, labels, strict=True) if lab != -100])
+        expected = "".join(
+            m.get("content", "") + "".join('<tool_call>{"name": ' + json.dumps(c["function"]["name"]) + ', "arguments": '
+                                           + c["function"]["arguments"] + "}</tool_call>" for c in m.get("tool_calls", []))
+            + "<|im_end|>" for m in row["messages"] if m["role"] == "assistant")
+        assert trained == expected
+        assert trained.count("<|im_end|>") == sum(m["role"] == "assistant" for m in row["messages"]) > 0
+        context = tok.decode([t for t, lab in zip(ids, labels, strict=True) if lab == -100])
+        assert all(m["content"] in context for m in row["messages"] if m["role"] in ("tool", "user", "system"))

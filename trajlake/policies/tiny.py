@@ -2,7 +2,9 @@
 
 ``python -m trajlake.policies.tiny OUT_DIR`` writes a 2-layer Llama (hidden size 64) and a byte-level BPE
 tokenizer trained with ``tokenizers`` on local text (Mini SWE's bundled library sources and the agent prompt),
-with a ChatML chat template. Nothing is downloaded. The weights are random: the model's replies are noise, which
+with a ChatML chat template whose assistant turns (text, tool calls as ``format_call`` writes them, end token) are
+marked with ``{% generation %}``, so ``return_assistant_tokens_mask`` and TRL's ``SFTTrainer(assistant_only_loss=True)``
+train on exactly them. Nothing is downloaded. The weights are random: the model's replies are noise, which
 is what the recording machinery is tested on.
 
 ``--env NAME`` trains the tokenizer on that environment's rendered trajectories instead: the oracle played on a
@@ -33,7 +35,20 @@ from trajlake.render.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_cal
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    # {% generation %} marks what the model produces (its text, its calls, its end token): transformers'
+    # return_assistant_tokens_mask and so TRL's SFTTrainer(assistant_only_loss=True) train on exactly that
+    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] or '' }}"
+    "{% for call in message.tool_calls or [] %}"
+    "{% set args = call.function.arguments %}"
+    # a call as format_call writes it (Hermes <tool_call> JSON); arguments as the OpenAI API's JSON text or an object
+    "{{ '<tool_call>{\"name\": ' + (call.function.name | tojson) + ', \"arguments\": ' "
+    "+ (args if args is string else (args | tojson)) + '}</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
