@@ -280,19 +280,52 @@ def _play(cfg: RolloutConfig) -> None:
         raise typer.Exit(1)
 
 
-def replay(ctx: typer.Context, episode: Annotated[str, typer.Option("--episode", help="Episode id.")],
+def replay(ctx: typer.Context,
+           episode: Annotated[str | None, typer.Option("--episode", help="Episode id.")] = None,
+           run: Annotated[str | None, typer.Option("--run", help="Replay every episode of this run.")] = None,
+           from_dir: Annotated[Path | None, typer.Option(
+               "--from", help="Replay every episode of an exported bundle (`trajlake export hf`, trajectories "
+                              "layout, with the episodes and turns tables).")] = None,
+           fmt: Annotated[Format | None, typer.Option(
+               "--format", "-f", help="With --run/--from: table (default), json or csv, one row per episode.")] = None,
            as_of: AsOfOpt = None, allow_unisolated: AllowUnisolatedOpt = False, lake: LakeOpt = None) -> None:
-    """Re-run a stored episode under its pinned versions; exit 0 only if every state hash matches."""
-    from trajlake.rollout.replay import replay_episode
+    """Re-run stored episodes under their pinned versions; exit 0 only if every state hash of every episode
+    matches. One of --episode, --run, --from."""
+    from trajlake.rollout.replay import bundle_episodes, replay_episode, replay_rows, run_episodes
 
+    if sum(x is not None for x in (episode, run, from_dir)) != 1:
+        raise TrajlakeError("replay: give exactly one of --episode ID, --run ID, --from DIR")
     if allow_unisolated:
         os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
-
-    outcome = replay_episode(open_lake_of(ctx, lake), episode, as_of)
-    if not outcome.digest_matches:
-        typer.echo(f"note: environment digest differs from the recorded one ({outcome.recorded_digest})", err=True)
-    typer.echo(outcome.message(), err=not outcome.ok)
-    if not outcome.ok:
+    if episode is not None:
+        if fmt is not None:
+            raise TrajlakeError("replay: --format applies to --run and --from")
+        outcome = replay_episode(open_lake_of(ctx, lake), episode, as_of)
+        if not outcome.digest_matches:
+            typer.echo(f"note: environment digest differs from the recorded one ({outcome.recorded_digest})",
+                       err=True)
+        typer.echo(outcome.message(), err=not outcome.ok)
+        if not outcome.ok:
+            raise typer.Exit(1)
+        return
+    if from_dir is not None and as_of is not None:
+        raise TrajlakeError("replay: --as-of applies to the lake; an exported bundle is pinned by its card")
+    pairs = (run_episodes(open_lake_of(ctx, lake), run, as_of) if run is not None
+             else bundle_episodes(from_dir))  # type: ignore[arg-type]
+    rows: list[list[Any]] = []
+    for o in replay_rows(pairs):
+        rows.append([o.episode_id, "matched" if o.ok else "drifted", o.report.steps_replayed, o.where or None,
+                     o.digest_matches, None if o.ok else o.report.message])
+        if fmt is None or fmt == Format.table:
+            typer.echo(o.message(), err=not o.ok)  # progress, episode by episode
+    drifted = sum(1 for r in rows if r[1] == "drifted")
+    if fmt is not None and fmt != Format.table:
+        emit(["episode_id", "result", "steps", "where", "digest_matches", "message"], rows, fmt)
+    differing = sum(1 for r in rows if not r[4])
+    note = f"; the environment digest differs from the recorded one for {differing}" if differing else ""
+    typer.echo(f"replayed {len(rows)} episode(s): {len(rows) - drifted} matched, {drifted} drifted{note}",
+               err=True)
+    if drifted:
         raise typer.Exit(1)
 
 

@@ -1,12 +1,16 @@
-"""Replay a stored episode under its pinned versions (``trajlake replay``): the environment comes from the
-registry by the episode's ``env_id``; the outcome says where the first state hash diverged."""
+"""Replay stored episodes under their pinned versions (``trajlake replay``): one episode, every episode of a run
+(``--run``) or of an exported bundle (``--from DIR``, ``trajlake export hf``'s trajectories layout). The
+environment comes from the registry by each episode's ``env_id``; each outcome says where the first state hash
+diverged."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trajlake.envs.core import ReplayReport
+from trajlake.envs.core import Env, ReplayReport
 from trajlake.envs.registry import make
 from trajlake.errors import TrajlakeError
 from trajlake.lake.store import LakeArg
@@ -57,23 +61,94 @@ def replay_episode(lake: LakeArg, episode_id: str, as_of: str | None = None
                    ) -> ReplayOutcome:
     """Re-run a stored episode in a fresh instance of its environment and compare every state hash."""
     episode, turns = load_episode(lake, episode_id, as_of)
-    log, turn_of_step = replay_log_from_rows(episode, turns)
-    env = make(episode["env_id"], split=None)
+    return next(replay_rows([(episode, turns)]))
+
+
+def replay_rows(episodes: Iterable[tuple[dict[str, Any], list[dict[str, Any]]]]) -> Iterator[ReplayOutcome]:
+    """Replay (episode row, its turns) pairs, one environment instance per ``env_id`` (``replay`` resets it to
+    each episode's task and seed); yields each outcome as it is known."""
+    envs: dict[str, Env] = {}
     try:
-        digest_ok = env.image_digest == episode["env_image_digest"]
-        report = env.replay(log)
+        for episode, turns in episodes:
+            log, turn_of_step = replay_log_from_rows(episode, turns)
+            env = envs.get(episode["env_id"])
+            if env is None:
+                env = envs[episode["env_id"]] = make(episode["env_id"], split=None)
+            report = env.replay(log)
+            yield ReplayOutcome(episode["episode_id"], report, env.image_digest == episode["env_image_digest"],
+                                episode["env_image_digest"], _where(report, turn_of_step))
     finally:
-        env.close()
+        for env in envs.values():
+            env.close()
+
+
+def _where(report: ReplayReport, turn_of_step: list[int]) -> str:
     first = report.first_divergence
     if report.ok:
-        where = ""
-    elif first is None or first == -1:
-        where = "the state after reset"
-    elif first < len(turn_of_step):
-        where = f"turn {turn_of_step[first]} (step {first})"
-    else:
-        where = f"step {first}"
-    return ReplayOutcome(episode_id, report, digest_ok, episode["env_image_digest"], where)
+        return ""
+    if first is None or first == -1:
+        return "the state after reset"
+    if first < len(turn_of_step):
+        return f"turn {turn_of_step[first]} (step {first})"
+    return f"step {first}"
 
 
-__all__ = ["ReplayOutcome", "load_episode", "replay_episode"]
+def _grouped(con: Any, episodes_sql: str, turns_sql: str, params: list[Any], what: str
+             ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(episode, turns) pairs from two queries ordered by episode_id (turns also by turn_idx); the turns are
+    streamed, so a run of millions of turns holds one episode's at a time."""
+    rel = con.execute(episodes_sql, params)
+    cols = [d[0] for d in rel.description]
+    episodes = [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
+    if not episodes:
+        raise TrajlakeError(f"{what}: no episodes to replay")
+    rel = con.execute(turns_sql, params)
+    tcols = [d[0] for d in rel.description]
+
+    def stream() -> Iterator[dict[str, Any]]:
+        while batch := rel.fetchmany(2048):
+            for row in batch:
+                yield dict(zip(tcols, row, strict=True))
+
+    turns = stream()
+    turn = next(turns, None)
+    for episode in episodes:
+        mine: list[dict[str, Any]] = []
+        # both sides are ordered by episode id: turns of an id without an episode row (none in a lake's views)
+        # sort before the next episode's and are passed over
+        while turn is not None and turn["episode_id"] <= episode["episode_id"]:
+            if turn["episode_id"] == episode["episode_id"]:
+                mine.append(turn)
+            turn = next(turns, None)
+        yield episode, mine
+
+
+def run_episodes(lake: LakeArg, run_id: str, as_of: str | None = None
+                 ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Every committed episode of ``run_id`` with its turns, ordered by episode id."""
+    con = connect(lake, as_of)
+    return _grouped(con, "select * from episodes where run_id = ? order by episode_id",
+                    "select * from turns where run_id = ? order by episode_id, turn_idx", [run_id], f"run {run_id!r}")
+
+
+def bundle_episodes(folder: str | Path) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Every episode of an exported bundle (``trajlake export hf``, trajectories layout: ``data/episodes`` and
+    ``data/turns`` Parquet shards, every split) with its turns, ordered by episode id."""
+    import duckdb
+
+    root = Path(folder)
+    globs = {t: root / "data" / t / "*.parquet" for t in ("episodes", "turns")}
+    for table, glob in globs.items():
+        if not any(glob.parent.glob(glob.name)):
+            raise TrajlakeError(f"--from {root}: no {table} shards at {glob} (expected a `trajlake export hf` "
+                                f"folder with the trajectories layout, exported with --tables episodes,turns at least)")
+    con = duckdb.connect(":memory:")
+
+    def src(table: str) -> str:
+        return "read_parquet('" + str(globs[table]).replace("'", "''") + "', union_by_name = true)"
+
+    return _grouped(con, f"select * from {src('episodes')} order by episode_id",
+                    f"select * from {src('turns')} order by episode_id, turn_idx", [], f"--from {root}")
+
+
+__all__ = ["ReplayOutcome", "bundle_episodes", "load_episode", "replay_episode", "replay_rows", "run_episodes"]
