@@ -6,9 +6,12 @@ walk stops at the first node answered "yes", which is the diagnosis. The nodes, 
 0. ``success_drop``       did paired success drop? (McNemar exact, task-collapsed with several seeds per task).
                           No: nothing to diagnose.
 1. ``oracle_suite``       did the fixed replay/oracle suite drop too between the two runs' environment versions?
-                          Runs whose ``policy_name`` is ``oracle`` on both versions are paired on (task, seed,
-                          attempt). Not applicable when both runs used the same environment versions; not
-                          checkable without oracle runs on both versions. Yes: environment or grader regression.
+                          With a replay suite (``trajlake diagnose --suite NAME``: pinned episodes replayed
+                          against the current environment code first), any drifted episode answers yes whatever
+                          the versions say. Runs whose ``policy_name`` is ``oracle`` on both versions are paired on
+                          (task, seed, attempt). Not applicable when both runs used the same environment versions
+                          (and no suite drifted); not checkable without oracle runs on both versions (or a suite).
+                          Yes: environment or grader regression.
 2. ``distribution``       did the environment or the task distribution change (``env_version``,
                           ``env_image_digest`` or ``task_version`` of the matched tasks differ)? Yes: the runs
                           are not comparable as they stand.
@@ -37,6 +40,7 @@ When no node says yes the diagnosis is ``unexplained``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -162,9 +166,18 @@ def _short(items: set[str] | list[str], limit: int = 5) -> str:
 
 
 def _oracle_node(data: EvalData, facts: dict[str, dict[str, Any]], baseline: str, candidate: str,
-                 settings: Settings) -> dict[str, Any]:
+                 settings: Settings, replay_suite: Mapping[str, Any] | None = None) -> dict[str, Any]:
     vb, vc = facts[baseline]["env_version"], facts[candidate]["env_version"]
     node: dict[str, Any] = {"node": "oracle_suite", "question": NODES["oracle_suite"], "tests": [], "evidence": []}
+    if replay_suite is not None:
+        drifted = list(replay_suite["drifted"])
+        node["evidence"].append(f"replay suite {replay_suite['name']} ({replay_suite['source']}, pinned at "
+                                f"{replay_suite['as_of']}): {len(drifted)} of {replay_suite['episodes']} episode(s) "
+                                f"drifted on the current environment code"
+                                + (f" ({_short(set(drifted))})" if drifted else ""))
+        if drifted:  # the environment answers the same actions differently now: not the policy
+            node["result"] = "yes"
+            return node
     if vb == vc:
         node["result"] = "not_applicable"
         node["evidence"].append(f"both runs used env_version {_short(vb)}: the fixed suite cannot differ")
@@ -174,7 +187,7 @@ def _oracle_node(data: EvalData, facts: dict[str, dict[str, Any]], baseline: str
     cand_rows = [r for r in rows if str(r[1]) in vc]
     if not base_rows or not cand_rows:
         missing = [f"env_version {_short(v)}" for v, rs in ((vb, base_rows), (vc, cand_rows)) if not rs]
-        node["result"] = "not_checkable"
+        node["result"] = "not_checkable" if replay_suite is None else "no"
         node["evidence"].append("could not be checked: no runs with policy_name 'oracle' on "
                                 + " and ".join(missing))
         return node
@@ -276,8 +289,9 @@ def _reward_node(data: EvalData, b_idx: np.ndarray, c_idx: np.ndarray, baseline:
 
 
 def diagnose_data(data: EvalData, baseline: str, candidate: str, settings: Settings | None = None,
-                  lake_path: str = "") -> dict[str, Any]:
-    """Walk the tree on loaded data (both runs must be in ``data``)."""
+                  lake_path: str = "", replay_suite: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Walk the tree on loaded data (both runs must be in ``data``). ``replay_suite``: what replaying a pinned
+    suite found (``name``, ``source``, ``as_of``, ``episodes``, ``drifted`` ids), for the first node."""
     settings = settings or Settings()
     alpha = settings.alpha
     b_idx, c_idx, dropped = pairs(data, baseline, candidate)
@@ -304,7 +318,7 @@ def diagnose_data(data: EvalData, baseline: str, candidate: str, settings: Setti
         return finish("success_drop")
 
     facts = _facts(data, baseline, candidate)
-    path.append(_oracle_node(data, facts, baseline, candidate, settings))
+    path.append(_oracle_node(data, facts, baseline, candidate, settings, replay_suite))
     if path[-1]["result"] == "yes":
         return finish("oracle_suite")
     path.append(_distribution_node(facts, baseline, candidate))
@@ -381,12 +395,14 @@ def _contamination_node(data: EvalData, baseline: str, candidate: str) -> dict[s
 
 def diagnose(lake: LakeArg, baseline: str, candidate: str, *,
              as_of: str | dict[str, int] | None = None, settings: Settings | None = None,
-             memory_limit: str | None = None, threads: int | None = None) -> dict[str, Any]:
+             memory_limit: str | None = None, threads: int | None = None,
+             replay_suite: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Load both runs and walk the tree; returns the diagnosis dict (``path``, ``diagnosis``, ``conclusion``)."""
     if baseline == candidate:
         raise TrajlakeError("--baseline and --candidate must be different runs")
     data = load(lake, [baseline, candidate], as_of=as_of, memory_limit=memory_limit, threads=threads)
     try:
-        return diagnose_data(data, baseline, candidate, settings, lake_path=lake_location(lake))
+        return diagnose_data(data, baseline, candidate, settings, lake_path=lake_location(lake),
+                             replay_suite=replay_suite)
     finally:
         data.close()

@@ -305,3 +305,19 @@ def test_empty_lake_and_run_without_episodes(capsys: pytest.CaptureFixture[str],
     assert rep["runs"]["R0"]["n_episodes"] == 0 and rep["runs"]["R0"]["metrics"]["success"]["estimate"] is None
     assert rep["comparison"]["n_pairs"] == 0 and rep["comparison"]["dropped"]["candidate"]["unmatched"] == 1
     assert rep["comparison"]["metrics"]["success"]["diff"] is None
+
+
+def test_a_drifted_replay_suite_answers_the_first_node(diag_lake: Lake) -> None:
+    """`diagnose --suite NAME` replays a pinned suite first: a drifted episode means the environment answers the
+    same actions differently now, so the drop is the environment's (even where the versions say nothing); a suite
+    that replays cleanly leaves the walk as it was."""
+    from trajlake.evaluators.diagnose import diagnose
+
+    suite = {"name": "pinned", "source": "run oracle_v1", "as_of": "episodes=1", "episodes": 5, "drifted": ["e1"]}
+    d = diagnose(diag_lake, "base", "cand_plan", replay_suite=suite)
+    assert d["diagnosis"] == "environment_regression" and d["path"][1]["node"] == "oracle_suite"
+    assert d["path"][1]["result"] == "yes" and "1 of 5 episode(s) drifted" in d["path"][1]["evidence"][0]
+    clean = diagnose(diag_lake, "base", "cand_plan", replay_suite={**suite, "drifted": []})
+    assert clean["diagnosis"] == "unexplained"
+    assert "0 of 5 episode(s) drifted" in clean["path"][1]["evidence"][0]
+    assert clean["path"][1]["result"] == "not_applicable"  # same env versions, nothing drifted

@@ -79,3 +79,62 @@ def test_replay_options_are_checked(played: Path, capsys: pytest.CaptureFixture[
 def test_replay_from_a_folder_that_is_not_a_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "replay", "--from", str(tmp_path))
     assert code != 0 and "no episodes shards" in err and "trajectories layout" in err, err
+
+
+def test_a_pinned_replay_suite_replays_and_reports_drift(played: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`--run ID --pin-suite NAME` pins the episodes (ids and lake versions, in the lake) once they all match;
+    `--suite NAME` replays exactly them against the current environment code, whatever was committed since,
+    and exits 1 when the environment now answers differently."""
+    import shutil
+
+    lake = tmp_path / "lake"
+    shutil.copytree(played, lake)
+    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "smoke")
+    assert code == 0 and "pinned replay suite smoke: 3 episode(s)" in err, err
+    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "smoke")
+    assert code != 0 and "exists already" in err
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+
+    run_rollout(RolloutConfig(lake=str(lake), run_id="later", env="tool-lookup", policy="oracle", split="train",
+                              seeds=(1,), task_ids=tuple(TASKS.split(","))[:1]))  # committed after the pin
+    code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "smoke", "--format", "json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert len(rows) == 3 and {r["result"] for r in rows} == {"matched"}
+    assert {r["env_version"] for r in rows} == {r["env_version_now"] for r in rows}
+    # the environment's code changes how one tool answers: the suite says which episodes drifted, and where
+    from trajlake.envs.tool_lookup.env import ToolLookupEnv
+
+    original = ToolLookupEnv.state_hash
+    monkeypatch.setattr(ToolLookupEnv, "state_hash", lambda self: "changed" + original(self)[7:])
+    code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "smoke", "--format", "json")
+    assert code == 1 and {r["result"] for r in json.loads(out)} == {"drifted"}
+    assert "3 matched" not in err and "3 drifted" in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--suite", "nope"], "replay suite 'nope' is not in the lake"),
+    (["--suite", "../x"], "use letters, digits"),
+    (["--episode", "x", "--pin-suite", "s"], "--pin-suite pins the episodes of --run ID"),
+])
+def test_replay_suite_options_are_checked(played: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                          message: str) -> None:
+    code, _, err = run_cli(capsys, "--lake", str(played), "replay", *args)
+    assert code != 0 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_diagnose_replays_the_suite_it_is_given(played: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    lake = tmp_path / "lake"
+    shutil.copytree(played, lake)
+    assert run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "s")[0] == 0
+    code, out, err = run_cli(capsys, "--lake", str(lake), "diagnose", "--baseline", "a", "--candidate", "b",
+                             "--suite", "s", "-f", "json", "--resamples", "50")
+    assert code == 0, err
+    assert json.loads(out)["diagnosis"] == "no_drop"  # the oracle never drops; the suite replayed without error
+    code, _, err = run_cli(capsys, "--lake", str(lake), "diagnose", "--baseline", "a", "--candidate", "b",
+                           "--suite", "missing")
+    assert code != 0 and "replay suite 'missing' is not in the lake" in err

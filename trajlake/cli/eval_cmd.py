@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path
+from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path, open_lake_of
 from trajlake.cli.output import write_report
 from trajlake.errors import TrajlakeError
 
@@ -124,6 +124,9 @@ def diagnose_command(
     seed: SeedOpt = 0,
     memory_limit: MemoryOpt = None,
     threads: ThreadsOpt = None,
+    suite: Annotated[str | None, typer.Option(
+        "--suite", help="Replay the pinned replay suite NAME against the current environment code first (the "
+                        "tree's first node): a drifted episode means the environment changed, not the policy.")] = None,
     lake: LakeOpt = None,
 ) -> None:
     """Explain a success drop from --baseline to --candidate: walk a decision tree (oracle suite, environment
@@ -134,8 +137,17 @@ def diagnose_command(
     from trajlake.evaluators.report import to_json
 
     settings = _settings(resamples, seed, 0.95, alpha=alpha)
+    replayed = None
+    if suite is not None:
+        from trajlake.rollout.replay import load_suite, replay_rows, suite_episodes
+
+        lk = open_lake_of(ctx, lake)
+        pinned = load_suite(lk, suite)
+        outcomes = list(replay_rows(suite_episodes(lk, pinned)))
+        replayed = {"name": pinned.name, "source": pinned.source, "as_of": pinned.as_of, "episodes": len(outcomes),
+                    "drifted": [o.episode_id for o in outcomes if not o.ok]}
     d = diagnose(lake_path(ctx, lake), baseline, candidate, as_of=as_of, settings=settings, memory_limit=memory_limit,
-                 threads=threads)
+                 threads=threads, replay_suite=replayed)
     if fmt == DiagnoseFormat.json:
         write_report(to_json(d), out, "diagnosis")
     elif fmt == DiagnoseFormat.markdown:

@@ -286,15 +286,30 @@ def replay(ctx: typer.Context,
            from_dir: Annotated[Path | None, typer.Option(
                "--from", help="Replay every episode of an exported bundle (`trajlake export hf`, trajectories "
                               "layout, with the episodes and turns tables).")] = None,
+           suite: Annotated[str | None, typer.Option(
+               "--suite", help="Replay the pinned replay suite NAME (stored in the lake) against the current "
+                               "environment code.")] = None,
+           pin_suite: Annotated[str | None, typer.Option(
+               "--pin-suite", help="With --run: when every episode matched, pin them as the replay suite NAME "
+                                   "(ids and lake versions, stored in the lake).")] = None,
            fmt: Annotated[Format | None, typer.Option(
                "--format", "-f", help="With --run/--from: table (default), json or csv, one row per episode.")] = None,
            as_of: AsOfOpt = None, allow_unisolated: AllowUnisolatedOpt = False, lake: LakeOpt = None) -> None:
     """Re-run stored episodes under their pinned versions; exit 0 only if every state hash of every episode
-    matches. One of --episode, --run, --from."""
-    from trajlake.rollout.replay import bundle_episodes, replay_episode, replay_rows, run_episodes
+    matches. One of --episode, --run, --from, --suite."""
+    from trajlake.rollout.replay import (
+        bundle_episodes,
+        load_suite,
+        replay_episode,
+        replay_rows,
+        run_episodes,
+        suite_episodes,
+    )
 
-    if sum(x is not None for x in (episode, run, from_dir)) != 1:
-        raise TrajlakeError("replay: give exactly one of --episode ID, --run ID, --from DIR")
+    if sum(x is not None for x in (episode, run, from_dir, suite)) != 1:
+        raise TrajlakeError("replay: give exactly one of --episode ID, --run ID, --from DIR, --suite NAME")
+    if pin_suite is not None and run is None:
+        raise TrajlakeError("replay: --pin-suite pins the episodes of --run ID")
     if allow_unisolated:
         os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
     if episode is not None:
@@ -310,23 +325,41 @@ def replay(ctx: typer.Context,
         return
     if from_dir is not None and as_of is not None:
         raise TrajlakeError("replay: --as-of applies to the lake; an exported bundle is pinned by its card")
-    pairs = (run_episodes(open_lake_of(ctx, lake), run, as_of) if run is not None
-             else bundle_episodes(from_dir))  # type: ignore[arg-type]
+    if from_dir is not None:
+        pairs = bundle_episodes(from_dir)
+    elif suite is not None:
+        if as_of is not None:
+            raise TrajlakeError("replay: a replay suite is read at the lake versions it pinned; drop --as-of")
+        lk = open_lake_of(ctx, lake)
+        pinned = load_suite(lk, suite)
+        typer.echo(f"replay suite {pinned.name}: {len(pinned.episode_ids)} episode(s) of {pinned.source}, "
+                   f"pinned {pinned.created_at} at {pinned.as_of}", err=True)
+        pairs = suite_episodes(lk, pinned)
+    else:
+        pairs = run_episodes(open_lake_of(ctx, lake), str(run), as_of)
     rows: list[list[Any]] = []
     for o in replay_rows(pairs):
         rows.append([o.episode_id, "matched" if o.ok else "drifted", o.report.steps_replayed, o.where or None,
-                     o.digest_matches, None if o.ok else o.report.message])
+                     o.digest_matches, None if o.ok else o.report.message, o.recorded_env_version,
+                     o.env_version_now])
         if fmt is None or fmt == Format.table:
             typer.echo(o.message(), err=not o.ok)  # progress, episode by episode
     drifted = sum(1 for r in rows if r[1] == "drifted")
     if fmt is not None and fmt != Format.table:
-        emit(["episode_id", "result", "steps", "where", "digest_matches", "message"], rows, fmt)
+        emit(["episode_id", "result", "steps", "where", "digest_matches", "message", "env_version",
+              "env_version_now"], rows, fmt)
     differing = sum(1 for r in rows if not r[4])
     note = f"; the environment digest differs from the recorded one for {differing}" if differing else ""
     typer.echo(f"replayed {len(rows)} episode(s): {len(rows) - drifted} matched, {drifted} drifted{note}",
                err=True)
     if drifted:
         raise typer.Exit(1)
+    if pin_suite is not None:
+        from trajlake.rollout.replay import pin_suite as pin
+
+        pinned = pin(open_lake_of(ctx, lake), pin_suite, [r[0] for r in rows], f"run {run}")
+        typer.echo(f"pinned replay suite {pinned.name}: {len(pinned.episode_ids)} episode(s) at {pinned.as_of}",
+                   err=True)
 
 
 def quickstart(
