@@ -7,12 +7,17 @@ mechanical ``read_file`` turns. Those turns and the edits after the answer are n
 token ids and no loss. The model's one turn records its prompt (on the observation turn just before it) and its
 sampled tokens; its ``context_strategy`` is ``single_turn`` and ``context_dropped_hash`` names the earlier turns,
 which are not in its context.
+
+In an environment without ``edit`` whose tools include a finishing call with one text argument (Mini Web's
+``answer``, tool-lookup's ``submit``), B0 is the same single answer without tools: the model sees the statement
+only, and its reply (the first line, stripped) becomes that call's argument, the episode's one action.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,6 +27,9 @@ from trajlake.policies.lm import LMPolicy, dropped_hash
 
 B0_SYSTEM = ("You fix bugs. Answer with one unified diff (--- a/PATH, +++ b/PATH, @@ hunks) inside a ```diff "
              "block, and nothing else.")
+B0_ANSWER_SYSTEM = "Answer the task with the answer only, on one line, and nothing else."
+# Finishing calls that take the answer as their one text argument, in order of preference.
+_ANSWER_TOOLS = ("answer", "submit")
 _FILE = re.compile(r"`([^`\s]+\.py)`")
 _LINE = re.compile(r"^\s*\d+\| ?(.*)$")
 _FENCE = re.compile(r"```(?:diff|patch)?\n(.*?)```", re.DOTALL)
@@ -52,6 +60,15 @@ def diff_to_edits(diff: str) -> list[str]:
             for fp in patches for h in fp.hunks if h.old_lines]
 
 
+def answer_call(tools: Mapping[str, Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(tool, argument) of the finishing call that takes an answer as its one argument, if the tools have one."""
+    for name in _ANSWER_TOOLS:
+        args = (tools.get(name) or {}).get("args") or {}
+        if len(args) == 1:
+            return name, next(iter(args))
+    return None
+
+
 class SingleTurnPolicy(Policy):
     """Wraps an LM policy: reads the named files, asks once, applies the answer, submits."""
 
@@ -73,6 +90,9 @@ class SingleTurnPolicy(Policy):
         self.reading: str | None = None
         self.after: list[str] | None = None
         self.history: list[tuple[int, str]] = []
+        self.answer_call = None if "edit" in task.tools else answer_call(task.tools)
+        if self.answer_call is not None:
+            self.to_read = []  # nothing to read: the statement is all B0 sees
 
     def _mechanical(self, action: str) -> PolicyOutput:
         self.history.append((len(self.history), action))
@@ -94,12 +114,21 @@ class SingleTurnPolicy(Policy):
     def _answer(self) -> PolicyOutput:
         inner = self.inner
         assert inner.renderer is not None, "single-turn needs an LM policy that renders its own context"
-        prompt = self.task.statement + "".join(f"\n\n--- {p}\n{text}" for p, text in self.files.items())
-        ids = inner.renderer.initial(B0_SYSTEM, prompt)
+        if self.answer_call is not None:
+            ids = inner.renderer.initial(B0_ANSWER_SYSTEM, self.task.statement)
+        else:
+            prompt = self.task.statement + "".join(f"\n\n--- {p}\n{text}" for p, text in self.files.items())
+            ids = inner.renderer.initial(B0_SYSTEM, prompt)
         gen = inner.generate(ids, inner.settings.max_new_tokens)
         assert gen.token_ids is not None
-        edits = diff_to_edits(extract_diff(gen.text))
-        first, self.after = (edits[0], edits[1:]) if edits else (_act("submit"), [])
+        if self.answer_call is not None:
+            tool, arg = self.answer_call
+            text = next((ln.strip() for ln in gen.text.splitlines() if ln.strip()), "")
+            first, self.after, parsed = _act(tool, **{arg: text}), [], bool(text)
+        else:
+            edits = diff_to_edits(extract_diff(gen.text))
+            first, self.after = (edits[0], edits[1:]) if edits else (_act("submit"), [])
+            parsed = bool(edits)
         dropped = dropped_hash(self.history[:-1]) if len(self.history) > 1 else None
         self.history.append((len(self.history), first))
         out = np.asarray(gen.token_ids, dtype=np.int32)
@@ -109,8 +138,8 @@ class SingleTurnPolicy(Policy):
             behavior_logprobs=None if gen.logprobs is None else np.asarray(gen.logprobs, dtype=np.float32),
             tokenizer_id=inner.renderer.tokenizer_id, prompt_tokens=gen.prompt_tokens,
             context_token_ids=np.asarray(ids, dtype=np.int32), context_tokenizer_id=inner.renderer.tokenizer_id,
-            status=inner.status_of(bool(edits), gen.retries), context_dropped_hash=dropped,
+            status=inner.status_of(parsed, gen.retries), context_dropped_hash=dropped,
             context_strategy="single_turn")
 
 
-__all__ = ["B0_SYSTEM", "SingleTurnPolicy", "diff_to_edits", "extract_diff"]
+__all__ = ["B0_ANSWER_SYSTEM", "B0_SYSTEM", "SingleTurnPolicy", "answer_call", "diff_to_edits", "extract_diff"]
