@@ -25,8 +25,9 @@ def ingest(
                                                               "swe-agent, inspect or openhands.")] = "trajlake-jsonl",
     run_id: Annotated[str | None, typer.Option(help="Run id of imported episodes (default: derived from the "
                                                     "file).")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(help="A local tokenizer.json: fill token ids and loss masks "
-                                                        "of imported text.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="A local tokenizer.json, or a folder holding one (a model "
+                                                        "folder): fill token ids and loss masks of imported "
+                                                        "text.")] = None,
     skip_invalid: Annotated[bool, typer.Option(help="Write the valid episodes of a file that has invalid "
                                                     "ones (still exits 1).")] = False,
     lake: LakeOpt = None,
