@@ -259,7 +259,7 @@ def _task_counts(codes: FloatArray, success: FloatArray) -> tuple[IntArray, IntA
     codes, success = codes[graded], success[graded]
     if codes.shape[0] == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    _, inv = np.unique(codes, return_inverse=True)
+    inv, _ = _factorize(codes, codes.shape[0])  # np.unique's inverse, without its sort for task codes
     n = np.bincount(inv).astype(np.int64)
     c = np.rint(np.bincount(inv, weights=success)).astype(np.int64)
     return n, c
@@ -373,6 +373,20 @@ def _diff_from_replicates(estimate: float, reps: FloatArray, n_clusters: int, co
     return float(np.std(f, ddof=1)), float(lo), float(hi), bootstrap_p_value(reps)
 
 
+def _in_both(base_codes: FloatArray, cand_codes: FloatArray) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], int]:
+    """Which rows of each arm belong to a task present in both arms, and how many such tasks: the same as
+    ``isin(codes, intersect1d(unique(base), unique(cand)))``, from one factorisation of both arms' codes (no
+    sort for task codes; issue 28). Labels with NaN keep the set operations (NaN never matches there)."""
+    both = np.concatenate([np.asarray(base_codes), np.asarray(cand_codes)])
+    if both.dtype.kind == "f" and np.isnan(both).any():
+        common = np.intersect1d(np.unique(base_codes), np.unique(cand_codes))
+        return np.isin(base_codes, common), np.isin(cand_codes, common), int(common.shape[0])
+    codes, n = _factorize(both, both.shape[0])
+    nb = np.asarray(base_codes).shape[0]
+    present = (np.bincount(codes[:nb], minlength=n) > 0) & (np.bincount(codes[nb:], minlength=n) > 0)
+    return present[codes[:nb]], present[codes[nb:]], int(np.count_nonzero(present))
+
+
 def paired_quantile_difference(
     base_values: FloatArray, base_codes: FloatArray, cand_values: FloatArray, cand_codes: FloatArray,
     qs: Sequence[float], *, n_resamples: int, confidence: float, seed: int, n_workers: int | None = None,
@@ -385,9 +399,7 @@ def paired_quantile_difference(
     identical arms give all-zero replicates). Returns one dict per ``q`` with ``diff, se, ci_low, ci_high,
     p_value, baseline, candidate, n, n_clusters``.
     """
-    common = np.intersect1d(np.unique(base_codes), np.unique(cand_codes))
-    mb = np.isin(base_codes, common)
-    mc = np.isin(cand_codes, common)
+    mb, mc, n_common = _in_both(base_codes, cand_codes)
     kw: dict[str, Any] = {"n_resamples": n_resamples, "confidence": confidence, "seed": seed,
                           "n_workers": n_workers}
     rb = bootstrap_quantiles(base_values[mb], base_codes[mb], qs, **kw)
@@ -395,9 +407,9 @@ def paired_quantile_difference(
     out = []
     for b, c in zip(rb, rc, strict=True):
         diff = c.estimate - b.estimate
-        se, lo, hi, p = _diff_from_replicates(diff, c.replicates - b.replicates, int(common.shape[0]), confidence)
+        se, lo, hi, p = _diff_from_replicates(diff, c.replicates - b.replicates, n_common, confidence)
         out.append({"diff": diff, "se": se, "ci_low": lo, "ci_high": hi, "p_value": p, "baseline": b.estimate,
-                    "candidate": c.estimate, "n": int(mb.sum() + mc.sum()), "n_clusters": int(common.shape[0]),
+                    "candidate": c.estimate, "n": int(mb.sum() + mc.sum()), "n_clusters": n_common,
                     "test": "paired_cluster_bootstrap"})
     return out
 
@@ -407,7 +419,7 @@ def _success_p(b: FloatArray, c: FloatArray, codes: FloatArray) -> tuple[float, 
     mean outcomes (McNemar's test collapsed to tasks, so correlated seeds count once)."""
     if b.shape[0] == 0:
         return math.nan, "mcnemar_exact"
-    _, inv = np.unique(codes, return_inverse=True)
+    inv, _ = _factorize(codes, codes.shape[0])  # np.unique's inverse, without its sort for task codes
     sizes = np.bincount(inv)
     if int(sizes.max()) == 1:
         return mcnemar_exact(b, c), "mcnemar_exact"

@@ -221,6 +221,26 @@ def test_paired_quantile_bootstrap_draws_the_same_tasks_in_both_arms() -> None:
     assert part["n_clusters"] == 39
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.int64])
+def test_tasks_in_both_arms_equal_the_set_operations(dtype: type) -> None:
+    # issue 28: the paired quantile bootstrap finds the tasks of both arms from one factorisation, not from
+    # intersect1d / isin; rows kept and task count must be theirs exactly (also with NaN labels, which never match)
+    from trajlake.evaluators.metrics import _in_both
+
+    rng = np.random.default_rng(3)
+    b = rng.integers(0, 50, 400).astype(dtype)
+    c = rng.integers(30, 90, 300).astype(dtype)
+    cases = [(b, c), (b[:0], c), (b, b[::-1])]
+    if dtype is np.float64:
+        cases += [(np.array([1.0, np.nan, 2.5]), np.array([np.nan, 2.5, 7.0])), (b + 0.5, c + 0.5)]
+    for base, cand in cases:
+        common = np.intersect1d(np.unique(base), np.unique(cand))
+        mb, mc, n = _in_both(base, cand)
+        np.testing.assert_array_equal(mb, np.isin(base, common))
+        np.testing.assert_array_equal(mc, np.isin(cand, common))
+        assert n == common.shape[0]
+
+
 def test_bootstrap_p_value() -> None:
     assert bootstrap_p_value(np.zeros(99)) == 1.0
     assert bootstrap_p_value(np.ones(99)) == pytest.approx(2 / 100)

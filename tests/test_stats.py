@@ -461,6 +461,52 @@ def test_weighted_quantile_kernel_matches_expanded_rows(n_clusters: int) -> None
         np.testing.assert_array_equal(got, np.quantile(expanded, qs, method="inverted_cdf"))
 
 
+def test_bootstrap_quantiles_with_ties_match_expanded_rows_per_resample() -> None:
+    # issue 28: the rows are sorted with the unstable argsort; with many ties (latencies on a coarse grid) every
+    # replicate must still be exactly np.quantile(inverted_cdf) of the resample's rows, each drawn task repeated
+    rng = np.random.default_rng(23)
+    n, c = 3_000, 40
+    codes = rng.integers(0, c, size=n)
+    values = np.round(rng.lognormal(size=n) * 4) / 4  # ~30 distinct values
+    qs = (0.1, 0.5, 0.99)
+    res = bootstrap_quantiles(values, codes, qs, n_resamples=300, seed=6, n_workers=1)
+    gens = S._block_generators(6, 2)
+    idx = np.concatenate([gens[0].integers(0, c, size=(256, c)), gens[1].integers(0, c, size=(44, c))])
+    for b, drawn in enumerate(idx):
+        expanded = np.repeat(values, np.bincount(drawn, minlength=c)[codes])
+        expected = np.quantile(expanded, qs, method="inverted_cdf")
+        assert [r.replicates[b] for r in res] == expected.tolist(), b
+
+
+@pytest.mark.parametrize("labels", [
+    np.array([5, 3, 5, 9, 3, 3]),
+    np.array([5.0, -3.0, 5.0, 9.0, -0.0, 0.0]),
+    np.array([1e15, 1e15 + 2, 1e15 + 2]),
+    np.array([0.5, 1.5, 0.5]),  # not whole numbers: np.unique
+    np.array([0, 10**9, 7]),  # too sparse for a table: np.unique
+    np.array([2**63 - 1, 2**63 - 3], dtype=np.uint64),
+    np.array(["b", "a", "b"]),
+    np.arange(5_000)[::-1] % 1_234,
+])
+def test_factorize_equals_np_unique(labels: np.ndarray) -> None:
+    # issue 28: whole-number labels are factorised with a table instead of a sort; codes and count must be
+    # np.unique's exactly
+    uniq, inverse = np.unique(labels, return_inverse=True)
+    codes, n = S._factorize(labels, labels.shape[0])
+    assert n == uniq.shape[0] and codes.dtype == np.intp
+    np.testing.assert_array_equal(codes, inverse.reshape(-1))
+
+
+def test_t_kernels_equal_scipy_t() -> None:
+    # issue 28: the clustered t interval and p-value call special.stdtrit / stdtr, the kernels of stats.t
+    x = np.random.default_rng(24).normal(size=57)
+    cl = np.arange(57) % 19
+    e = clustered_mean(x, cl)
+    assert e.ci_high - e.estimate == pytest.approx(float(sps.t.ppf(0.975, 18)) * e.se, rel=1e-15)
+    p = paired_difference(np.zeros(57), x, cl)
+    assert p.p_value == float(2.0 * sps.t.sf(abs(p.estimate / p.se), 18))
+
+
 def test_weighted_quantile_kernel_target_reached_before_window() -> None:
     # singletons: half the draws on the smallest row, half on the largest; the weight before the median's
     # window already equals the target, so the answer is the minimum and must come from outside the window
