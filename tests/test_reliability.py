@@ -47,17 +47,23 @@ def test_kill_9_at_random_moments_loses_no_acknowledged_episode(lake: Lake) -> N
     trials = 15  # each trial's kill time is random: 15 land before, during and between commits (30 took 90 s)
     # Each writer is killed a random time after it starts writing (not after the interpreter starts: under load
     # the start-up alone took longer than the old sleep). The next writer starts up while this one writes.
+    # Every other writer is killed only after its first acknowledged commit (then a random time later), so the kills
+    # land between commits whatever the machine's load; the others may die before their first commit.
     nxt = spawn_waiting(lake, "k0", n=400, per_flush=rng.choice([1, 3, 10]))
+    trials_with_acks = 0
     try:
         for trial in range(trials):
             p = nxt
             go(p)
             if trial + 1 < trials:
                 nxt = spawn_waiting(lake, f"k{trial + 1}", n=400, per_flush=rng.choice([1, 3, 10]))
+            first = p.stdout.readline() if trial % 2 and p.stdout is not None else ""
             time.sleep(rng.uniform(0.05, 1.2))
             os.kill(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
-            all_acked |= acked(out)
+            mine = acked(first + out)
+            trials_with_acks += bool(mine)
+            all_acked |= mine
             rep = verify(lake)
             # a writer killed between its commit and its commit record left its commit intent: not a problem
             assert rep.ok, f"trial {trial}: {rep.problems[:3]}"
@@ -72,7 +78,7 @@ def test_kill_9_at_random_moments_loses_no_acknowledged_episode(lake: Lake) -> N
     bad = con.execute("""select e.episode_id from episodes e left join turns t using (episode_id)
                          group by e.episode_id, e.n_turns having count(t.turn_idx) != e.n_turns""").fetchall()
     assert bad == []
-    assert len(all_acked) > trials  # the kills did land between commits, not only before the first
+    assert trials_with_acks >= trials // 2  # the kills did land between commits, not only before the first
     compact(lake, orphan_grace_hours=0.0)
     assert verify(lake, strict=True).ok
     assert {r[0] for r in connect(lake).execute("select episode_id from episodes").fetchall()} == present
