@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -69,6 +70,40 @@ def test_smoke_registers_both_versions_with_checkpoint_hashes(smoke: tuple[Path,
     labels = dict(con.execute("select run_id, label from runs").fetchall())
     assert labels["B1-data"] == "B1" and labels["B1"] == "B1"
     assert labels["R1-it1"] == labels["R1-it2"] == labels["R1"] == "R1"
+
+
+def test_training_compute_is_counted_by_its_definition() -> None:
+    """6 x parameters x tokens through the training forward passes, hand-computed on a fake learner."""
+    import torch
+
+    from trajlake.train.loop import FLOPS_RULE, Dist, training_compute
+
+    class FakeLearner:
+        tokens_trained_through = 250
+
+        def parameters(self) -> list[Any]:
+            return [torch.zeros(10, 4), torch.zeros(7)]  # 47 parameters
+
+    c = training_compute(FakeLearner(), "cpu", Dist(), 90, 12.5, 20.25)  # type: ignore[arg-type]
+    assert c == {"device": "cpu", "world_size": 1, "wall_seconds": 12.5, "cpu_seconds": 20.25, "gpu_seconds": 0.0,
+                 "policy_tokens_trained": 90, "tokens_through_training": 250, "parameters": 47,
+                 "flops_estimate": 6.0 * 47 * 250, "flops_rule": FLOPS_RULE}
+    assert training_compute(FakeLearner(), "cuda:0", Dist(), 90, 12.5, 20.25)["gpu_seconds"] == 12.5  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_smoke_stages_record_their_training_compute(smoke: tuple[Path, Path, str]) -> None:
+    lake, out, _ = smoke
+    con = connect(lake)
+    log = pq.read_table(out / "train_log.parquet").to_pylist()
+    for run_id, stage in (("B1.train", "B1"), ("R1.train", "R1")):
+        config = json.loads(con.execute("select config from runs where run_id = ?", [run_id]).fetchone()[0])
+        c = config["training_compute"]
+        trained = sum(r["policy_tokens"] for r in log if r["stage"] == stage)
+        assert c["policy_tokens_trained"] == trained == config["tokens"] > 0
+        assert c["tokens_through_training"] >= trained  # the context is read, only the policy tokens are trained
+        assert c["flops_estimate"] == 6.0 * c["parameters"] * c["tokens_through_training"]
+        assert c["device"] == "cpu" and c["gpu_seconds"] == 0.0 and c["wall_seconds"] > 0 and c["cpu_seconds"] > 0
 
 
 @pytest.mark.slow

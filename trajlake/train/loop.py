@@ -140,6 +140,9 @@ class Learner:
         self.proximal: Any = None
         """A frozen copy of the model at the start of the RL iteration (decoupled PPO's pi_prox), when stale
         episodes need its log-probs."""
+        self.tokens_trained_through = 0
+        """Tokens (attention mask 1) of this rank's training forward passes, each followed by a backward: the
+        basis of the stage's FLOP estimate (``training_compute``)."""
 
     def parameters(self) -> list[Any]:
         params = list(self.model.parameters())
@@ -186,6 +189,8 @@ class Learner:
         a value head exists."""
         ids = batch["input_ids"].to(self.device)
         attn = batch["attention_mask"].to(self.device)
+        if torch.is_grad_enabled():
+            self.tokens_trained_through += int(attn.sum())
         with self._autocast():
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=self.value_head is not None)
         logits = out.logits.float()
@@ -350,10 +355,13 @@ def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResul
         learner.new_optimizer(stage.lr)
         log(f"stage {stage.name} ({stage.kind}{'/' + stage.algo if stage.kind == 'rl' else ''}): starting from "
             f"{current_version}")
+        wall, cpu = time.monotonic(), time.process_time()
         if stage.kind == "sft":
             result = _run_sft(cfg, stage, lake, learner, dist, train_log, log)
         else:
             result = _run_rl(cfg, stage, lake, learner, dist, train_log, versions, current_version, log)
+        result["training_compute"] = training_compute(learner, device, dist, result["tokens"],
+                                                      time.monotonic() - wall, time.process_time() - cpu)
         current_version = f"{cfg.name}-{stage.name}"
         folder = out_dir / stage.name
         digest = _save_and_publish(learner, folder, current_version, versions, dist)
@@ -546,13 +554,32 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
         f"{time.monotonic() - t0:.0f} s")
 
 
+FLOPS_RULE = ("6 x parameters x tokens through the training forward passes (forward 2, backward 4 per parameter "
+              "and token), summed over ranks; the stage's rollouts, evaluation and re-scoring are not included")
+
+
+def training_compute(learner: Learner, device: str, dist: Dist, policy_tokens: int, wall_seconds: float,
+                     cpu_seconds: float) -> dict[str, Any]:
+    """What a stage cost (``runs.config.training_compute`` of its ``.train`` run), so that total cost = training
+    + deployment can be matched across arms. A collective: every rank calls it. ``wall_seconds`` includes the
+    stage's own rollouts (RL); ``cpu_seconds`` is this process's (rank 0's) CPU time, threads included."""
+    n_params = sum(int(p.numel()) for p in learner.parameters())
+    through = int(_all_sum(dist, float(learner.tokens_trained_through)))
+    on_gpu = device.startswith("cuda")
+    return {"device": device, "world_size": dist.world, "wall_seconds": round(wall_seconds, 3),
+            "cpu_seconds": round(cpu_seconds, 3), "gpu_seconds": round(wall_seconds * dist.world, 3) if on_gpu else 0.0,
+            "policy_tokens_trained": int(policy_tokens), "tokens_through_training": through,
+            "parameters": n_params, "flops_estimate": 6.0 * n_params * through, "flops_rule": FLOPS_RULE}
+
+
 def _register(cfg: TrainConfig, stage: StageConfig, lake: str, version: str, folder: Path, digest: str,
               result: dict[str, Any], log_path: Path) -> None:
     """The stage's row in ``runs`` (run ``<prefix><stage>.train``, no episodes): its policy version, checkpoint
     hash, the whole config and where the checkpoint and the log are."""
     summary = {"stage": dataclasses.asdict(stage), "experiment": config_dict(cfg), "checkpoint": str(folder),
                "train_log": str(log_path), "steps": result["steps"], "first_loss": result["first_loss"],
-               "last_loss": result["last_loss"], "tokens": result["tokens"], "data_runs": result["runs"]}
+               "last_loss": result["last_loss"], "tokens": result["tokens"], "data_runs": result["runs"],
+               "training_compute": result["training_compute"]}
     with LakeWriter(Lake.open(lake), handle_signals=False) as w:
         w.write_runs([{"run_id": f"{cfg.run_prefix}{stage.name}.train", "created_at": utcnow(),
                        "label": stage.name, "config": json.dumps(summary, sort_keys=True, default=str),
