@@ -68,7 +68,7 @@ def test_replay_from_an_exported_bundle_and_a_drifted_episode_fails(played: Path
     ([], "exactly one of --episode ID, --run ID, --from DIR"),
     (["--run", "a", "--episode", "x"], "exactly one of"),
     (["--run", "nope"], "run 'nope': no episodes to replay"),
-    (["--episode", "x", "--format", "json"], "--format applies to --run and --from"),
+    (["--episode", "x", "--format", "json"], "--format applies to --run, --from and --suite"),
 ])
 def test_replay_options_are_checked(played: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                     message: str) -> None:

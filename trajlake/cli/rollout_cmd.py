@@ -293,7 +293,8 @@ def replay(ctx: typer.Context,
                "--pin-suite", help="With --run: when every episode matched, pin them as the replay suite NAME "
                                    "(ids and lake versions, stored in the lake).")] = None,
            fmt: Annotated[Format | None, typer.Option(
-               "--format", "-f", help="With --run/--from: table (default), json or csv, one row per episode.")] = None,
+               "--format", "-f", help="With --run/--from/--suite: table (default), json or csv, one row per "
+                                        "episode.")] = None,
            as_of: AsOfOpt = None, allow_unisolated: AllowUnisolatedOpt = False, lake: LakeOpt = None) -> None:
     """Re-run stored episodes under their pinned versions; exit 0 only if every state hash of every episode
     matches. One of --episode, --run, --from, --suite."""
@@ -314,7 +315,7 @@ def replay(ctx: typer.Context,
         os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
     if episode is not None:
         if fmt is not None:
-            raise TrajlakeError("replay: --format applies to --run and --from")
+            raise TrajlakeError("replay: --format applies to --run, --from and --suite")
         outcome = replay_episode(open_lake_of(ctx, lake), episode, as_of)
         if not outcome.digest_matches:
             typer.echo(f"note: environment digest differs from the recorded one ({outcome.recorded_digest})",
