@@ -46,7 +46,7 @@ from trajlake.lake.store import (
     DataFile,
     Lake,
     checksum_from_name,
-    intent_allows,
+    intent_vouches,
 )
 from trajlake.lake.values import impossible_token_values
 from trajlake.schema import TABLES, arrow_schema, table_def
@@ -151,7 +151,7 @@ def _check_commit_records(lake: Lake, name: str, version: int, latest: bool, rep
     intents = lake.commit_intents(name)
     for entry, actions in unrecorded_log_entries(lake, name, version, records=[v for v, _ in records],
                                                  on_log=on_log, intended=True):
-        if actions.intent in intents and intent_allows(intents[actions.intent], actions):
+        if intent_vouches(intents, actions):
             report.notes.append(f"{name}/_delta_log/{entry}: committed by a trajlake writer that stopped before "
                                 f"recording it (its commit intent is still there); the next commit to the table "
                                 f"or `trajlake compact` records it")
@@ -205,11 +205,11 @@ def unrecorded_log_entries(lake: Lake, name: str, version: int, *, records: list
         found = [v for v in found if v not in recorded]
     if not found:
         return []
-    intents = lake.commit_intents(name)
+    intents = {} if intended else lake.commit_intents(name)  # with ``intended`` every entry is returned
     out: list[tuple[str, LogEntryActions]] = []
     for v in found:
         entry = lake.log_entry(name, v)
-        if not intended and entry.intent in intents and intent_allows(intents[entry.intent], entry):
+        if intent_vouches(intents, entry):
             continue  # trajlake's: its writer died before the record (the next writer or compact records it)
         out.append((log_entry_name(v), entry))
     return out
@@ -407,12 +407,14 @@ def _collect_tokenizers(t: pa.Table, path: str, seen: dict[str, dict[str, tuple[
     """Per episode, each tokenizer id its turns carry with the first turn (and file) that carries it."""
     if "tokenizer_id" not in t.column_names:
         return
-    for e, i, tok in zip(t["episode_id"].to_pylist(), t["turn_idx"].to_pylist(), t["tokenizer_id"].to_pylist(),
-                         strict=True):
-        if tok is not None:
-            have = seen[e].get(tok)
-            if have is None or i < have[0]:
-                seen[e][tok] = (i, path)
+    # one row per (episode, tokenizer id) of the file, vectorised: a Python loop over every turn is verify's hot path
+    firsts = (t.select(["episode_id", "tokenizer_id", "turn_idx"]).filter(pc.is_valid(t["tokenizer_id"]))
+              .group_by(["episode_id", "tokenizer_id"]).aggregate([("turn_idx", "min")]))
+    for e, tok, i in zip(firsts["episode_id"].to_pylist(), firsts["tokenizer_id"].to_pylist(),
+                         firsts["turn_idx_min"].to_pylist(), strict=True):
+        have = seen[e].get(tok)
+        if have is None or i < have[0]:
+            seen[e][tok] = (i, path)
 
 
 def _check_one_tokenizer(seen: dict[str, dict[str, tuple[int, str]]], report: VerifyReport, max_listed: int) -> None:

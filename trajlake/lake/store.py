@@ -116,12 +116,16 @@ def _delta_table_config() -> dict[str, str]:
     }
 
 
-def intent_allows(intent: dict[str, Any], entry: LogEntryActions) -> bool:
-    """Whether a log entry does no more than the commit intent it names: it adds and removes only files the
-    intent lists (so an intent left by a writer killed before its commit vouches for nothing else)."""
+def intent_vouches(intents: dict[str, dict[str, Any]], entry: LogEntryActions) -> bool:
+    """Whether a log entry is a trajlake writer's: it names one of ``intents`` (the table's, still on storage)
+    and adds and removes only files that intent lists (so an intent left by a writer killed before its commit
+    vouches for nothing else)."""
+    intent = intents.get(entry.intent) if entry.intent is not None else None
+    if intent is None or entry.error is not None:
+        return False
     adds = {unquote(str(p)) for p in intent.get("adds") or []}
     removes = {unquote(str(p)) for p in intent.get("removes") or []}
-    return entry.error is None and entry.add_paths <= adds and entry.remove_paths <= removes
+    return entry.add_paths <= adds and entry.remove_paths <= removes
 
 
 def _post_commit_hooks(d: deltalake.DeltaTable) -> deltalake.PostCommitHookProperties:
@@ -706,10 +710,10 @@ class Lake:
         for v in sorted(v for n in on_log if (v := log_entry_version(n)) is not None and v > first
                         and v not in records):
             entry = self.log_entry(name, v)
-            if entry.intent in intents and intent_allows(intents[entry.intent], entry):
+            if intent_vouches(intents, entry):
                 self.record_commits(name, v, v)
                 with contextlib.suppress(OSError, TrajlakeError):
-                    st.remove(META_DIR, COMMIT_INTENTS, name, entry.intent)
+                    st.remove(META_DIR, COMMIT_INTENTS, name, str(entry.intent))
                 recovered.append(v)
         return recovered
 
