@@ -44,7 +44,8 @@ def max_token_bytes(decoded_tokens: Iterable[str]) -> int:
     return max((len(t.encode("utf-8", "surrogatepass")) for t in decoded_tokens), default=0)
 
 
-def _one(a: pa.ChunkedArray | pa.Array) -> pa.Array:
+def one_array(a: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """One contiguous array (a table slice's columns are single chunks: no copy then)."""
     if isinstance(a, pa.ChunkedArray):
         return a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
     return a
@@ -53,7 +54,7 @@ def _one(a: pa.ChunkedArray | pa.Array) -> pa.Array:
 def rows_where(values: pa.ChunkedArray | pa.Array, bad: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """Per row of a list array, whether any element satisfies ``bad`` (vectorised over the flat values; a null
     list or element is never bad here: nulls are the schema's business)."""
-    values = _one(values)
+    values = one_array(values)
     n = len(values)
     out = np.zeros(n, dtype=bool)
     if n == 0 or values.null_count == n:
@@ -79,7 +80,7 @@ def _row_limits(turns: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
     None when no row states any."""
     if "tokenizer_id" not in turns.column_names or turns.num_rows == 0:
         return None
-    ids = _one(turns["tokenizer_id"])
+    ids = one_array(turns["tokenizer_id"])
     distinct = [t for t in pc.unique(ids).to_pylist() if tokenizer_limits(t) is not None]
     if not distinct:
         return None
@@ -93,7 +94,7 @@ def _row_limits(turns: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _ids_outside_vocab(token_ids: pa.ChunkedArray | pa.Array, vocab: np.ndarray) -> np.ndarray:
-    values = _one(token_ids)
+    values = one_array(token_ids)
     lengths = np.asarray(pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False),
                          dtype=np.int64)
     limit = np.repeat(np.where(vocab < 0, np.iinfo(np.int64).max, vocab), lengths)
@@ -101,11 +102,11 @@ def _ids_outside_vocab(token_ids: pa.ChunkedArray | pa.Array, vocab: np.ndarray)
 
 
 def _too_few_ids(turns: pa.Table, longest: np.ndarray) -> np.ndarray:
-    n_ids = np.asarray(pc.fill_null(pc.list_value_length(_one(turns["token_ids"])), -1).to_numpy(
+    n_ids = np.asarray(pc.fill_null(pc.list_value_length(one_array(turns["token_ids"])), -1).to_numpy(
         zero_copy_only=False), dtype=np.int64)
-    text_bytes = np.asarray(pc.fill_null(pc.binary_length(_one(turns["raw_content"])), 0).to_numpy(
+    text_bytes = np.asarray(pc.fill_null(pc.binary_length(one_array(turns["raw_content"])), 0).to_numpy(
         zero_copy_only=False), dtype=np.int64)
-    policy = np.asarray(pc.fill_null(pc.equal(_one(turns["actor"]), "policy"), False).to_numpy(
+    policy = np.asarray(pc.fill_null(pc.equal(one_array(turns["actor"]), "policy"), False).to_numpy(
         zero_copy_only=False), dtype=bool)
     return policy & (longest >= 0) & (n_ids >= 0) & (text_bytes > n_ids * (longest + 1))
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajlake.errors import Issue, ValidationError
-from trajlake.lake.values import impossible_token_values
+from trajlake.lake.values import impossible_token_values, one_array
 from trajlake.schema import arrow_schema, table_def
 from trajlake.schemas.vocab import TERMINATED_REASONS, TRUNCATED_REASONS
 
@@ -140,19 +140,12 @@ def _raise_structural(table: pa.Table, name: str, source: str | None) -> NoRetur
     raise ValidationError(issues)
 
 
-def _one(a: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """One contiguous array (a table slice's columns are single chunks: no copy then)."""
-    if isinstance(a, pa.ChunkedArray):
-        return a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
-    return a
-
-
 def _np(a: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(_one(a).to_numpy(zero_copy_only=False))
+    return np.asarray(one_array(a).to_numpy(zero_copy_only=False))
 
 
 def _bool(a: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    a = _one(a)
+    a = one_array(a)
     return np.asarray((a.fill_null(False) if a.null_count else a).to_numpy(zero_copy_only=False), dtype=bool)
 
 
@@ -162,7 +155,7 @@ def _valid(a: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _ints(a: pa.ChunkedArray | pa.Array, null: int) -> np.ndarray:
     """An integer (or timestamp: microseconds) column as int64, ``null`` where it is null."""
-    a = _one(a)
+    a = one_array(a)
     if pa.types.is_timestamp(a.type):
         a = a.view(pa.int64())
     if a.null_count:
@@ -178,7 +171,7 @@ def _negative(a: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _before(later: pa.ChunkedArray | pa.Array, earlier: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Rows where timestamp ``later`` < ``earlier`` (false where either is null)."""
-    a, b = _one(later), _one(earlier)
+    a, b = one_array(later), one_array(earlier)
     out = _ints(a, 0) < _ints(b, 0)
     if a.null_count or b.null_count:
         out &= _valid(a) & _valid(b)
@@ -187,7 +180,7 @@ def _before(later: pa.ChunkedArray | pa.Array, earlier: pa.ChunkedArray | pa.Arr
 
 def _list_lengths(a: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Per row, the list's length, -1 for a null list."""
-    a = _one(a)
+    a = one_array(a)
     lengths = np.diff(np.asarray(a.offsets.to_numpy(zero_copy_only=False), dtype=np.int64))
     if a.null_count:
         lengths[~_valid(a)] = -1
@@ -196,7 +189,7 @@ def _list_lengths(a: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _empty_strings(a: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Rows holding the empty string (not null), from the string offsets."""
-    a = _one(a)
+    a = one_array(a)
     n = len(a)
     if n == 0 or a.null_count == n:
         return np.zeros(n, dtype=bool)
@@ -350,7 +343,7 @@ def validate_batch(episodes: pa.Table, turns: pa.Table, events: pa.Table | None 
           "length differs from token_ids")
     c.add("turns", t_ep, t_idx, (lp_len >= 0) & (tok_len != lp_len), "behavior_logprobs",
           "length differs from token_ids")
-    bad_vals, mask_sum = _mask_stats(_one(mask))
+    bad_vals, mask_sum = _mask_stats(one_array(mask))
     c.add("turns", t_ep, t_idx, bad_vals, "loss_mask", "values must be 0 or 1")
     for rows, field, message in impossible_token_values(turns):
         c.add("turns", t_ep, t_idx, rows, field, message)
@@ -433,7 +426,7 @@ def _foreign_run(ep_run: pa.ChunkedArray, turn_run: pa.ChunkedArray, p: np.ndarr
                  ) -> np.ndarray:
     """For the turns ``rows`` (of episodes at positions ``p``): a run_id given and different from their
     episode's. Most batches come from one run: then one comparison of distinct values answers it."""
-    e_one, t_one = _one(ep_run), _one(turn_run)
+    e_one, t_one = one_array(ep_run), one_array(turn_run)
     if not t_one.null_count and not e_one.null_count:
         runs = pc.unique(e_one)
         if len(runs) == 1 and pc.all(pc.equal(t_one, runs[0])).as_py():
