@@ -53,16 +53,9 @@ class ReplayOutcome:
 def load_episode(lake: LakeArg, episode_id: str, as_of: str | None = None
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The committed episode row and its turns (in order); raises when the episode is not in the lake."""
-    con = connect(lake, as_of)
-    rel = con.execute("select * from episodes where episode_id = ?", [episode_id])
-    cols = [d[0] for d in rel.description]
-    rows = rel.fetchall()
-    if not rows:
-        raise TrajlakeError(f"episode {episode_id!r} is not in the lake")
-    episode = dict(zip(cols, rows[0], strict=True))
-    rel = con.execute("select * from turns where episode_id = ? order by turn_idx", [episode_id])
-    tcols = [d[0] for d in rel.description]
-    return episode, [dict(zip(tcols, r, strict=True)) for r in rel.fetchall()]
+    return next(_grouped(connect(lake, as_of), "select * from episodes where episode_id = ?",
+                         "select * from turns where episode_id = ? order by turn_idx", [episode_id],
+                         f"episode {episode_id!r} is not in the lake"))
 
 
 def replay_episode(lake: LakeArg, episode_id: str, as_of: str | None = None
@@ -102,15 +95,16 @@ def _where(report: ReplayReport, turn_of_step: list[int]) -> str:
     return f"step {first}"
 
 
-def _grouped(con: Any, episodes_sql: str, turns_sql: str, params: list[Any], what: str
+def _grouped(con: Any, episodes_sql: str, turns_sql: str, params: list[Any], empty: str
              ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """(episode, turns) pairs from two queries ordered by episode_id (turns also by turn_idx); the turns are
-    streamed, so a run of millions of turns holds one episode's at a time."""
+    streamed, so a run of millions of turns holds one episode's at a time. ``empty``: the error when the first
+    query finds no episode."""
     rel = con.execute(episodes_sql, params)
     cols = [d[0] for d in rel.description]
     episodes = [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
     if not episodes:
-        raise TrajlakeError(f"{what}: no episodes to replay")
+        raise TrajlakeError(empty)
     rel = con.execute(turns_sql, params)
     tcols = [d[0] for d in rel.description]
 
@@ -137,7 +131,8 @@ def run_episodes(lake: LakeArg, run_id: str, as_of: str | None = None
     """Every committed episode of ``run_id`` with its turns, ordered by episode id."""
     con = connect(lake, as_of)
     return _grouped(con, "select * from episodes where run_id = ? order by episode_id",
-                    "select * from turns where run_id = ? order by episode_id, turn_idx", [run_id], f"run {run_id!r}")
+                    "select * from turns where run_id = ? order by episode_id, turn_idx", [run_id],
+                    f"run {run_id!r}: no episodes to replay")
 
 
 def bundle_episodes(folder: str | Path) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
@@ -157,7 +152,8 @@ def bundle_episodes(folder: str | Path) -> Iterator[tuple[dict[str, Any], list[d
         return "read_parquet('" + str(globs[table]).replace("'", "''") + "', union_by_name = true)"
 
     return _grouped(con, f"select * from {src('episodes')} order by episode_id",
-                    f"select * from {src('turns')} order by episode_id, turn_idx", [], f"--from {root}")
+                    f"select * from {src('turns')} order by episode_id, turn_idx", [],
+                    f"--from {root}: no episodes to replay")
 
 
 SUITES_DIR = "suites"
@@ -226,7 +222,7 @@ def suite_episodes(lake: Lake, suite: ReplaySuite) -> Iterator[tuple[dict[str, A
                             f"{suite.as_of} (first: {missing[0]})")
     return _grouped(con, "select * from episodes where list_contains(?, episode_id) order by episode_id",
                     "select * from turns where list_contains(?, episode_id) order by episode_id, turn_idx", [ids],
-                    f"replay suite {suite.name!r}")
+                    f"replay suite {suite.name!r}: no episodes to replay")
 
 
 __all__ = ["SUITES_DIR", "ReplayOutcome", "ReplaySuite", "bundle_episodes", "load_episode", "load_suite", "pin_suite",
