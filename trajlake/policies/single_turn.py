@@ -84,15 +84,14 @@ class SingleTurnPolicy(Policy):
         self.inner.reset(task, seed)
         self.inner.policy_version = self.policy_version
         self.task = task
-        names = list(dict.fromkeys(_FILE.findall(task.statement)))[:self.n_files]
-        self.to_read = list(names)
+        self.answer_call = None if "edit" in task.tools else answer_call(task.tools)
+        # an answer-mode B0 sees the statement only: nothing to read
+        self.to_read = [] if self.answer_call is not None else \
+            list(dict.fromkeys(_FILE.findall(task.statement)))[:self.n_files]
         self.files: dict[str, str] = {}
         self.reading: str | None = None
         self.after: list[str] | None = None
         self.history: list[tuple[int, str]] = []
-        self.answer_call = None if "edit" in task.tools else answer_call(task.tools)
-        if self.answer_call is not None:
-            self.to_read = []  # nothing to read: the statement is all B0 sees
 
     def _mechanical(self, action: str) -> PolicyOutput:
         self.history.append((len(self.history), action))
