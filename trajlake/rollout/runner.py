@@ -372,6 +372,9 @@ class RolloutConfig:
     """How the policy's sampling seeds were derived (``runs.config.sampling_seed_rule``), set by the trainer:
     common seeds for evaluation runs (paired comparisons across policies), a fresh stream per policy version for
     training rollouts. None: not recorded (the LM policy's default rule, ``trajlake.policies.lm.sampling_seed``)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Free labels recorded in ``runs.config.tags`` (``trajlake experiment`` names its experiment, arm and training
+    seed there); they do not change what the run plays, so a resumed run may differ in them."""
     ray_address: str | None = None
     """The Ray cluster ``engine="ray"`` attaches to (``--ray-address``): ``host:port`` of its head, ``ray://...``
     (Ray Client) or ``auto`` (the cluster ``ray start`` last started on this machine); default ``$RAY_ADDRESS``.
@@ -690,7 +693,8 @@ class _RayWorker:
 
 
 #: Settings that do not change what a run plays (how fast or where it ran): a resumed run may change them.
-_EXECUTION_KEYS = frozenset({"workers", "engine", "commit_every_s", "reproduce", "max_pending_episodes"})
+_EXECUTION_KEYS = frozenset({"workers", "engine", "commit_every_s", "reproduce", "max_pending_episodes",
+                             "tags"})
 
 
 def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
@@ -711,7 +715,8 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             # the prompt-injection attack played (also in env_kwargs), named on its own for readers of runs
             **({"injection": cfg.env_kwargs["injection"]} if cfg.env_kwargs.get("injection") else {}),
             **({"fault_kinds": list(cfg.fault_kinds)} if tuple(cfg.fault_kinds) != DEFAULT_FAULT_KINDS else {}),
-            **({"held_out_fault_kind": cfg.held_out_fault_kind} if cfg.held_out_fault_kind else {})}
+            **({"held_out_fault_kind": cfg.held_out_fault_kind} if cfg.held_out_fault_kind else {}),
+            **({"tags": dict(cfg.tags)} if cfg.tags else {})}
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:

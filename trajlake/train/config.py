@@ -166,6 +166,9 @@ class TrainConfig:
     out_dir: str = "train-out"
     """Checkpoints (``<out_dir>/<stage>``, Hugging Face format) and the training log. Relative to the config
     file's folder unless absolute."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Free labels recorded in the ``runs.config.tags`` of every rollout the trainer plays (``trajlake experiment``
+    names its experiment, arm and training seed there); the stage runs record them with the whole config."""
     run_prefix: str = ""
     """Prefix of every run id the trainer writes (runs are ``<prefix><stage>``, ``<prefix><stage>-data``,
     ``<prefix><stage>-it<k>``, ``<prefix><stage>.train``)."""

@@ -544,7 +544,8 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
                        task_ids=spec.tasks, label=label, policy_name=name, commit_every_s=ROLLOUT_COMMIT_EVERY_S,
                        env_kwargs=dict(spec.env_args), cost_model=CostModel.for_run(args),
                        held_out_fault_kind=spec.held_out_fault_kind,
-                       fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS, sampling_seed_rule=rule)
+                       fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS, sampling_seed_rule=rule,
+                       tags=dict(cfg.tags))
     t0 = time.monotonic()
     summary = run_rollout(rc)
     if summary.failed_items:
