@@ -301,6 +301,16 @@ def _coerce(hint: Any, value: Any, where: str, notes: list[str]) -> Any:
     return value
 
 
+def build_table(cls: type[Any], data: Mapping[str, Any], *, where: str = "") -> Any:
+    """A config dataclass ``cls`` from a parsed table, with this module's checks (unknown keys, types, nested
+    tables, deprecated names noted on stderr); other configs (``trajlake experiment``) read theirs with it."""
+    notes: list[str] = []
+    out = _build(cls, data, where, notes)
+    for note in notes:
+        print(note, file=sys.stderr)
+    return out
+
+
 def parse_config(data: Mapping[str, Any], source: str | None = None) -> TrainConfig:
     """A TrainConfig from parsed TOML/YAML; checks the values that types cannot. A deprecated key is read under
     its new name with a one-line note on stderr."""
@@ -465,4 +475,4 @@ def config_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 
 __all__ = ["ALGORITHMS", "PROCESS_REWARDS", "RENAMED_KEYS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
-           "StageConfig", "TrainConfig", "config_dict", "config_problems", "load_config", "parse_config"]
+           "StageConfig", "TrainConfig", "build_table", "config_dict", "config_problems", "load_config", "parse_config"]
