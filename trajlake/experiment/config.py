@@ -1,0 +1,260 @@
+"""``trajlake experiment``'s configuration: the §8 matrix (arms B0-R3), training seeds, evaluation, and the
+hypotheses with their decision rules, all stated before anything runs (docs/experiment.md).
+
+A config file is TOML: top-level keys (:class:`ExperimentConfig`), the ``[model]`` table of the trainer
+(:class:`trajlake.train.config.ModelConfig`), one table per arm family (``[b0]``, ``[b1]``, ``[b2]``, ``[rl]``,
+``[r2]``, ``[r3]``) and an array of ``[[hypotheses]]``. An unknown key or a bad value is one clear error naming the
+file and the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trajlake.errors import ConfigError
+from trajlake.train.config import ModelConfig, build_table
+
+Arm = Literal["B0", "B1", "B2", "R1", "R2", "R3"]
+ARMS: tuple[str, ...] = typing.get_args(Arm)
+#: Arms the experiment adds itself when a hypothesis needs them: B1M is B1 trained on for as many policy tokens
+#: as R1's updates used (H1 at matched training compute).
+DERIVED_ARMS = ("B1M",)
+Metric = Literal["success", "steps", "cost_usd", "success_at_steps", "success_at_cost", "recovery_held_out"]
+METRICS: tuple[str, ...] = typing.get_args(Metric)
+Direction = Literal["greater", "less"]
+Matching = Literal["none", "training_compute", "total_cost", "steps", "cost"]
+
+
+@dataclass(frozen=True)
+class SftSettings:
+    """``[b1]``: the supervised stage (B1) on the oracle's episodes of train tasks."""
+
+    tasks: int = 200
+    """The oracle plays the first this many train tasks (families taken in turn) for B1's data."""
+    steps: int = 100
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup_steps: int = 5
+    lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    min_lr_ratio: float = 0.1
+
+
+@dataclass(frozen=True)
+class RlSettings:
+    """``[rl]``: what R1, R2 and R3 share (each starts from B1's checkpoint)."""
+
+    algo: Literal["rloo", "grpo", "ppo"] = "rloo"
+    tasks: int = 32
+    """Train tasks played per iteration (the train tasks after B1's data, families taken in turn)."""
+    attempts: int = 4
+    """Attempts per task: one RLOO/GRPO group each."""
+    iterations: int = 2
+    steps: int = 2
+    batch_size: int = 16
+    lr: float = 3e-4
+    warmup_steps: int = 0
+    max_staleness: int = 0
+
+
+@dataclass(frozen=True)
+class R2Settings:
+    """``[r2]``: R1 plus a turn-level process reward (``trajlake.evaluators.process_rewards``)."""
+
+    process_reward: str = "lookup_progress"
+    process_weight: float = 0.5
+
+
+@dataclass(frozen=True)
+class R3Settings:
+    """``[r3]``: R1 plus the fault curriculum; its evaluation injects only ``held_out_fault_kind``, never trained
+    on (H3)."""
+
+    fault_rate_schedule: tuple[float, ...] = (0.1, 0.2, 0.3)
+    fault_kinds: tuple[str, ...] = ()
+    """Kinds injected in training (empty: the runner's defaults, less the held-out kind)."""
+    held_out_fault_kind: str = "timeout"
+    eval_fault_rate: float = 0.3
+    """Fault rate of the held-out-fault evaluation runs (of R1, R3 and B1)."""
+
+
+@dataclass(frozen=True)
+class B0Settings:
+    """``[b0]``: one answer from the statement alone, no tools (``single-turn:`` policy)."""
+
+    model: Literal["b1", "base"] = "b1"
+    """The checkpoint asked: B1's (the same weights as the agent, so B0 - B1 isolates the tools) or the base."""
+    policy_args: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class B2Settings:
+    """``[b2]``: best-of-N of B1's checkpoint at a budget matched to R1's total cost (docs/experiment.md)."""
+
+    attempts: int = 4
+    """N: attempts per (task, seed) in the pool the choice is made from."""
+
+
+@dataclass(frozen=True)
+class HypothesisSpec:
+    """``[[hypotheses]]``: one preregistered comparison and its decision rule."""
+
+    id: str
+    """``H1a``, ``H1b``, ... when a hypothesis makes several comparisons; ``H3`` when it makes one."""
+    hypothesis: Literal["H1", "H2", "H3", "H4"]
+    claim: str
+    """The claim in words, as it stands in the report."""
+    metric: Metric
+    """``success``, ``steps`` (policy turns), ``cost_usd``; ``success_at_steps`` / ``success_at_cost``: success
+    that counts only within the baseline run's mean steps / cost per episode (the step- and cost-matched
+    comparisons of H4); ``recovery_held_out``: success in the held-out-fault evaluation over the episodes that met
+    the fault on both sides (H3)."""
+    baseline: str
+    """An arm (B0, B1, B1M, B2, R1, R2, R3)."""
+    candidate: str
+    direction: Direction = "greater"
+    """The hypothesised sign of candidate - baseline."""
+    matching: Matching = "none"
+    """How the arms are matched, as built by the experiment: ``training_compute`` (B1M), ``total_cost`` (B2's
+    budget), ``steps`` / ``cost`` (the capped success metrics), ``none``."""
+    split: str | None = None
+    """The evaluation split compared (default: the experiment's first ``eval_splits``)."""
+
+
+@dataclass(frozen=True)
+class DecisionRule:
+    """``[decision]``: how an entry's verdict follows from its interval (the same rule for every entry)."""
+
+    alpha: float = 0.05
+    """Family-wise error rate (Holm across every entry) and 1 - the intervals' confidence."""
+    power: float = 0.8
+    """For the minimum detectable difference stated with an inconclusive verdict."""
+    min_effect: float = 0.05
+    """The smallest difference the hypothesis claims (in the metric's units, in its direction): an interval wholly
+    below it refutes the entry."""
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """The whole experiment (top-level keys of the config file)."""
+
+    name: str
+    env: str = "tool-lookup"
+    seeds: int = 1
+    """Training seeds 0..N-1: each trains every arm from its own base model."""
+    arms: tuple[str, ...] = ARMS
+    eval_splits: tuple[str, ...] = ("hidden",)
+    """Every arm is evaluated on each; the first is the hypotheses' split."""
+    eval_tasks: int = 0
+    """The first this many tasks of each evaluation split (0: all)."""
+    eval_seeds: str = "0"
+    sampling_seed: int = 0
+    """The common sampling seed of every evaluation run (paired comparisons across arms)."""
+    workers: int = 2
+    device: str = "cpu"
+    temperature: float = 1.0
+    max_length: int = 1024
+    policy_args: dict[str, str] = field(default_factory=dict)
+    """Settings of the ``hf:`` policy in every rollout (``max_new_tokens``, ...)."""
+    trajectories: int = 100
+    """Episodes exported to the bundle's ``trajectories/`` (and replayed)."""
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(build_tiny=True))
+    b0: B0Settings = field(default_factory=B0Settings)
+    b1: SftSettings = field(default_factory=SftSettings)
+    b2: B2Settings = field(default_factory=B2Settings)
+    rl: RlSettings = field(default_factory=RlSettings)
+    r2: R2Settings = field(default_factory=R2Settings)
+    r3: R3Settings = field(default_factory=R3Settings)
+    decision: DecisionRule = field(default_factory=DecisionRule)
+    hypotheses: tuple[HypothesisSpec, ...] = ()
+    source: str | None = None
+    """The file it was read from (set by :func:`load_experiment`)."""
+
+    @property
+    def primary_split(self) -> str:
+        return self.eval_splits[0]
+
+    def all_arms(self) -> list[str]:
+        """The configured arms plus the derived ones a hypothesis names, in running order."""
+        named = {h.baseline for h in self.hypotheses} | {h.candidate for h in self.hypotheses}
+        order = ["B1", "B0", "R1", "B1M", "B2", "R2", "R3"]
+        return [a for a in order if a in self.arms or (a in DERIVED_ARMS and a in named)]
+
+
+#: What each arm needs trained first.
+NEEDS = {"B0": "B1", "B2": "R1", "R1": "B1", "R2": "B1", "R3": "B1", "B1M": "R1"}
+
+
+def experiment_problems(cfg: ExperimentConfig) -> list[str]:
+    """What the types cannot check: arms, their prerequisites, hypotheses naming arms that will run."""
+    out: list[str] = []
+    unknown = [a for a in cfg.arms if a not in ARMS]
+    if unknown:
+        out.append(f"arms: unknown arm(s) {', '.join(unknown)}; arms are {', '.join(ARMS)}")
+    if cfg.seeds < 1:
+        out.append("seeds: at least 1")
+    if not cfg.eval_splits:
+        out.append("eval_splits: at least one split")
+    runs = set(cfg.all_arms())
+    for arm in sorted(runs):
+        need = NEEDS.get(arm)
+        if need and need not in runs:
+            out.append(f"arms: {arm} needs {need} (add it to arms)")
+    seen: set[str] = set()
+    for i, h in enumerate(cfg.hypotheses):
+        at = f"hypotheses[{i}] ({h.id})"
+        if h.id in seen:
+            out.append(f"{at}: id given twice")
+        seen.add(h.id)
+        for side in (h.baseline, h.candidate):
+            if side not in ARMS + DERIVED_ARMS:
+                out.append(f"{at}: unknown arm {side!r}")
+        if h.split is not None and h.split not in cfg.eval_splits:
+            out.append(f"{at}: split {h.split!r} is not one of eval_splits")
+        if h.metric == "recovery_held_out" and not {h.baseline, h.candidate} <= {"B1", "R1", "R3"}:
+            out.append(f"{at}: recovery_held_out compares B1, R1 or R3 (the arms evaluated under the held-out fault)")
+    if not 0 < cfg.decision.alpha < 1 or not 0 < cfg.decision.power < 1:
+        out.append("decision: alpha and power must lie in (0, 1)")
+    if cfg.trajectories < 0:
+        out.append("trajectories: not negative")
+    return out
+
+
+def parse_experiment(data: dict[str, Any], source: str | None = None) -> ExperimentConfig:
+    """An ExperimentConfig from parsed TOML, checked (:func:`experiment_problems`)."""
+    where = source or "config"
+    try:
+        cfg: ExperimentConfig = build_table(ExperimentConfig, data, where="")
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e
+    cfg = dataclasses.replace(cfg, source=source)
+    problems = experiment_problems(cfg)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise ConfigError(f"{where}: {problems[0]}{more}")
+    return cfg
+
+
+def load_experiment(path: str | Path) -> ExperimentConfig:
+    """Read a ``configs/experiment-NAME.toml`` file."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the config: {e.strerror or e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from e
+    return parse_experiment(data, str(p))
+
+
+def config_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The config as plain data (in summary.json, before anything ran)."""
+    return dataclasses.asdict(cfg)
+
+
+__all__ = ["ARMS", "DERIVED_ARMS", "METRICS", "NEEDS", "B0Settings", "B2Settings", "DecisionRule",
+           "ExperimentConfig", "HypothesisSpec", "R2Settings", "R3Settings", "RlSettings", "SftSettings",
+           "config_dict", "experiment_problems", "load_experiment", "parse_experiment"]

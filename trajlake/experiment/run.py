@@ -1,0 +1,404 @@
+"""``trajlake experiment run``: train and evaluate every arm of the matrix for every training seed into one lake,
+resumably (docs/experiment.md).
+
+Layout of ``DIR``: ``experiment.toml`` (the config as given, copied before anything runs), ``state.json`` (what
+finished; a killed experiment resumes from it), ``lake/`` (every run of every seed), ``seed<S>/<ARM>/``
+(checkpoints and training logs), and the bundle the report writes (:mod:`trajlake.experiment.bundle`).
+
+Run ids: the trainer's stages are ``s<S>-<ARM>.train``, ``s<S>-<ARM>-data``, ``s<S>-<ARM>-it<k>``; evaluation
+runs are ``s<S>-<ARM>-<split>`` (and ``s<S>-<ARM>-fault`` under the held-out fault kind); B2's pool is
+``s<S>-B2pool-<split>``. Every run is labelled with its arm and records ``tags`` = experiment, arm, seed.
+
+Resuming: a stage marked done in ``state.json`` is never run again. An evaluation rollout resumes inside its run
+(the runner skips the committed episodes). A training stage killed part-way is trained again under a new attempt
+prefix (``s<S>t<N>-``): the runs of the killed attempt stay in the lake (nothing committed is lost), are listed in
+``state.json`` as abandoned and are never read by the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trajlake.errors import TrajlakeError
+from trajlake.experiment.config import NEEDS, ExperimentConfig, load_experiment
+
+Log = Callable[[str], None]
+STATE_FILE = "state.json"
+CONFIG_COPY = "experiment.toml"
+
+
+# -- tasks ------------------------------------------------------------------------------------------------------
+def interleaved_tasks(env: str, split: str) -> list[str]:
+    """The split's task ids with template families taken in turn (the first id of every family, then the second
+    of every family, ...), so that every prefix holds every family alike (splits list their ids family by
+    family)."""
+    from trajlake.envs import list_tasks
+
+    by_family: dict[str, list[str]] = {}
+    for t in list_tasks(env, split):
+        by_family.setdefault(t["task_id"].rsplit("/", 1)[0], []).append(t["task_id"])
+    if not by_family:
+        raise TrajlakeError(f"environment {env}: split {split!r} has no tasks")
+    rounds = max(len(ids) for ids in by_family.values())
+    return [ids[i] for i in range(rounds) for _, ids in sorted(by_family.items()) if i < len(ids)]
+
+
+def task_pools(cfg: ExperimentConfig) -> tuple[list[str], list[str]]:
+    """B1's data tasks and the RL arms' tasks: disjoint prefixes of the interleaved train split (RL plays tasks
+    B1 never saw, so it has something left to learn)."""
+    train = interleaved_tasks(cfg.env, "train")
+    need = cfg.b1.tasks + cfg.rl.tasks
+    if need > len(train):
+        raise TrajlakeError(f"b1.tasks + rl.tasks = {need}, but the train split of {cfg.env} has {len(train)} tasks")
+    return train[:cfg.b1.tasks], train[cfg.b1.tasks:need]
+
+
+def eval_tasks(cfg: ExperimentConfig, split: str) -> list[str]:
+    tasks = interleaved_tasks(cfg.env, split)
+    return tasks[:cfg.eval_tasks] if cfg.eval_tasks else tasks
+
+
+# -- state ------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class State:
+    """``DIR/state.json``: per stage key (``s0/R1/train``, ``s0/R1/eval:hidden``, ...) its status (``started``,
+    ``done``), attempt, seconds and outputs; ``abandoned``: run prefixes of killed training attempts."""
+
+    path: Path
+    stages: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    abandoned: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def load(cls, folder: Path) -> State:
+        path = folder / STATE_FILE
+        if not path.is_file():
+            return cls(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise TrajlakeError(f"{path}: unreadable experiment state ({e}); move it away to start over") from e
+        return cls(path, dict(data.get("stages", {})), list(data.get("abandoned", [])))
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"stages": self.stages, "abandoned": self.abandoned}, indent=1, sort_keys=True)
+                       + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)  # a kill leaves the old state or the new one, never half of one
+
+    def done(self, key: str) -> dict[str, Any] | None:
+        s = self.stages.get(key)
+        return s if s is not None and s.get("status") == "done" else None
+
+
+# -- the experiment ---------------------------------------------------------------------------------------------
+class Experiment:
+    """One experiment folder: its config, state and lake."""
+
+    def __init__(self, cfg: ExperimentConfig, folder: Path, log: Log):
+        self.cfg, self.folder, self.log = cfg, folder, log
+        self.lake = folder / "lake"
+        self.state = State.load(folder)
+        self._t0 = time.monotonic()
+        self._planned = 0
+        self._finished = 0
+
+    # .. bookkeeping .............................................................................................
+    def _stage(self, key: str, arm: str, seed: int, play: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+        """Run ``play(attempt)`` once for ``key`` unless it is done; record it in the state."""
+        done = self.state.done(key)
+        self._finished += 1
+        if done is not None:
+            return done
+        old = self.state.stages.get(key)
+        attempt = int(old.get("attempt", 1)) + 1 if old else 1
+        if old and old.get("prefix"):
+            self.state.abandoned.append({"stage": key, "attempt": old.get("attempt", 1), "prefix": old["prefix"]})
+        self.log(f"[{self._progress()}] seed {seed} arm {arm}: {key.split('/', 2)[2]}"
+                 + (f" (attempt {attempt}: the previous one was killed)" if attempt > 1 else ""))
+        entry: dict[str, Any] = {"status": "started", "attempt": attempt, "started_at": time.time()}
+        if key.endswith("/train"):
+            entry["prefix"] = self.prefix(seed, attempt)
+        self.state.stages[key] = entry
+        self.state.save()
+        t0 = time.monotonic()
+        out = play(attempt)
+        entry.update(out, status="done", seconds=round(time.monotonic() - t0, 1))
+        self.state.save()
+        return entry
+
+    def _progress(self) -> str:
+        elapsed = time.monotonic() - self._t0
+        done = self._finished - 1
+        eta = ""
+        if done > 0 and self._planned > done:
+            eta = f", ETA {elapsed / done * (self._planned - done) / 60:.0f} min"
+        return f"{self._finished}/{self._planned}{eta}"
+
+    def prefix(self, seed: int, attempt: int = 1) -> str:
+        return f"s{seed}-" if attempt == 1 else f"s{seed}t{attempt}-"
+
+    def tags(self, arm: str, seed: int) -> dict[str, str]:
+        return {"experiment": self.cfg.name, "arm": arm, "seed": str(seed)}
+
+    def checkpoint(self, seed: int, arm: str) -> Path:
+        entry = self.state.done(f"s{seed}/{arm}/train")
+        if entry is None:
+            raise TrajlakeError(f"seed {seed}: arm {arm} has no trained checkpoint yet")
+        return Path(entry["checkpoint"])
+
+    # .. training ................................................................................................
+    def _train(self, seed: int, arm: str, attempt: int, model: dict[str, Any], stage: dict[str, Any]
+               ) -> dict[str, Any]:
+        from trajlake.train.config import parse_config
+        from trajlake.train.loop import train
+
+        cfg = self.cfg
+        out_dir = self.folder / f"seed{seed}" / (arm if attempt == 1 else f"{arm}.t{attempt}")
+        name = f"{cfg.name}-s{seed}-{arm}" + (f"-t{attempt}" if attempt > 1 else "")
+        data = {"name": name, "env": cfg.env, "seed": seed, "device": cfg.device, "temperature": cfg.temperature,
+                "max_length": cfg.max_length, "out_dir": str(out_dir), "run_prefix": self.prefix(seed, attempt),
+                "tags": self.tags(arm, seed), "model": model, "stages": [stage]}
+        result = train(parse_config(data, f"{cfg.name} seed {seed} arm {arm}"), self.lake, log=self._quiet)
+        s = result.stages[0]
+        return {"checkpoint": s.checkpoint, "policy_version": s.policy_version, "runs": s.runs,
+                "train_run": f"{self.prefix(seed, attempt)}{arm}.train", "tokens": s.tokens, "steps": s.steps}
+
+    def _quiet(self, line: str) -> None:
+        # the trainer's per-step lines go to the stage's training log; stderr keeps the stage lines
+        if not line.startswith("  ") or "rollout" in line:
+            self.log(f"    {line.strip()}")
+
+    def _rollout_args(self) -> dict[str, str]:
+        return {"threads": "1", **self.cfg.policy_args}
+
+    def b1(self, seed: int) -> None:
+        cfg = self.cfg
+        data_tasks, _ = task_pools(cfg)
+        model = {k: v for k, v in dataclasses.asdict(cfg.model).items()}
+        model["seed"] = seed  # each training seed its own initialisation (and tokenizer corpus order)
+        stage = {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": cfg.b1.steps,
+                 "batch_size": cfg.b1.batch_size, "lr": cfg.b1.lr, "warmup_steps": cfg.b1.warmup_steps,
+                 "lr_schedule": cfg.b1.lr_schedule, "min_lr_ratio": cfg.b1.min_lr_ratio,
+                 "data": {"split": "train", "seeds": "0", "tasks": data_tasks, "workers": cfg.workers}}
+        self._stage(f"s{seed}/B1/train", "B1", seed, lambda attempt: self._train(seed, "B1", attempt, model, stage))
+
+    def rl(self, seed: int, arm: str) -> None:
+        cfg, rl = self.cfg, self.cfg.rl
+        _, rl_tasks = task_pools(cfg)
+        rollout: dict[str, Any] = {"split": "train", "seeds": "0", "attempts": rl.attempts, "workers": cfg.workers,
+                                   "tasks": rl_tasks, "policy_args": self._rollout_args()}
+        stage: dict[str, Any] = {"name": arm, "kind": "rl", "algo": rl.algo, "iterations": rl.iterations,
+                                 "steps": rl.steps, "batch_size": rl.batch_size, "lr": rl.lr,
+                                 "warmup_steps": rl.warmup_steps, "max_staleness": rl.max_staleness}
+        if arm == "R2":
+            stage.update(process_reward=cfg.r2.process_reward, process_weight=cfg.r2.process_weight)
+        if arm == "R3":
+            stage["fault_rate_schedule"] = list(cfg.r3.fault_rate_schedule)
+            rollout["held_out_fault_kind"] = cfg.r3.held_out_fault_kind
+            if cfg.r3.fault_kinds:
+                rollout["fault_kinds"] = list(cfg.r3.fault_kinds)
+        stage["rollout"] = rollout
+        model = {"path": str(self.checkpoint(seed, "B1"))}
+        self._stage(f"s{seed}/{arm}/train", arm, seed, lambda attempt: self._train(seed, arm, attempt, model, stage))
+
+    def b1m(self, seed: int) -> None:
+        """B1 trained on (its data, its final learning rate) for as many policy tokens as R1's updates used: the
+        compute-matched SFT arm of H1."""
+        from trajlake.query import connect
+
+        cfg = self.cfg
+        b1 = self.state.done(f"s{seed}/B1/train")
+        r1 = self.state.done(f"s{seed}/R1/train")
+        assert b1 is not None and r1 is not None
+        per_step = max(1.0, float(b1["tokens"]) / max(1, int(b1["steps"])))
+        steps = max(1, round(float(r1["tokens"]) / per_step))
+        data_run = next(r for r in b1["runs"] if r.endswith("-data"))
+        lr = cfg.b1.lr * (1.0 if cfg.b1.lr_schedule == "constant" else cfg.b1.min_lr_ratio)
+        stage = {"name": "B1M", "kind": "sft", "data_policy": None, "data_runs": [data_run], "steps": steps,
+                 "batch_size": cfg.b1.batch_size, "lr": lr, "warmup_steps": cfg.b1.warmup_steps}
+        model = {"path": str(self.checkpoint(seed, "B1"))}
+
+        def play(attempt: int) -> dict[str, Any]:
+            self.log(f"    B1M: R1 trained on {r1['tokens']} policy tokens = {steps} B1 steps of ~{per_step:.0f}")
+            out = self._train(seed, "B1M", attempt, model, stage)
+            con = connect(self.lake)
+            row = con.execute("select config from runs where run_id = ?", [out["train_run"]]).fetchone()
+            out["matched_tokens"] = {"r1_policy_tokens": r1["tokens"], "b1_tokens_per_step": per_step,
+                                     "steps": steps, "b1m_policy_tokens": json.loads(row[0])["tokens"] if row else None}
+            return out
+
+        self._stage(f"s{seed}/B1M/train", "B1M", seed, play)
+
+    # .. evaluation ..............................................................................................
+    def _play(self, run_id: str, arm: str, seed: int, policy: str, version: str | None, split: str, *,
+              attempts: int = 1, fault_rate: float = 0.0, fault_kinds: tuple[str, ...] = (),
+              extra_args: dict[str, str] | None = None) -> dict[str, Any]:
+        from trajlake.record.episode import CostModel
+        from trajlake.rollout.faults import DEFAULT_FAULT_KINDS
+        from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
+        from trajlake.train.loop import COMMON_SEEDS
+
+        cfg = self.cfg
+        args = {"temperature": str(cfg.temperature), **self._rollout_args(), "seed": str(cfg.sampling_seed),
+                **(extra_args or {})}
+        summary = run_rollout(RolloutConfig(
+            lake=str(self.lake), run_id=run_id, env=cfg.env, policy=policy, split=split,
+            task_ids=tuple(eval_tasks(cfg, split)), seeds=parse_seeds(cfg.eval_seeds), workers=cfg.workers,
+            policy_version=version, policy_name=f"{cfg.name}-s{seed}-{arm}", label=arm, attempts=attempts,
+            commit_every_s=10.0, policy_args=args, sampling_seed_rule=COMMON_SEEDS, fault_rate=fault_rate,
+            fault_seed=seed, fault_kinds=fault_kinds or DEFAULT_FAULT_KINDS, tags=self.tags(arm, seed),
+            cost_model=CostModel.for_run(args)))
+        if summary.failed_items:
+            raise TrajlakeError(f"{run_id}: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
+        self.log(f"    {run_id}: {summary.written} episode(s) ({summary.successes} successful)")
+        return {"run": run_id, "episodes": summary.written + summary.skipped_existing}
+
+    def evaluate(self, seed: int, arm: str, split: str) -> None:
+        cfg = self.cfg
+        key = f"s{seed}/{arm}/eval:{split}"
+        run = f"s{seed}-{arm}-{split}"
+        if arm == "B2":
+            self._best_of(seed, split)
+            return
+        if arm == "B0":
+            src = "B1"
+            ckpt = self.checkpoint(seed, "B1")
+            folder = ckpt if cfg.b0.model == "b1" else ckpt.parent / "base"
+            policy, version = f"single-turn:hf:{folder}", None
+            extra = dict(cfg.b0.policy_args)
+        else:
+            src = arm
+            entry = self.state.done(f"s{seed}/{src}/train")
+            assert entry is not None
+            policy, version, extra = f"hf:{entry['checkpoint']}", entry["policy_version"], {}
+        self._stage(key, arm, seed, lambda _a: self._play(run, arm, seed, policy, version, split, extra_args=extra))
+
+    def evaluate_fault(self, seed: int, arm: str) -> None:
+        """The arm on the first evaluation split with only the held-out fault kind injected (H3)."""
+        cfg = self.cfg
+        entry = self.state.done(f"s{seed}/{arm}/train")
+        assert entry is not None
+        run = f"s{seed}-{arm}-fault"
+        self._stage(f"s{seed}/{arm}/eval:fault", arm, seed, lambda _a: self._play(
+            run, arm, seed, f"hf:{entry['checkpoint']}", entry["policy_version"], cfg.primary_split,
+            fault_rate=cfg.r3.eval_fault_rate, fault_kinds=(cfg.r3.held_out_fault_kind,)))
+
+    def _best_of(self, seed: int, split: str) -> None:
+        """B2: N attempts of B1's checkpoint, then one per group chosen within R1's total-cost budget."""
+        cfg = self.cfg
+        b1 = self.state.done(f"s{seed}/B1/train")
+        assert b1 is not None
+        pool = f"s{seed}-B2pool-{split}"
+        self._stage(f"s{seed}/B2/pool:{split}", "B2", seed, lambda _a: self._play(
+            pool, "B2", seed, f"hf:{b1['checkpoint']}", b1["policy_version"], split, attempts=cfg.b2.attempts))
+
+        def select(_attempt: int) -> dict[str, Any]:
+            from trajlake.policies.best_of import select_best
+
+            budget = self.b2_budget(seed, split)
+            out = f"s{seed}-B2-{split}"
+            report = select_best(str(self.lake), pool, out, budget_tokens=budget["budget_tokens"])
+            self.log(f"    {out}: {report.summary().splitlines()[0]}")
+            return {"run": out, "budget": budget}
+
+        self._stage(f"s{seed}/B2/eval:{split}", "B2", seed, select)
+
+    def b2_budget(self, seed: int, split: str) -> dict[str, Any]:
+        """B2's tokens per (task, seed), matched to R1's total cost: R1's mean tokens per episode on the split
+        plus R1's training compute in inference-token equivalents per evaluated episode (training FLOPs /
+        (2 x parameters) / episodes: a forward pass costs ~2 FLOPs per parameter and token)."""
+        from trajlake.query import connect
+
+        con = connect(self.lake)
+        r1_run = f"s{seed}-R1-{split}"
+        row = con.execute("select avg(coalesce(tokens_in, 0) + coalesce(tokens_out, 0)), count(*) from episodes "
+                          "where run_id = ?", [r1_run]).fetchone()
+        if row is None or not row[1]:
+            raise TrajlakeError(f"B2's budget needs R1's evaluation run {r1_run} (evaluate R1 first)")
+        deploy, n = float(row[0]), int(row[1])
+        r1 = self.state.done(f"s{seed}/R1/train")
+        assert r1 is not None
+        cfg_row = con.execute("select config from runs where run_id = ?", [r1["train_run"]]).fetchone()
+        compute = json.loads(cfg_row[0]).get("training_compute", {}) if cfg_row else {}
+        flops, params = float(compute.get("flops_estimate") or 0.0), float(compute.get("parameters") or 0.0)
+        training_tokens = flops / (2.0 * params) / n if params else 0.0
+        return {"budget_tokens": deploy + training_tokens, "r1_deployment_tokens": deploy,
+                "r1_training_tokens_equivalent": training_tokens, "r1_training_flops": flops,
+                "episodes": n, "rule": "R1's mean tokens per episode + R1's training FLOPs / (2 x parameters) / "
+                                       "R1's evaluated episodes"}
+
+    # .. the whole matrix ........................................................................................
+    def plan(self) -> list[tuple[str, int, str, str]]:
+        return self.plan_of(self.cfg)
+
+    @staticmethod
+    def plan_of(cfg: ExperimentConfig) -> list[tuple[str, int, str, str]]:
+        """Every stage in running order: (what, seed, arm, split), what in train, pool, eval, fault."""
+        arms = cfg.all_arms()
+        fault_arms = [a for a in ("B1", "R1", "R3") if a in arms] if "R3" in arms or any(
+            h.metric == "recovery_held_out" for h in cfg.hypotheses) else []
+        out: list[tuple[str, int, str, str]] = []
+        for seed in range(cfg.seeds):
+            for arm in arms:
+                if arm in ("B1", "R1", "R2", "R3", "B1M"):
+                    out.append(("train", seed, arm, ""))
+                for split in cfg.eval_splits:
+                    if arm == "B2":
+                        out.append(("pool", seed, arm, split))
+                    out.append(("eval", seed, arm, split))
+                if arm in fault_arms:
+                    out.append(("fault", seed, arm, cfg.primary_split))
+        return out
+
+    def run(self) -> None:
+        steps = self.plan()
+        self._planned = len(steps)
+        for what, seed, arm, split in steps:
+            if what == "train" and arm == "B1":
+                self.b1(seed)
+            elif what == "train" and arm == "B1M":
+                self.b1m(seed)
+            elif what == "train":
+                self.rl(seed, arm)
+            elif what == "eval":
+                self.evaluate(seed, arm, split)
+            elif what == "fault":
+                self.evaluate_fault(seed, arm)
+            # "pool" is played by evaluate's B2 branch (counted for the progress line)
+            elif what == "pool":
+                self._finished += 1
+
+
+def _copy_config(src: Path, folder: Path) -> None:
+    """Keep the config beside the results; a resumed experiment must be given the same config."""
+    dest = folder / CONFIG_COPY
+    if dest.is_file():
+        if dest.read_bytes() != src.read_bytes():
+            raise TrajlakeError(f"{folder} holds an experiment with another config ({dest}); resume it with that "
+                                f"config or choose another --out")
+        return
+    shutil.copyfile(src, dest)
+
+
+def run_experiment(config: str | Path, out: str | Path, *, log: Log, command: str | None = None) -> Path:
+    """Run (or resume) the experiment of ``config`` in ``out``, then write its bundle; returns ``out``."""
+    from trajlake.experiment.bundle import write_bundle
+
+    cfg = load_experiment(config)
+    folder = Path(out).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    _copy_config(Path(config), folder)
+    exp = Experiment(cfg, folder, log)
+    exp.run()
+    write_bundle(folder, cfg, exp.state, command=command, log=log)
+    return folder
+
+
+__all__ = ["NEEDS", "Experiment", "State", "eval_tasks", "interleaved_tasks", "run_experiment", "task_pools"]
