@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                                   # rendering, parsing and exactness checks of LM turns, which the trainer's
                                   # reader re-renders text-only episodes with (they import no policy)
                                   "trajlake.render")),
-    ("rollout", ("trajlake.rollout", "trajlake.policies")),
+    ("rollout", ("trajlake.rollout", "trajlake.policies", "trajlake.proxy")),
     ("train-loop", ("trajlake.train",)),
     ("cli", ("trajlake.cli", "trajlake.__main__")),
 ]
