@@ -18,18 +18,23 @@ order, with the keys ``turn_idx``, ``role``, ``actor``, ``raw_content``, ``actio
   failed or faulted lookup, or text written by the policy earns nothing. :func:`lookup_progress_per_turn` gives
   the same reward turn by turn (credit on the observation turn, the cost on the call turn); it sums to
   :func:`lookup_progress`.
+
+Per turn (the trainer's R2 credits a process reward at the turn where it is earned, docs/training.md "R2: credit
+per turn"): ``PER_TURN[name](turns) -> list[float]`` gives one value per turn, in order, summing to the reward
+``name`` (:func:`grounded_progress_per_turn`, :func:`lookup_progress_per_turn`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trajlake.schemas.vocab import Status
 
-__all__ = ["grounded_progress", "lookup_progress", "lookup_progress_per_turn", "passed_text_reward"]
+__all__ = ["PER_TURN", "grounded_progress", "grounded_progress_per_turn", "lookup_progress", "lookup_progress_per_turn",
+           "passed_text_reward"]
 
 _PASSED = re.compile(r"\b(\d+) passed\b|\ball tests pass", re.IGNORECASE)
 _TEST_SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed", re.MULTILINE)
@@ -69,6 +74,26 @@ def grounded_progress(turns: Sequence[Mapping[str, Any]]) -> float:
         if m and int(m.group(2)) == 0 and int(m.group(1)) > 0:
             return score + 0.5
     return score
+
+
+def grounded_progress_per_turn(turns: Sequence[Mapping[str, Any]]) -> list[float]:
+    """:func:`grounded_progress` turn by turn (one value per turn, in order; the values sum to it): +0.5 on the
+    environment observation of the first attested state change, +0.5 on the first clean test-run observation after
+    the last change, ``-CALL_COST`` on every tool call, 0 elsewhere."""
+    out = [-CALL_COST if t.get("actor") == "policy" and t.get("action_schema") else 0.0 for t in turns]
+    changes = _state_changes(turns)
+    if not changes:
+        return out
+    out[changes[0]] += 0.5
+    for i in range(changes[-1] + 1, len(turns)):
+        t = turns[i]
+        if t.get("actor") != "env" or t.get("action_schema") not in _TEST_TOOLS:
+            continue
+        m = _TEST_SUMMARY.search(str(t.get("raw_content") or ""))
+        if m and int(m.group(2)) == 0 and int(m.group(1)) > 0:
+            out[i] += 0.5
+            break
+    return out
 
 
 def passed_text_reward(turns: Sequence[Mapping[str, Any]]) -> float:
@@ -126,3 +151,11 @@ def lookup_progress_per_turn(turns: Sequence[Mapping[str, Any]]) -> list[float]:
 def lookup_progress(turns: Sequence[Mapping[str, Any]]) -> float:
     """Sound (tool-lookup): the sum of :func:`lookup_progress_per_turn`, at most 1 minus the calls' cost."""
     return float(sum(lookup_progress_per_turn(turns)))
+
+
+#: The per-turn form of each process reward the trainer may use: name -> ``fn(turns) -> list[float]`` (one value
+#: per turn, summing to the reward of that name).
+PER_TURN: dict[str, Callable[[Sequence[Mapping[str, Any]]], list[float]]] = {
+    "grounded_progress": grounded_progress_per_turn,
+    "lookup_progress": lookup_progress_per_turn,
+}

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trajlake.evaluators.process_rewards import grounded_progress, passed_text_reward
 from trajlake.evaluators.reward_check import FABRICATED, PERTURBATIONS, check_reward, perturb
 
@@ -94,6 +96,53 @@ def test_example_rewards_by_hand() -> None:
     assert grounded_progress(perturb(t, "fabricated_progress") or []) == grounded_progress(t)
     assert passed_text_reward(t) == pytest.approx(1 + 4 * 0.05)
     assert passed_text_reward(perturb(t, "fabricated_progress") or []) == pytest.approx(2 + 4 * 0.05)
+
+
+def test_grounded_progress_per_turn_by_hand() -> None:
+    """The reward where it is earned: -0.01 on each call, +0.5 on the observation of the edit (the first attested
+    change), +0.5 on the clean test run after it; an unclean run earns nothing."""
+    from trajlake.evaluators.process_rewards import grounded_progress_per_turn
+
+    # user, read, obs, edit, obs (s0 -> s1), run_tests, obs (clean), submit, obs
+    t = _turns()
+    assert grounded_progress_per_turn(t) == pytest.approx([0, -0.01, 0, -0.01, 0.5, -0.01, 0.5, -0.01, 0], abs=0)
+    assert grounded_progress_per_turn(_turns(fixed=False)) == pytest.approx(
+        [0, -0.01, 0, -0.01, 0.5, -0.01, 0, -0.01, 0], abs=0)
+    assert grounded_progress_per_turn(perturb(t, "delete_key_call") or []) == pytest.approx(
+        [0, -0.01, 0, -0.01, 0, -0.01, 0], abs=0)
+
+
+_TOOLS = ("read_file", "edit", "run_tests", "submit", None)
+_SUMMARIES = ("3 passed, 0 failed (exit code 0)", "1 passed, 2 failed (exit code 1)", "0 passed, 0 failed", "", "x")
+
+
+@st.composite
+def _episodes(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Random turn lists: any actors, tools, state hashes (or none) and test summaries, in any order."""
+    n = draw(st.integers(0, 14))
+    turns = []
+    for i in range(n):
+        turns.append({"turn_idx": i, "role": "x", "actor": draw(st.sampled_from(("policy", "env", "user"))),
+                      "action_schema": draw(st.sampled_from(_TOOLS)), "raw_content": draw(st.sampled_from(_SUMMARIES)),
+                      "tool_args": None, "status": "OK",
+                      "env_state_hash": draw(st.sampled_from(("s0", "s1", "s2", None)))})
+    return turns
+
+
+@settings(max_examples=300, deadline=None)
+@given(_episodes())
+def test_per_turn_process_rewards_sum_to_their_rewards(turns: list[dict[str, Any]]) -> None:
+    """Every per-turn process reward the trainer may use gives one value per turn, summing to the reward of the
+    same name (the trainer's R2 credits these values turn by turn)."""
+    from trajlake.evaluators import process_rewards
+
+    from trajlake.train.config import PROCESS_REWARDS
+
+    assert set(process_rewards.PER_TURN) == set(PROCESS_REWARDS)
+    for name, per_turn in process_rewards.PER_TURN.items():
+        values = per_turn(turns)
+        assert len(values) == len(turns)
+        assert sum(values) == pytest.approx(getattr(process_rewards, name)(turns), abs=1e-12), name
 
 
 def test_sound_and_hackable_rewards_are_told_apart(lake: Any) -> None:

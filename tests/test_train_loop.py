@@ -479,3 +479,195 @@ def test_samples_are_shuffled_per_epoch_seeded_and_each_epoch_covers_every_sampl
     monkeypatch.setattr(loop, "CACHED_SAMPLES", 4)  # too many to cache: the shuffle buffer
     streamed = epochs(data, 7)
     assert all(sorted(e) == data for e in streamed) and streamed[0] != data
+
+
+# -- issue 25, R2: the process reward credited at the turn where it is earned ----------------------------------------
+
+def _r2_stage(algo: str = "rloo", **keys: Any) -> Any:
+    from trajlake.train.config import StageConfig
+
+    return StageConfig(name="R2", kind="rl", algo=algo, process_reward="lookup_progress", **keys)  # type: ignore[arg-type]
+
+
+def _r2_batch(episode_ids: list[str], turns: int) -> dict[str, Any]:
+    """A hand-made batch: per episode a prompt token, then per policy turn two policy tokens and one observation
+    token (the last turn without one); behaviour log-probs -1 on the policy tokens."""
+    import torch
+
+    row_turn = [-1]
+    for k in range(turns):
+        row_turn += [k, k] + ([-1] if k < turns - 1 else [])
+    token_turn = torch.tensor([row_turn] * len(episode_ids))
+    mask = (token_turn >= 0).float()
+    n = len(episode_ids)
+    return {"episode_id": episode_ids, "token_turn": token_turn, "loss_mask": mask,
+            "attention_mask": torch.ones_like(token_turn), "input_ids": torch.zeros_like(token_turn),
+            "behavior_logprobs": torch.where(mask.bool(), -1.0, 0.0), "has_behavior_logprobs": torch.ones(n).bool(),
+            "advantage": torch.full((n,), float("nan")), "n_policy_turns": torch.full((n,), turns),
+            "terminated": torch.ones(n).bool()}
+
+
+class _FakeLearner:
+    """Just enough of a Learner for ``_rl_step``: log-probs = the behaviour's + a parameter (ratio 1)."""
+
+    device = "cpu"
+    lr = 0.1
+    proximal = None
+
+    def __init__(self) -> None:
+        import torch
+
+        self.w = torch.zeros((), requires_grad=True)
+
+    def forward(self, batch: dict[str, Any], temperature: float) -> dict[str, Any]:
+        import torch
+
+        return {"logp": batch["behavior_logprobs"] + self.w, "entropy": torch.zeros(batch["token_turn"].shape)}
+
+    def step(self, loss: Any, grad_clip: float) -> float:
+        return 0.0
+
+
+def _objective_advantages(monkeypatch: pytest.MonkeyPatch, stage: Any, batch: dict[str, Any], credit: Any,
+                          turn_advantages: Any) -> Any:
+    """The advantages ``_rl_step`` hands the policy objective."""
+    from trajlake.train import loop
+    from trajlake.train.config import TrainConfig
+
+    seen: list[Any] = []
+
+    def capture(cfg: Any, logp: Any, prox: Any, behaviour: Any, advantages: Any, mask: Any, denominator: float
+                ) -> Any:
+        seen.append(advantages)
+        return (logp * mask).sum() * 0.0, {}
+
+    monkeypatch.setattr(loop, "policy_objective", capture)
+    staleness = dict.fromkeys(batch["episode_id"], 0)
+    loop._rl_step(TrainConfig(name="x"), stage, _FakeLearner(), loop.Dist(), batch, staleness, credit,  # type: ignore[arg-type]
+                  turn_advantages)
+    return seen[0]
+
+
+def test_r2_credits_the_process_reward_to_the_turn_that_earned_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two episodes of one group share their terminal return (1) and their total process reward (0.5), earned at
+    turn 0 by e1 and at turn 2 by e2. Today's scalar return gave every token of both the same advantage (0);
+    per turn (RLOO, gamma 1), G^(e1) = [1.5, 1, 1] and G^(e2) = [1.5, 1.5, 1.5]: turn 0's tokens get 0, and the
+    tokens of turns 1 and 2 get -0.5 in e1 (its reward is already earned) and +0.5 in e2 (still to be earned, by
+    turn 2's action). PPO's GAE (zero values, lambda 1) gets the per-turn rewards too."""
+    import pyarrow as pa
+    import torch
+
+    from trajlake.train import loop
+    from trajlake.train.config import TrainConfig
+
+    credit = loop.Credit({"e1": 1.0, "e2": 1.0}, {"e1": torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64),
+                                                  "e2": torch.tensor([0.0, 0.0, 0.5], dtype=torch.float64)})
+    episodes = pa.table({"episode_id": ["e1", "e2"], "group_id": ["g", "g"]})
+    per_episode, per_turn = loop._advantages(_r2_stage(), episodes, credit)
+    assert per_episode is None and per_turn == {"e1": [0.0, -0.5, -0.5], "e2": [0.0, 0.5, 0.5]}
+    batch = _r2_batch(["e1", "e2"], 3)
+    tokens = _objective_advantages(monkeypatch, _r2_stage(), batch, credit, per_turn)
+    # prompt, turn 0 (2 tokens), observation, turn 1 (2), observation, turn 2 (2)
+    assert tokens.tolist() == [[0, 0, 0, 0, -0.5, -0.5, 0, -0.5, -0.5], [0, 0, 0, 0, 0.5, 0.5, 0, 0.5, 0.5]]
+    assert credit.returns() == {"e1": 1.5, "e2": 1.5}  # the same G_0: only the credit per turn differs
+    # PPO: GAE over the per-turn rewards (values 0, gamma = lambda = 1: A_k = G_k)
+    out = {"values": torch.zeros(batch["token_turn"].shape)}
+    adv, _ = loop._gae_advantages(TrainConfig(name="x", gae_lambda=1.0), out, batch, credit, batch["loss_mask"])
+    assert adv.tolist() == [[0, 1.5, 1.5, 0, 1, 1, 0, 1, 1], [0, 1.5, 1.5, 0, 1.5, 1.5, 0, 1.5, 1.5]]
+    # potential shaping with the terminal correction: r = [0.5, 0, 0.5] and [0, 0, 1], G_0 = the terminal part, 1
+    shaped = loop.Credit(credit.terminal, credit.process, 1.0, "potential")
+    assert shaped.turn_rewards("e1", 3).tolist() == [0.5, 0.0, 0.5] and shaped.returns() == {"e1": 1.0, "e2": 1.0}
+    _, per_turn = loop._advantages(_r2_stage(process_shaping="potential"), episodes, shaped)
+    assert per_turn == {"e1": [0.0, -0.5, -0.5], "e2": [0.0, 0.5, 0.5]}  # gamma 1: G_k = 1 - Phi(h_k)
+    with pytest.raises(loop.TrainError, match="2 policy turns in the batch but 3"):
+        credit.turn_rewards("e1", 2)
+
+
+def test_r1_without_a_process_reward_keeps_the_per_episode_advantages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """R1 (no process reward): one advantage per episode from its return, exactly as before (RLOO of the
+    returns, the placebo's shuffle of them), handed to the objective as the batch's [B] advantages untouched;
+    PPO's per-turn rewards are 0 except the return on the last turn, in float32 as before."""
+    import pyarrow as pa
+    import torch
+
+    from trajlake.train import loop
+    from trajlake.train import math as tm
+    from trajlake.train.config import StageConfig
+
+    terminal = {"a": 1.0, "b": 0.0, "c": -0.25, "d": 0.5}
+    credit = loop.Credit(terminal)
+    episodes = pa.table({"episode_id": list(terminal), "group_id": ["g", "g", "g", "h"]})
+    rewards = torch.tensor(list(terminal.values()), dtype=torch.float64)
+    for placebo in (False, True):
+        stage = StageConfig(name="R1", kind="rl", algo="rloo", placebo_shuffle_rewards=placebo)
+        per_episode, per_turn = loop._advantages(stage, episodes, credit, placebo_seed=7)
+        r = tm.shuffle_within_groups(rewards, ["g", "g", "g", "h"], torch.Generator().manual_seed(7)) \
+            if placebo else rewards
+        assert per_turn is None and per_episode == dict(zip(terminal, tm.rloo_advantages(r, ["g", "g", "g", "h"]
+                                                                                         ).tolist(), strict=True))
+    assert credit.returns() == terminal
+    batch = _r2_batch(["a", "b"], 2)
+    batch["advantage"] = torch.tensor([0.75, -0.5])
+    stage = StageConfig(name="R1", kind="rl", algo="rloo")
+    assert torch.equal(_objective_advantages(monkeypatch, stage, batch, credit, None), batch["advantage"])
+    old = torch.zeros(3)
+    old[-1] = terminal["c"]
+    assert torch.equal(credit.turn_rewards("c", 3).to(torch.float32), old)
+
+
+def test_r2_placebo_shuffles_whole_episodes_within_a_group() -> None:
+    """R2's placebo moves whole return rows between the members of a group: each turn's advantages keep their
+    multiset (RLOO's A_k depends on G_k and the group's sum only) while the episodes they land on change."""
+    import pyarrow as pa
+    import torch
+
+    from trajlake.train import loop
+
+    process = {e: torch.tensor(p, dtype=torch.float64) for e, p in
+               {"a": [0.5, 0.0], "b": [0.0, 0.25], "c": [0.125, 0.125], "d": [0.0, 0.0]}.items()}
+    credit = loop.Credit({"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0}, process)
+    episodes = pa.table({"episode_id": list(process), "group_id": ["g"] * 4})
+    _, plain = loop._advantages(_r2_stage(), episodes, credit)
+    assert plain is not None
+    moved = set()
+    for seed in range(8):
+        _, shuffled = loop._advantages(_r2_stage(placebo_shuffle_rewards=True), episodes, credit, placebo_seed=seed)
+        assert shuffled is not None
+        for k in range(2):
+            assert sorted(v[k] for v in shuffled.values()) == pytest.approx(sorted(v[k] for v in plain.values()))
+        moved.add(tuple(tuple(v) for v in shuffled.values()))
+    assert len(moved) > 2  # the link between an attempt and its rewards is gone
+
+
+def test_the_mask_ablation_gives_observations_the_advantage_of_the_turn_before_them() -> None:
+    import torch
+
+    from trajlake.train import loop
+
+    batch = _r2_batch(["e"], 2)  # prompt, turn 0 (2), observation, turn 1 (2)
+    loss_mask = torch.tensor([[0.0, 1, 1, 1, 1, 1]])
+    assert loop._turn_advantage_tokens(batch, {"e": [0.25, -1.0]}, loss_mask, observations=True).tolist() == [
+        [0.0, 0.25, 0.25, 0.25, -1.0, -1.0]]
+
+
+def test_r2_potential_shaping_trains_on_tool_lookup_and_is_recorded(tmp_path: Path) -> None:
+    """A tiny R2 stage (RLOO, lookup_progress, potential shaping) on tool-lookup trains end to end and records
+    ``process_shaping`` in its runs.config."""
+    from typer.testing import CliRunner
+
+    from trajlake.cli import app
+    from trajlake.policies.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", max_positions=1024, env="tool-lookup", corpus_tasks=8)
+    cfg = write_config(tmp_path / "r2.toml", tiny_config("r2", [
+        {"name": "R2", "kind": "rl", "algo": "rloo", "iterations": 1, "steps": 1, "batch_size": 4,
+         "process_reward": "lookup_progress", "process_weight": 0.5, "process_shaping": "potential",
+         "rollout": rollout(DP_TASKS[:2], attempts=2, max_new_tokens=16, max_steps=3)},
+    ], model=model, out=tmp_path / "out", env="tool-lookup", max_length=1024))
+    res = CliRunner().invoke(app, ["train", "--config", str(cfg), "--lake", str(tmp_path / "lake")])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    con = connect(tmp_path / "lake")
+    config = json.loads(con.execute("select config from runs where run_id = 'R2.train'").fetchone()[0])
+    assert config["stage"]["process_shaping"] == "potential" and config["stage"]["process_reward"] == "lookup_progress"
+    log = [r for r in pq.read_table(tmp_path / "out" / "train_log.parquet").to_pylist() if r["stage"] == "R2"]
+    assert len(log) == 1 and math.isfinite(log[0]["loss"]) and log[0]["policy_tokens"] > 0

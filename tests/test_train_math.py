@@ -719,3 +719,98 @@ def test_the_placebo_shuffles_rewards_within_groups_only() -> None:
     assert len(seen) > 5  # the attempts' rewards really move
     again = M.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(3))
     assert torch.equal(again, M.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(3)))
+
+
+# ---------------------------------------------------------------------------------------------- R2: per-turn credit
+
+
+def test_policy_turn_rewards_go_to_the_last_policy_turn_at_or_before_them() -> None:
+    actors = ["system", "user", "policy", "env", "policy", "env", "env"]
+    rewards = [0.1, 0.2, -0.01, 0.5, -0.01, 0.25, 0.125]
+    # turn 0: the two leading turns (before any policy turn) + its call + its observation = 0.1 + 0.2 - 0.01 + 0.5
+    # turn 1: its call + both observations after it = -0.01 + 0.25 + 0.125
+    close(M.policy_turn_rewards(rewards, actors), [0.79, 0.365], 1e-12)
+    assert M.policy_turn_rewards([1.0, 2.0], ["user", "env"]).shape == (0,)  # no policy turn: nothing to credit
+    with pytest.raises(ValueError, match="one per turn"):
+        M.policy_turn_rewards([1.0], ["user", "policy"])
+    with pytest.raises(ValueError, match="turn 1"):
+        M.policy_turn_rewards([0.0, math.nan], ["policy", "env"])
+
+
+def test_episode_turn_rewards_per_turn_and_potential_hand_computed() -> None:
+    p = t64([0.5, 0.0, 0.25])
+    # per_turn: the process reward where earned, the terminal part (1) on the last turn
+    close(M.episode_turn_rewards(1.0, p, 1.0, "per_turn"), [0.5, 0.0, 1.25])
+    # potential, Phi(h_0..h_3) = [0, 0.5, 0.5, 0.75]; corrected: Phi(h_3) -> 0
+    # r_0 = 0.5 - 0 = 0.5, r_1 = 0.5 - 0.5 = 0, r_2 = 1 + 0 - 0.5 = 0.5: sums to the terminal part, 1
+    close(M.episode_turn_rewards(1.0, p, 1.0, "potential"), [0.5, 0.0, 0.5])
+    # uncorrected (a truncated episode whose value is bootstrapped): r_2 = 1 + 0.75 - 0.5
+    close(M.episode_turn_rewards(1.0, p, 1.0, "potential", end_correction=False), [0.5, 0.0, 1.25])
+    # gamma 0.5, corrected: r_0 = 0.5 * 0.5 - 0 = 0.25, r_1 = 0.5 * 0.5 - 0.5 = -0.25, r_2 = 1 + 0 - 0.5 = 0.5;
+    # discounted: 0.25 - 0.125 + 0.125 = 0.25 = gamma^2 * 1
+    close(M.episode_turn_rewards(1.0, p, 0.5, "potential"), [0.25, -0.25, 0.5])
+    assert M.episode_turn_rewards(1.0, t64([]), 1.0, "potential").shape == (0,)
+    with pytest.raises(ValueError, match="unknown process shaping"):
+        M.episode_turn_rewards(1.0, p, 1.0, "dense")  # type: ignore[arg-type]
+
+
+@PROPERTY
+@given(floats_list, st.floats(-2, 2, allow_nan=False), st.floats(0.0, 1.0))
+def test_potential_shaping_keeps_the_return_and_per_turn_adds_the_process_reward(
+        process: list[float], terminal: float, gamma: float) -> None:
+    k = len(process)
+    shaped = M.episode_turn_rewards(terminal, t64(process), gamma, "potential").tolist()
+    assert _discounted(shaped, gamma) == pytest.approx(gamma ** (k - 1) * terminal, abs=1e-9)  # - Phi(h_0) = 0
+    per_turn = M.episode_turn_rewards(terminal, t64(process), gamma, "per_turn").tolist()
+    assert _discounted(per_turn, gamma) == pytest.approx(gamma ** (k - 1) * terminal + _discounted(process, gamma),
+                                                         abs=1e-9)
+    g = M.returns_to_go([t64(shaped)], gamma)[0].tolist()
+    # the shaped return-to-go at turn j is the terminal part's minus the process reward already earned (gamma 1)
+    if gamma == 1.0:
+        assert g == pytest.approx([terminal - sum(process[:j]) for j in range(k)], abs=1e-9)
+
+
+def test_returns_to_go_hand_computed_and_zero_padded() -> None:
+    # gamma 0.5: [1, 0, 2] -> G_2 = 2, G_1 = 0 + 0.5 * 2 = 1, G_0 = 1 + 0.5 * 1 = 1.5; [3] -> [3, 0, 0]
+    close(M.returns_to_go([t64([1.0, 0.0, 2.0]), t64([3.0])], 0.5), [[1.5, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    assert M.returns_to_go([t64([])], 1.0).tolist() == [[0.0]]
+
+
+def test_turn_group_advantages_hand_computed_three_episode_group() -> None:
+    """Three episodes of one group with 3, 1 and 2 turns (G_k = 0 past an episode's end) and one alone."""
+    g = t64([[1.5, 1.0, 2.0], [3.0, 0.0, 0.0], [0.5, 0.5, 0.0], [4.0, 4.0, 0.0]])
+    lengths, groups = [3, 1, 2, 2], ["a", "a", "a", "b"]
+    # RLOO, turn 0: 1.5 - (3 + 0.5) / 2 = -0.25; 3 - (1.5 + 0.5) / 2 = 2; 0.5 - (1.5 + 3) / 2 = -1.75
+    # turn 1: 1 - (0 + 0.5) / 2 = 0.75; (episode 1 has no turn 1); 0.5 - (1 + 0) / 2 = 0
+    # turn 2: 2 - (0 + 0) / 2 = 2; the others have no turn 2. Group b has one member: 0 (no baseline).
+    close(M.turn_group_advantages(g, lengths, groups, "rloo"),
+          [[-0.25, 0.75, 2.0], [2.0, 0.0, 0.0], [-1.75, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    # GRPO, turn 0: mean 5/3, deviations -1/6, 4/3, -7/6, unbiased std sqrt((1/36 + 16/9 + 49/36) / 2)
+    sd0 = math.sqrt((1 / 36 + 16 / 9 + 49 / 36) / 2)
+    # turn 1: [1, 0, 0.5], mean 0.5, deviations 0.5, -0.5, 0, std 0.5; turn 2: [2, 0, 0], mean 2/3, std sqrt(4/3)
+    sd2 = math.sqrt(((4 / 3) ** 2 + 2 * (2 / 3) ** 2) / 2)
+    eps = 1e-6
+    close(M.turn_group_advantages(g, lengths, groups, "grpo"),
+          [[(-1 / 6) / (sd0 + eps), 0.5 / (0.5 + eps), (4 / 3) / (sd2 + eps)],
+           [(4 / 3) / (sd0 + eps), 0.0, 0.0], [(-7 / 6) / (sd0 + eps), 0.0, 0.0], [0.0, 0.0, 0.0]], 1e-9)
+    with pytest.raises(ValueError, match="one length per row"):
+        M.turn_group_advantages(g, [1, 2], groups, "rloo")
+
+
+@PROPERTY
+@given(st.lists(st.lists(st.floats(-3, 3, allow_nan=False), min_size=1, max_size=5), min_size=2, max_size=5),
+       st.integers(0, 4), st.lists(st.floats(-3, 3, allow_nan=False), min_size=5, max_size=5))
+def test_turn_rloo_baseline_does_not_depend_on_the_episodes_own_actions(
+        rows: list[list[float]], who: int, other: list[float]) -> None:
+    """Replacing episode i's rewards (another trajectory of its own) moves its advantage at turn k only by the
+    change of its own G_k: the baseline at turn k comes from the other members alone."""
+    i = who % len(rows)
+    groups = ["g"] * len(rows)
+    g1 = M.returns_to_go([t64(r) for r in rows], 1.0)
+    changed = [*rows[:i], other[:len(rows[i])], *rows[i + 1:]]
+    g2 = M.returns_to_go([t64(r) for r in changed], 1.0)
+    lengths = [len(r) for r in rows]
+    a1 = M.turn_group_advantages(g1, lengths, groups, "rloo")
+    a2 = M.turn_group_advantages(g2, lengths, groups, "rloo")
+    k = lengths[i]
+    close(a2[i, :k] - a1[i, :k], g2[i, :k] - g1[i, :k], 1e-9)

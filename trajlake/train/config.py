@@ -30,6 +30,8 @@ LOSS_AGGREGATIONS = typing.get_args(LossAggregation)
 TASK_REWARDS = ("success", "reward_total")
 LrSchedule = Literal["constant", "linear", "cosine"]
 SafetyViolations = Literal["denials", "executed", "both"]
+ProcessShaping = Literal["per_turn", "potential"]
+PROCESS_SHAPINGS = typing.get_args(ProcessShaping)
 #: ``device`` values: auto, cpu, cuda, cuda:N, mps.
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
@@ -119,9 +121,18 @@ class StageConfig:
     corrected with the truncated trajectory ratio. Formerly ``max_policy_lag``, still read as a deprecated alias
     (docs/names.md)."""
     process_reward: str | None = None
-    """rl (R2): a process reward from ``trajlake.evaluators.process_rewards`` (``grounded_progress``) added to
-    the return (19.3) with weight ``process_weight``."""
+    """rl (R2): a process reward from ``trajlake.evaluators.process_rewards`` (``grounded_progress``,
+    ``lookup_progress``), credited turn by turn: each lake turn's value goes to the policy turn whose action earned
+    it and enters the return there (19.3), weighted by ``process_weight``; the advantages become per turn
+    (docs/training.md, "R2: credit per turn")."""
     process_weight: float = 1.0
+    """rl (R2): the weight of ``process_reward`` in the return."""
+    process_shaping: ProcessShaping = "per_turn"
+    """rl (R2): how the process reward enters the return. ``per_turn``: p_k, the weighted process reward earned at
+    policy turn k, is added to turn k's reward. ``potential``: potential-based shaping with Phi = the weighted
+    process reward earned before turn k, F_k = gamma * Phi(h_{k+1}) - Phi(h_k), and the terminal correction (Phi at
+    the episode's end taken as 0), so every episode's shaped return G_0 equals its unshaped one (Phi(h_0) = 0): the
+    process reward moves credit between turns but does not change the objective."""
     fault_rate_schedule: tuple[float, ...] = ()
     """rl (R3): the fault curriculum: iteration i plays with fault rate ``fault_rate_schedule[min(i, n-1)]``
     (rising rates); empty: ``rollout.fault_rate`` throughout."""
@@ -474,5 +485,5 @@ def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-__all__ = ["ALGORITHMS", "PROCESS_REWARDS", "RENAMED_KEYS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
-           "StageConfig", "TrainConfig", "build_table", "config_dict", "config_problems", "load_config", "parse_config"]
+__all__ = ["ALGORITHMS", "PROCESS_REWARDS", "PROCESS_SHAPINGS", "RENAMED_KEYS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
+           "StageConfig", "TrainConfig", "config_dict", "config_problems", "load_config", "parse_config"]

@@ -755,8 +755,9 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
         if dist.main and excluded:
             log(f"  {stage.name} it {it}: {excluded} episode(s) left out of the batch: the environment failed them "
                 f"({', '.join(ENV_ERROR_CLASSES)}), not the policy")
-        returns = _episode_returns(cfg, stage, lake, episodes)
-        advantages = _advantages(stage, episodes, returns, placebo_seed=cfg.seed * 1_000_003 + it)
+        credit = _episode_credit(cfg, stage, lake, episodes)
+        returns = credit.returns()
+        advantages, turn_advantages = _advantages(stage, episodes, credit, placebo_seed=cfg.seed * 1_000_003 + it)
         staleness = {e: learner_index - published.index(v) for e, v in
                zip(episodes.column("episode_id").to_pylist(), episodes.column("policy_version_start").to_pylist(),
                    strict=True)}
@@ -770,7 +771,7 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
             learner.freeze_proximal()  # decoupled PPO's pi_prox: the learner as this iteration starts
         for step in range(stage.steps):
             _schedule(learner, stage, (it - 1) * stage.steps + step, f"stage {stage.name} iteration {it} step {step}")
-            row = _rl_step(cfg, stage, learner, dist, next(batches), staleness, returns)
+            row = _rl_step(cfg, stage, learner, dist, next(batches), staleness, credit, turn_advantages)
             row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time(),
                        excluded_env_errors=excluded)
             train_log.add(row)
@@ -831,52 +832,132 @@ def _violations(cfg: TrainConfig, con: Any) -> dict[str, float]:
     return out
 
 
-def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: Any) -> dict[str, float]:
-    """G_0 of 19.3 per episode: R_task - lambda_c * cost_usd - lambda_s * V (safety violations, counted as
-    ``safety_violations`` says) + the process reward's weighted sum over the trajectory (the process reward is one
-    value per trajectory here, so it enters at t = 0; discounting inside it is the reward function's business)."""
+@dataclass(frozen=True)
+class Credit:
+    """What the episodes of an RL iteration earned (19.3), turn by turn.
+
+    ``terminal``: R_task - lambda_c C - lambda_s V per episode, which enters at the episode's last policy turn.
+    ``process``: with a process reward, the weighted process reward p_k each policy turn k = 0..K-1 earned
+    (``tm.policy_turn_rewards`` of the reward's per-turn values), ``[K]`` per episode; None without one (R1).
+    ``gamma`` and ``shaping`` (``per_turn`` or ``potential``) say how the two combine (``tm.episode_turn_rewards``)."""
+
+    terminal: dict[str, float]
+    process: dict[str, Any] | None = None
+    gamma: float = 1.0
+    shaping: str = "per_turn"
+
+    def turns(self, episode_id: str) -> int | None:
+        """K, the policy turns of the episode as the process reward saw them (None without a process reward)."""
+        return None if self.process is None else len(self.process[episode_id])
+
+    def turn_rewards(self, episode_id: str, k_turns: int, *, end_correction: bool = True) -> Any:
+        """r_0..r_{K-1} of the episode (float64 ``[K]``): without a process reward the terminal part at the last
+        turn and 0 elsewhere (R1); with one ``tm.episode_turn_rewards`` (``end_correction``: the potential's terminal
+        correction, for an episode taken as ended)."""
+        if self.process is None:
+            rewards = torch.zeros(k_turns, dtype=torch.float64)
+            if k_turns:
+                rewards[-1] = self.terminal[episode_id]
+            return rewards
+        process = self.process[episode_id]
+        if len(process) != k_turns:
+            raise TrainError(f"episode {episode_id}: {k_turns} policy turns in the batch but {len(process)} in the "
+                             f"lake's turns; the process reward cannot be placed")
+        return tm.episode_turn_rewards(self.terminal[episode_id], process, self.gamma,
+                                       "potential" if self.shaping == "potential" else "per_turn",
+                                       end_correction=end_correction)
+
+    def returns(self) -> dict[str, float]:
+        """G_0 per episode: the terminal part without a process reward (R1), else sum_k gamma^k r_k (with the
+        potential's terminal correction)."""
+        if self.process is None:
+            return dict(self.terminal)
+        out = {}
+        for e, process in self.process.items():
+            k = len(process)
+            out[e] = float(tm.returns_to_go([self.turn_rewards(e, k)], self.gamma)[0, 0]) if k else self.terminal[e]
+        return out
+
+
+def _episode_credit(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: Any) -> Credit:
+    """The terminal part of 19.3 per episode, R_task - lambda_c * cost_usd - lambda_s * V (safety violations,
+    counted as ``safety_violations`` says), and, with a process reward, its per-turn values (the reward's
+    ``process_rewards.PER_TURN`` function over the lake's turns) placed on the policy turns that earned them
+    (``tm.policy_turn_rewards``) and weighted by ``process_weight``."""
     ids = episodes.column("episode_id").to_pylist()
     if not ids:
-        return {}
+        return Credit({}, {} if stage.process_reward is not None else None, cfg.gamma, stage.process_shaping)
     task = episodes.column("success" if cfg.task_reward == "success" else "reward_total").to_pylist()
     cost = episodes.column("cost_usd").to_pylist()
     con = connect(lake)
     con.execute("create temp table sel(episode_id varchar)")
     con.executemany("insert into sel values (?)", [[i] for i in ids])
     violations = _violations(cfg, con) if cfg.lambda_safety else {}
-    process: dict[str, float] = {}
+    process: dict[str, Any] | None = None
     if stage.process_reward is not None:
-        fn = getattr(process_rewards, stage.process_reward)
+        fn = process_rewards.PER_TURN[stage.process_reward]
         cols = "episode_id, turn_idx, role, actor, raw_content, action_schema, tool_args, status, env_state_hash"
-        turns: dict[str, list[dict[str, Any]]] = {}
+        turns: dict[str, list[dict[str, Any]]] = {e: [] for e in ids}
         cur = con.execute(f"select {cols} from turns t join sel using (episode_id) order by episode_id, turn_idx")
         names = [d[0] for d in cur.description]
         for row in cur.fetchall():
             rec = dict(zip(names, row, strict=True))
-            turns.setdefault(rec["episode_id"], []).append(rec)
-        process = {e: float(fn(t)) for e, t in turns.items()}
-    out = {}
+            turns[rec["episode_id"]].append(rec)
+        process = {e: stage.process_weight * tm.policy_turn_rewards(fn(t), [str(x["actor"]) for x in t])
+                   for e, t in turns.items()}
+    terminal = {}
     for e, r, c in zip(ids, task, cost, strict=True):
         r_task = float(bool(r)) if cfg.task_reward == "success" else float(r or 0.0)
-        out[e] = (r_task - cfg.lambda_cost * float(c or 0.0) - cfg.lambda_safety * violations.get(e, 0.0)
-                  + stage.process_weight * process.get(e, 0.0))
-    return out
+        terminal[e] = r_task - cfg.lambda_cost * float(c or 0.0) - cfg.lambda_safety * violations.get(e, 0.0)
+    return Credit(terminal, process, cfg.gamma, stage.process_shaping)
 
 
-def _advantages(stage: StageConfig, episodes: Any, returns: dict[str, float], placebo_seed: int = 0
-                ) -> dict[str, float] | None:
-    """Per-episode advantages for RLOO/GRPO (groups: same task, seed and environment version); None for PPO,
-    whose advantages come from GAE inside each step. The placebo control shuffles the returns within each group
-    first (seeded by ``placebo_seed``)."""
+def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: Any) -> dict[str, float]:
+    """G_0 of 19.3 per episode (``Credit.returns``): R_task - lambda_c * cost_usd - lambda_s * V, plus, with a
+    process reward, its weighted per-turn values as the stage's ``process_shaping`` credits them."""
+    return _episode_credit(cfg, stage, lake, episodes).returns()
+
+
+def _advantages(stage: StageConfig, episodes: Any, credit: Credit, placebo_seed: int = 0
+                ) -> tuple[dict[str, float] | None, dict[str, list[float]] | None]:
+    """(per-episode, per-turn) advantages for RLOO/GRPO (groups: same task, seed and environment version); both
+    None for PPO, whose advantages come from GAE inside each step.
+
+    Without a process reward (R1): one advantage per episode from its return (RLOO 19.7 or GRPO). With one (R2):
+    per-turn advantages, ``tm.turn_group_advantages`` of the returns-to-go G_k = sum_{j>=k} gamma^(j-k) r_j, the
+    baseline of turn k taken from the other members' G_k. The placebo control shuffles the returns (R1), or whole
+    episodes' return rows (R2), within each group first (seeded by ``placebo_seed``)."""
     if stage.algo == "ppo":
-        return None
+        return None, None
     ids = episodes.column("episode_id").to_pylist()
     groups = episodes.column("group_id").to_pylist()
-    rewards = torch.tensor([returns[e] for e in ids], dtype=torch.float64)
+    if credit.process is None:
+        rewards = torch.tensor([credit.terminal[e] for e in ids], dtype=torch.float64)
+        if stage.placebo_shuffle_rewards:
+            rewards = tm.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(placebo_seed))
+        adv = tm.rloo_advantages(rewards, groups) if stage.algo == "rloo" else tm.grpo_advantages(rewards, groups)
+        return {e: float(a) for e, a in zip(ids, adv.tolist(), strict=True)}, None
+    lengths = [int(credit.turns(e) or 0) for e in ids]
+    g = tm.returns_to_go([credit.turn_rewards(e, k) for e, k in zip(ids, lengths, strict=True)], credit.gamma)
     if stage.placebo_shuffle_rewards:
-        rewards = tm.shuffle_within_groups(rewards, groups, torch.Generator().manual_seed(placebo_seed))
-    adv = tm.rloo_advantages(rewards, groups) if stage.algo == "rloo" else tm.grpo_advantages(rewards, groups)
-    return {e: float(a) for e, a in zip(ids, adv.tolist(), strict=True)}
+        g = tm.shuffle_within_groups(g, groups, torch.Generator().manual_seed(placebo_seed))
+    turn_adv = tm.turn_group_advantages(g, lengths, groups, "rloo" if stage.algo == "rloo" else "grpo")
+    return None, {e: turn_adv[i, :k].tolist() for i, (e, k) in enumerate(zip(ids, lengths, strict=True))}
+
+
+def _turn_advantage_tokens(batch: dict[str, Any], turn_advantages: dict[str, list[float]], loss_mask: Any,
+                           observations: bool = False) -> Any:
+    """Per-turn advantages ``[B, K]`` on the batch's loss tokens (``tm.turns_to_tokens``): each policy token gets
+    its turn's. ``observations`` (the mask ablation): a loss token outside a policy turn gets the advantage of the
+    last policy turn before it."""
+    rows = [turn_advantages[e] for e in batch["episode_id"]]
+    table = torch.zeros(len(rows), max([1, *(len(r) for r in rows)]))
+    for b, r in enumerate(rows):
+        table[b, :len(r)] = torch.tensor(r, dtype=torch.float64)
+    turn = batch["token_turn"]
+    if observations:
+        turn = torch.cummax(turn, dim=-1).values
+    return tm.turns_to_tokens(table.to(loss_mask.device), turn.to(loss_mask.device), loss_mask)
 
 
 def _with_observations(batch: dict[str, Any], logp: Any, mask: Any, old: Any, prox: Any) -> tuple[Any, Any, Any]:
@@ -908,7 +989,8 @@ def policy_objective(cfg: TrainConfig, logp: Any, logp_prox: Any, logp_behavior:
 
 
 def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist, batch: dict[str, Any],
-             staleness: dict[str, int], returns: dict[str, float]) -> dict[str, Any]:
+             staleness: dict[str, int], credit: Credit, turn_advantages: dict[str, list[float]] | None = None
+             ) -> dict[str, Any]:
     n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
     denominator = _denominator(cfg, dist, batch, n_tokens)  # a collective: every rank, every step
     if n_tokens == 0:
@@ -931,8 +1013,8 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     lengths = mask.sum(-1)
     value_loss = None
     if stage.algo == "ppo":
-        advantages, value_loss = _gae_advantages(cfg, out, batch, returns, mask)
-    else:
+        advantages, value_loss = _gae_advantages(cfg, out, batch, credit, mask)
+    elif turn_advantages is None:
         advantages = batch["advantage"].to(dev).float()
     # pi_prox: for an episode the learner sampled at this iteration's start (staleness 0) it is the behaviour
     # policy itself; a stale one is re-scored by the frozen copy made when the iteration started.
@@ -943,6 +1025,8 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     if stage.loss_on_observations:  # the mask ablation: a wrong loss mask, on purpose
         loss_mask, behaviour, prox = _with_observations(batch, out["logp"], mask, old, prox)
         denominator = _all_sum(dist, float(loss_mask.sum()))
+    if stage.algo != "ppo" and turn_advantages is not None:  # R2: per-turn advantages on each turn's tokens
+        advantages = _turn_advantage_tokens(batch, turn_advantages, loss_mask, stage.loss_on_observations)
     loss, stats = policy_objective(cfg, out["logp"], prox, behaviour, advantages, loss_mask, denominator)
     kl = tm.kl_to_behavior(out["logp"], old, mask)
     if cfg.kl_coef:
@@ -962,11 +1046,13 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
             "value_loss": None if value_loss is None else float(value_loss.detach())}
 
 
-def _gae_advantages(cfg: TrainConfig, out: dict[str, Any], batch: dict[str, Any], returns: dict[str, float],
+def _gae_advantages(cfg: TrainConfig, out: dict[str, Any], batch: dict[str, Any], credit: Credit,
                     mask: Any) -> tuple[Any, Any]:
     """PPO's per-token advantages: the value head read at the last context token before each policy turn (the
-    history h_t), GAE over environment turns (19.4) with the episode's return as the last turn's reward,
-    bootstrapped from the value after the last observation when the episode was truncated."""
+    history h_t), GAE over environment turns (19.4) with each policy turn's reward (``Credit.turn_rewards``: the
+    terminal part on the last turn, a process reward on the turn that earned it), bootstrapped from the value
+    after the last observation when the episode was truncated (whose potential, under ``potential`` shaping, is
+    then kept: the bootstrap values the shaped continuation)."""
     values = out["values"]
     token_turn = batch["token_turn"].to(values.device)
     # a turn starts at its first generated token: under a grammar the first loss token may come after a forced
@@ -980,10 +1066,9 @@ def _gae_advantages(cfg: TrainConfig, out: dict[str, Any], batch: dict[str, Any]
         starts = [int(((turn_of[b] == k) if bool((turn_of[b] == k).any()) else (token_turn[b] == k)).nonzero()[0])
                   for k in range(k_turns)]
         v = torch.stack([values[b, s - 1] for s in starts]) if starts else values.new_zeros(0)
-        rewards = torch.zeros(k_turns, device=values.device)
-        if k_turns:
-            rewards[-1] = returns[batch["episode_id"][b]]
         terminated = bool(batch["terminated"][b])
+        rewards = credit.turn_rewards(batch["episode_id"][b], k_turns, end_correction=terminated).to(
+            device=values.device, dtype=torch.float32)
         boot = 0.0 if terminated else float(values[b, int(lengths[b]) - 1].detach())
         adv, ret = tm.gae(rewards, v.detach(), cfg.gamma, cfg.gae_lambda, terminated=terminated,
                           bootstrap_value=boot)

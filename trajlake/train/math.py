@@ -335,6 +335,98 @@ def shaped_rewards(rewards: Tensor, potentials: Tensor, gamma: float, terminated
     return rewards.detach() + gamma * phi[1:] - phi[:-1]
 
 
+# ------------------------------------------------------------------------------------------ per-turn credit (R2)
+
+
+def policy_turn_rewards(turn_rewards: Sequence[float], actors: Sequence[str], policy_actor: str = "policy"
+                        ) -> Tensor:
+    """Per-policy-turn rewards ``[K]`` from one reward per lake turn: a lake turn's reward belongs to the policy
+    turn whose action earned it, the last policy turn (``actor == policy_actor``, in turn order) at or before it;
+    rewards before the first policy turn go to turn 0. Policy turns are numbered k = 0..K-1 in turn order, as the
+    trainer's samples number them (``token_turn``). An episode without a policy turn gives ``[0]`` values (nothing
+    to credit). float64; the rewards of a turn are summed in turn order."""
+    if len(turn_rewards) != len(actors):
+        raise ValueError(f"{len(turn_rewards)} rewards for {len(actors)} turns; there must be one per turn")
+    k_turns = sum(1 for a in actors if a == policy_actor)
+    out = [0.0] * k_turns
+    k = -1
+    for i, (r, a) in enumerate(zip(turn_rewards, actors, strict=True)):
+        if not math.isfinite(float(r)):
+            raise ValueError(f"turn {i}: reward {r} is not finite")
+        if a == policy_actor:
+            k += 1
+        if k_turns:
+            out[max(k, 0)] += float(r)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def episode_turn_rewards(terminal: float, process: Tensor, gamma: float,
+                         shaping: Literal["per_turn", "potential"] = "per_turn", *, end_correction: bool = True
+                         ) -> Tensor:
+    """The rewards r_k of one episode's policy turns k = 0..K-1 (19.3 per turn), ``[K]`` float64.
+
+    The terminal part (R_task - lambda_c C - lambda_s V, ``terminal``) enters at the last policy turn; ``process``
+    ``[K]`` holds the (weighted) process reward p_k each turn earned (``policy_turn_rewards``).
+
+    - ``per_turn``: r_k = p_k + [k = K-1] * terminal.
+    - ``potential``: potential-based shaping with Phi(h_k) = sum_{j<k} p_j (the process reward earned before
+      turn k; Phi(h_0) = 0): r_k = [k = K-1] * terminal + gamma * Phi(h_{k+1}) - Phi(h_k), with the terminal
+      correction Phi(h_K) = 0 when ``end_correction`` (``shaped_rewards`` with ``terminated``), so
+      sum_k gamma^k r_k = gamma^(K-1) * terminal - Phi(h_0): the unshaped return. Without it (a truncated episode
+      whose value is bootstrapped) Phi(h_K) is kept. K = 0 gives an empty tensor.
+    """
+    p = torch.as_tensor(process, dtype=torch.float64).reshape(-1)
+    if len(p) == 0:
+        return p
+    base = torch.zeros_like(p)
+    base[-1] = float(terminal)
+    if shaping == "per_turn":
+        return base + p
+    if shaping != "potential":
+        raise ValueError(f"unknown process shaping {shaping!r}; expected 'per_turn' or 'potential'")
+    phi = torch.cat([p.new_zeros(1), torch.cumsum(p, 0)])
+    return shaped_rewards(base, phi, gamma, terminated=end_correction)
+
+
+def returns_to_go(rewards: Sequence[Tensor], gamma: float) -> Tensor:
+    """G_k = sum_{j >= k} gamma^(j-k) r_j for each episode's per-turn rewards ``[K_i]``, as one ``[N, K_max]``
+    float64 matrix padded with 0 (G_k = 0 for k beyond an episode's last turn). K_max is at least 1."""
+    k_max = max([1, *(len(r) for r in rewards)])
+    out = torch.zeros(len(rewards), k_max, dtype=torch.float64)
+    for i, r in enumerate(rewards):
+        acc = 0.0
+        vals = torch.as_tensor(r, dtype=torch.float64).reshape(-1).tolist()
+        for k in range(len(vals) - 1, -1, -1):
+            acc = vals[k] + gamma * acc
+            out[i, k] = acc
+    return out
+
+
+def turn_group_advantages(returns: Tensor, lengths: Sequence[int], group_ids: Sequence[Hashable],
+                          estimator: Literal["rloo", "grpo"]) -> Tensor:
+    """Per-turn group advantages ``[N, K]`` from the returns-to-go ``[N, K]`` (``returns_to_go``): turn k of episode
+    i is compared with turn k of the other members of its group, so the baseline does not depend on episode i's
+    actions.
+
+    - ``rloo``: A_k^(i) = G_k^(i) - (1 / (G - 1)) sum_{j != i} G_k^(j), with G_k^(j) = 0 for k beyond episode j's
+      last turn (19.7 per turn, ``rloo_advantages`` on column k).
+    - ``grpo``: (G_k^(i) - mean_g G_k) / (std_g G_k + eps) over the members of the group (``grpo_advantages`` on
+      column k, the same zero padding).
+
+    Entries at k >= ``lengths[i]`` are 0 (no such turn). float64, detached.
+    """
+    if returns.dim() != 2 or len(lengths) != returns.shape[0]:
+        raise ValueError(f"returns must be [N, K] with one length per row; got {tuple(returns.shape)} and "
+                         f"{len(lengths)} lengths")
+    if estimator not in ("rloo", "grpo"):
+        raise ValueError(f"unknown estimator {estimator!r}; expected 'rloo' or 'grpo'")
+    fn = rloo_advantages if estimator == "rloo" else grpo_advantages
+    g = returns.detach().double()
+    adv = torch.stack([fn(g[:, k], group_ids) for k in range(g.shape[1])], dim=1) if g.shape[1] else g.clone()
+    present = torch.arange(g.shape[1])[None, :] < torch.as_tensor(list(lengths), dtype=torch.long)[:, None]
+    return torch.where(present, adv, torch.zeros_like(adv))
+
+
 def gae(rewards: Tensor, values: Tensor, gamma: float, lam: float, *, terminated: bool,
         bootstrap_value: float = 0.0) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (19.4) with time steps = environment turns.
