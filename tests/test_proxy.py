@@ -61,10 +61,8 @@ def agent(client: Any, env: Any, *, stream: bool = False, max_steps: int = 6, mo
     res = None
     for step in range(max_steps):
         if stream:
-            with client.chat.completions.stream(model=model, messages=messages, tools=tools_of(env), **create) as s:
-                for _ in s:
-                    pass
-                completion = s.get_final_completion()
+            completion = streamed(client.chat.completions.create(model=model, messages=messages, tools=tools_of(env),
+                                                                 stream=True, **create))
         else:
             completion = client.chat.completions.create(model=model, messages=messages, tools=tools_of(env),
                                                         **create)
@@ -87,6 +85,33 @@ def agent(client: Any, env: Any, *, stream: bool = False, max_steps: int = 6, mo
             if res.done:
                 return replies, res
     return replies, res
+
+
+def streamed(chunks: Any) -> Any:
+    """A streamed reply put together as the openai documentation does: content and tool-call deltas by index."""
+    from openai.types.chat import ChatCompletion
+
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            d = choice.delta
+            content.append(d.content or "")
+            for tc in d.tool_calls or []:
+                slot = calls.setdefault(tc.index, {"id": "", "type": "function",
+                                                   "function": {"name": "", "arguments": ""}})
+                slot["id"] = tc.id or slot["id"]
+                if tc.function is not None:
+                    slot["function"]["name"] = tc.function.name or slot["function"]["name"]
+                    slot["function"]["arguments"] += tc.function.arguments or ""
+            finish = choice.finish_reason or finish
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return ChatCompletion.model_validate({"id": "streamed", "object": "chat.completion", "created": 0, "model": "m",
+                                          "choices": [{"index": 0, "message": msg,
+                                                       "finish_reason": finish or "stop"}]})
 
 
 def post(base_url: str, path: str, obj: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
