@@ -138,6 +138,13 @@ def choose(cands: list[Candidate], budget_tokens: float | None, budget_cost: flo
     return chosen, considered
 
 
+def _copy_id(episode_id: str, pool_run: str, out_run: str) -> str:
+    """The chosen episode's id in the new run: the pool's id under ``out_run``, as attempt 0 (``.../a0``)."""
+    rest = episode_id[len(pool_run):]
+    head, sep, tail = rest.rpartition("/a")
+    return out_run + (f"{head}/a0" if sep and tail.isdigit() else rest)
+
+
 def select_best(lake_path: str, pool_run: str, out_run: str, *, budget_tokens: float | None = None,
                 match_run: str | None = None, budget_cost: float | None = None) -> SelectionReport:
     """Write the best attempt of each group of ``pool_run`` to the new run ``out_run``."""
@@ -167,8 +174,14 @@ def select_best(lake_path: str, pool_run: str, out_run: str, *, budget_tokens: f
         t = con.execute(f"select {cols} from {name} where episode_id in (select unnest(?::varchar[]))",
                         [ids]).arrow()
         t = t.read_all() if hasattr(t, "read_all") else t
-        new_ids = pa.array([out_run + e[len(pool_run):] for e in t["episode_id"].to_pylist()], pa.string())
+        new_ids = pa.array([_copy_id(e, pool_run, out_run) for e in t["episode_id"].to_pylist()], pa.string())
         t = t.set_column(t.schema.get_field_index("episode_id"), "episode_id", new_ids)
+        if "attempt" in t.column_names:
+            # the chosen episode is the new run's one attempt per (task, seed): attempt 0, so it pairs with any
+            # one-attempt run in `trajlake eval` (which pairs by task, seed and attempt); the pool's attempt it
+            # came from stays in the run's config (``chosen``)
+            t = t.set_column(t.schema.get_field_index("attempt"), "attempt",
+                             pa.array([0] * t.num_rows, t.schema.field("attempt").type))
         t = t.set_column(t.schema.get_field_index("run_id"), "run_id",
                          pa.array([out_run] * t.num_rows, pa.string()))
         for col in ("content_hash", "written_at"):
