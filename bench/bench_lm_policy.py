@@ -1,6 +1,6 @@
 """Language-model policy recording overhead and rollout scaling (issue 11).
 
-    python bench/bench_lm_policy.py [--turns 200] [--context 2048] [--episodes 4]
+    python bench/bench_lm_policy.py [--turns 200] [--context 2048] [--episodes 4] [--batch-episodes 8]
 
 1. Recording overhead per LM policy turn at a ~2k-token context: the time ``play_episode`` spends per turn outside
    the model (rendering and tokenizing the observation, keeping the context pieces, trimming, parsing the tool
@@ -9,6 +9,10 @@
    time per turn (``HFPolicy.generate`` on the same context). Target: < 1 ms per turn.
 2. Rollout throughput of ``--policy hf:<tiny model>`` on Mini SWE with 1 and 2 worker processes (one torch thread
    per worker), wall time including worker start-up. Target: 2 workers >= 1.6x one.
+3. With ``--batch-episodes N`` (issue 28): one worker playing N episodes at once, their turns decoded in shared
+   forward passes (``--policy-arg batch_episodes=N``), against the same worker playing them one at a time: the
+   same Mini SWE dev episodes (2N of them: dev tasks x seeds 0, 1, ...), one torch thread in both arms, both in
+   this process, one after the other. Prints ``batched/unbatched episodes/s``; target >= 4x at N = 8.
 """
 
 from __future__ import annotations
@@ -134,12 +138,39 @@ def scaling(model_dir: Path, episodes: int) -> dict[int, tuple[float, float]]:
     return out
 
 
+def batching(model_dir: Path, batch: int, episodes: int) -> dict[int, float]:
+    """Episodes/s of one in-process worker playing ``episodes`` Mini SWE dev episodes one at a time (key 1) and
+    ``batch`` at a time (key ``batch``), whole run (the model loaded in both)."""
+    from trajlake.envs import list_tasks
+
+    dev = [t["task_id"] for t in list_tasks("mini-swe", "dev")]
+    n_seeds = -(-episodes // len(dev))
+    tasks = tuple(dev[:-(-episodes // n_seeds)])
+    out = {}
+    for n in (1, batch):
+        lake = tempfile.mkdtemp(prefix="bench-lm-lake-")
+        try:
+            cfg = RolloutConfig(lake=lake, run_id=f"b{n}", env="mini-swe", policy=f"hf:{model_dir}", split="dev",
+                                seeds=tuple(range(n_seeds)), workers=1, task_ids=tasks,
+                                policy_args={"max_new_tokens": "16", "threads": "1", "batch_episodes": str(n)})
+            t = time.perf_counter()
+            s = run_rollout(cfg)
+            dt = time.perf_counter() - t
+            assert s.written == len(tasks) * n_seeds and not s.failed_items, s.failed_items
+            out[n] = s.written / dt
+        finally:
+            shutil.rmtree(lake, ignore_errors=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=200)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--episodes", type=int, default=4, help="Mini SWE dev tasks per worker setting")
     ap.add_argument("--skip-scaling", action="store_true")
+    ap.add_argument("--batch-episodes", type=int, default=0,
+                    help="N: also compare one worker playing N episodes at once (batched decoding) with one at a time")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-lm-"))
     try:
@@ -157,6 +188,13 @@ def main() -> None:
                 print(f"rollout throughput, hf tiny model, {a.episodes} Mini SWE dev episodes, {what}: 1 worker "
                       f"{s[1][i]:.3f} episodes/s, 2 workers {s[2][i]:.3f} episodes/s ({s[2][i] / s[1][i]:.2f}x); "
                       f"target >= 1.6x")
+            print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        if a.batch_episodes > 1:
+            n = a.batch_episodes
+            b = batching(model, n, 2 * n)
+            print(f"rollout throughput, hf tiny model, {2 * n} Mini SWE dev episodes, 1 worker, 1 torch thread, whole "
+                  f"run: one at a time {b[1]:.3f} episodes/s, {n} at a time {b[n]:.3f} episodes/s")
+            print(f"batched/unbatched episodes/s: {b[n] / b[1]:.2f}x (N = {n}); target >= 4x")
             print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -89,8 +89,16 @@ class Policy(abc.ABC):
     """Attempt index of the episode being played (set by the runner before ``reset``: sampling seeds differ
     between the attempts of a group)."""
 
+    batch_episodes: int = 1
+    """Episodes a rollout worker plays at once with this policy: above 1 it plays the policies of
+    :meth:`concurrent` on as many threads (an ``hf:`` model decodes their turns together)."""
+
     def __init__(self, policy_version: str):
         self.policy_version = policy_version
+
+    def concurrent(self, n: int) -> list[Policy]:
+        """``n`` policies that play episodes at the same time, sharing what this one holds (a model)."""
+        raise NotImplementedError(f"the {self.name} policy plays one episode at a time")
 
     @abc.abstractmethod
     def reset(self, task: TaskView, seed: int) -> None:

@@ -32,6 +32,9 @@ def check_policy_spec(env: str, spec: str, policy_args: Mapping[str, str]) -> No
     if settings.grammar and spec.startswith("single-turn:"):
         raise TrajlakeError(f"--policy {spec}: single-turn answers with a diff, not a tool call: --policy-arg grammar "
                             f"does not apply")
+    if settings.batch_episodes > 1 and not spec.startswith("hf:"):
+        raise TrajlakeError(f"--policy {spec}: --policy-arg batch_episodes batches the forward passes of an hf: "
+                            f"model; it does not apply here")
     if inner.startswith("hf:"):
         path = Path(inner[3:])
         if not (path / "config.json").is_file():
@@ -43,6 +46,11 @@ def check_policy_spec(env: str, spec: str, policy_args: Mapping[str, str]) -> No
             raise TrajlakeError(f"--policy {spec} needs --base-url URL (or --policy-arg base_url=URL)")
     else:
         raise TrajlakeError(f"--policy {spec}: single-turn wraps an hf: or openai: policy")
+
+
+def batch_episodes(spec: str, policy_args: Mapping[str, str]) -> int:
+    """Episodes one rollout worker plays at once with ``spec``: an ``hf:`` policy's ``batch_episodes``, else 1."""
+    return LMSettings.from_args(policy_args).batch_episodes if spec.startswith("hf:") else 1
 
 
 def lm_run_config(spec: str, policy_args: Mapping[str, str], tool_docs: Mapping[str, Mapping[str, Any]]
@@ -111,5 +119,5 @@ def make_rollout_policy(env: str, spec: str, policy_version: str, policy_args: M
     return make_policy(env, spec, policy_version)
 
 
-__all__ = ["LMSettings", "check_policy_spec", "checkpoint_hash", "is_lm_policy", "lm_run_config", "make_lm_policy",
+__all__ = ["LMSettings", "batch_episodes", "check_policy_spec", "checkpoint_hash", "is_lm_policy", "lm_run_config", "make_lm_policy",
            "make_rollout_policy", "parse_policy_args"]

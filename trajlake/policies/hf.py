@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trajlake.envs.policy import Policy
 from trajlake.errors import TrajlakeError
 from trajlake.policies.lm import Generation, LMPolicy
 from trajlake.policies.settings import LMSettings
@@ -69,14 +70,21 @@ def process_logits(logits: Any, temperature: float, top_p: float, allowed: Any =
 
 
 def forward_step(model: Any, input_ids: Any, cache: Any = None) -> tuple[Any, Any]:
-    """One forward pass with the KV cache; returns (logits of the last position, cache). transformers 5 names
-    the cache argument ``cache``, earlier versions ``past_key_values``."""
+    """One forward pass with the KV cache; returns (logits of the last position, cache)."""
+    logits, cache = forward_rows(model, input_ids, cache)
+    return logits[0], cache
+
+
+def forward_rows(model: Any, input_ids: Any, cache: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+    """One forward pass of a batch of rows with the KV cache; returns (``[rows, vocab]`` logits of the last
+    position, cache). ``kwargs`` (``attention_mask``, ``position_ids`` of a padded batch) go to the model.
+    transformers 5 names the cache argument ``cache``, earlier versions ``past_key_values``."""
     kw = getattr(model, "_trajlake_cache_kw", None)
     if kw is None:
         kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         model._trajlake_cache_kw = kw
-    out = model(input_ids=input_ids, use_cache=True, **({kw: cache} if cache is not None else {}))
-    return out.logits[0, -1], getattr(out, "cache", None) or out.past_key_values
+    out = model(input_ids=input_ids, use_cache=True, **({kw: cache} if cache is not None else {}), **kwargs)
+    return out.logits[:, -1], getattr(out, "cache", None) or out.past_key_values
 
 
 def score_tokens(model: Any, context_ids: Sequence[int], generated_ids: Sequence[int], temperature: float = 1.0,
@@ -100,14 +108,20 @@ class HFPolicy(LMPolicy):
 
     name = "hf"
 
-    def __init__(self, policy_version: str, path: str, settings: LMSettings):
-        if settings.threads > 0:
-            _torch().set_num_threads(settings.threads)
-        model, tok = load_model(path, settings.device, settings.dtype)
-        renderer = ChatRenderer(tok, f"hf:{Path(path).name}")
+    def __init__(self, policy_version: str, path: str, settings: LMSettings, *, shared: HFPolicy | None = None):
+        """``shared``: a policy whose model and renderer this one uses (an episode of a batched worker)."""
+        if shared is not None:
+            model, renderer = shared.model, shared.renderer
+        else:
+            if settings.threads > 0:
+                _torch().set_num_threads(settings.threads)
+            model, tok = load_model(path, settings.device, settings.dtype)
+            renderer = ChatRenderer(tok, f"hf:{Path(path).name}")
         window = getattr(model.config, "max_position_embeddings", None)
         super().__init__(policy_version, settings, renderer, window)
-        self.model = model
+        self.path = path
+        self.model: Any = model
+        self.batch_episodes = settings.batch_episodes
         self._generator: Any = None
         self._maskers: dict[str, TokenMasker] = {}
         head = model.get_output_embeddings()
@@ -118,6 +132,12 @@ class HFPolicy(LMPolicy):
         super().reset(task, seed)
         torch = _torch()
         self._generator = torch.Generator(device="cpu").manual_seed(self.seed)
+
+    def concurrent(self, n: int) -> list[Policy]:
+        """``n`` policies over this model whose episodes are decoded together (``trajlake.policies.batched``)."""
+        from trajlake.policies.batched import batched_policies
+
+        return list(batched_policies(self, n))
 
     def masker(self) -> TokenMasker | None:
         """The matcher of the episode's grammar (one per distinct grammar, reused across episodes)."""
@@ -132,41 +152,70 @@ class HFPolicy(LMPolicy):
 
     def generate(self, context_ids: list[int], max_new_tokens: int) -> Generation:
         torch = _torch()
-        s = self.settings
         assert self.renderer is not None
-        eos = self.renderer.eos_id
-        masker = self.masker()
-        if masker is not None:
-            masker.reset()  # each policy turn is one call, from the grammar's start
-        out_ids: list[int] = []
-        logprobs: list[float] = []
-        loss_mask: list[int] = []
+        turn = TurnDecoder(self.settings, self.renderer.eos_id, self._generator, self.masker(), max_new_tokens)
         with torch.inference_mode():
             logits, cache = forward_step(self.model, torch.tensor([context_ids], device=self.model.device))
-            for _ in range(max_new_tokens):
-                allowed = None
-                if masker is not None:
-                    allowed = torch.from_numpy(masker.allowed()).to(logits.device)
-                    if not bool(allowed.any()):
-                        raise GrammarError(f"the grammar allows no token after {len(out_ids)} generated token(s)")
-                logp = process_logits(logits, s.temperature, s.top_p, allowed)
-                if s.temperature == 0:
-                    tok = int(torch.argmax(logp))
-                else:
-                    tok = int(torch.multinomial(logp.exp().cpu(), 1, generator=self._generator))
-                forced = allowed is not None and int(allowed.sum()) == 1
-                out_ids.append(tok)
-                logprobs.append(0.0 if forced else float(logp[tok]))
-                loss_mask.append(0 if forced else 1)
-                if masker is not None:
-                    masker.consume(tok)
-                if tok == eos:
+            while True:
+                tok = turn.sample(logits)
+                if turn.done:
                     break
                 logits, cache = forward_step(self.model, torch.tensor([[tok]], device=self.model.device), cache)
-        text = self.renderer.decode(out_ids[:-1] if out_ids and out_ids[-1] == eos else out_ids)
-        return Generation(out_ids, logprobs, text, len(context_ids), len(out_ids),
-                          ended_with_eos=bool(out_ids) and out_ids[-1] == eos,
-                          loss_mask=loss_mask if masker is not None else None)
+        return turn.generation(self.renderer, len(context_ids))
 
 
-__all__ = ["HFPolicy", "forward_step", "load_model", "process_logits", "score_tokens"]
+class TurnDecoder:
+    """One policy turn, token by token: the grammar's mask, the draw from the episode's own generator, the
+    recorded log-prob and loss mask. ``HFPolicy.generate`` and the batched engine (``trajlake.policies.batched``)
+    both sample through it, so a turn draws the same stream whether or not other episodes share its forward
+    passes."""
+
+    def __init__(self, settings: LMSettings, eos: int, generator: Any, masker: TokenMasker | None,
+                 max_new_tokens: int):
+        self.settings, self.eos, self.generator, self.masker = settings, eos, generator, masker
+        self.max_new_tokens = max_new_tokens
+        if masker is not None:
+            masker.reset()  # each policy turn is one call, from the grammar's start
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.loss_mask: list[int] = []
+        self.done = False
+
+    def allowed(self, device: Any) -> Any:
+        """The grammar's mask of the next token (a bool tensor; None: unconstrained)."""
+        if self.masker is None:
+            return None
+        allowed = _torch().from_numpy(self.masker.allowed()).to(device)
+        if not bool(allowed.any()):
+            raise GrammarError(f"the grammar allows no token after {len(self.ids)} generated token(s)")
+        return allowed
+
+    def sample(self, logits: Any) -> int:
+        """Draw the next token from the last position's logits (one row) and record it."""
+        allowed = self.allowed(logits.device)
+        return self.take(process_logits(logits, self.settings.temperature, self.settings.top_p, allowed), allowed)
+
+    def take(self, logp: Any, allowed: Any) -> int:
+        """Draw the next token from ``logp`` (``process_logits`` of one row, under ``allowed``) and record it."""
+        torch = _torch()
+        if self.settings.temperature == 0:
+            tok = int(torch.argmax(logp))
+        else:
+            tok = int(torch.multinomial(logp.exp().cpu(), 1, generator=self.generator))
+        forced = allowed is not None and int(allowed.sum()) == 1
+        self.ids.append(tok)
+        self.logprobs.append(0.0 if forced else float(logp[tok]))
+        self.loss_mask.append(0 if forced else 1)
+        if self.masker is not None:
+            self.masker.consume(tok)
+        self.done = tok == self.eos or len(self.ids) >= self.max_new_tokens
+        return tok
+
+    def generation(self, renderer: ChatRenderer, prompt_tokens: int) -> Generation:
+        out = self.ids
+        eos = bool(out) and out[-1] == self.eos
+        return Generation(out, self.logprobs, renderer.decode(out[:-1] if eos else out), prompt_tokens, len(out),
+                          ended_with_eos=eos, loss_mask=self.loss_mask if self.masker is not None else None)
+
+
+__all__ = ["HFPolicy", "TurnDecoder", "forward_rows", "forward_step", "load_model", "process_logits", "score_tokens"]

@@ -62,6 +62,9 @@ class LMSettings:
     """hf: torch dtype of the weights."""
     threads: int = 0
     """hf: torch CPU threads of this process (0: torch's default). One per worker avoids oversubscription."""
+    batch_episodes: int = 1
+    """hf: episodes one rollout worker plays at once, their turns decoded together in shared forward passes
+    (``trajlake.policies.batched``); recorded exactly as when played one at a time. 1: one at a time."""
     n_files: int = 4
     """single-turn: most files named in the task statement to show the model."""
     grammar: str = ""
@@ -98,6 +101,8 @@ class LMSettings:
         if s.grammar and s.grammar not in GRAMMAR_MODES:
             raise TrajlakeError(f"--policy-arg grammar must be one of {', '.join(GRAMMAR_MODES)} (or empty: "
                                 f"unconstrained), not {s.grammar!r}")
+        if s.batch_episodes < 1:
+            raise TrajlakeError("--policy-arg batch_episodes must be >= 1")
         if s.grammar_max_chars < 1:
             raise TrajlakeError("--policy-arg grammar_max_chars must be >= 1")
         if s.server_logprobs not in SERVER_LOGPROBS:

@@ -15,8 +15,11 @@ import json
 import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -415,6 +418,18 @@ class _Worker:
         self.versions = PolicyVersions(cfg.lake, cfg.policy_name or cfg.policy)
         self.policy = make_rollout_policy(cfg.env, cfg.policy, self._current_version(), cfg.policy_args)
         self.task_view = task_view_fn(self.env, oracle=self.policy.needs_oracle)
+        # The episodes it plays at once (a batched policy's): each on a thread with an environment and a policy
+        # of its own; the policies share one model, which decodes their turns together.
+        self.batch = max(1, self.policy.batch_episodes)
+        self.slots: queue.SimpleQueue[tuple[Env, Policy, Callable[[str, str], TaskView]]] = queue.SimpleQueue()
+        if self.batch == 1:
+            self.slots.put((self.env, self.policy, self.task_view))
+        else:
+            for i, policy in enumerate(self.policy.concurrent(self.batch)):
+                env = self.env if i == 0 else make_env(cfg.env, split=cfg.split, **cfg.env_kwargs)
+                self.slots.put((env, policy, task_view_fn(env, oracle=policy.needs_oracle)))
+        self.lock = threading.Lock()
+        """Guards what the episodes' threads share: versions, the pending episodes, the writer."""
         # The worker hands its finished episodes to the writer in one batch per commit (validation has a fixed
         # cost per call that a 3-step episode cannot amortise); the writer then commits in the background while
         # the next episodes play. Both buffers hold only unacknowledged episodes, which a resumed run replays.
@@ -433,16 +448,28 @@ class _Worker:
         return self.versions.latest_label()
 
     def run(self, item: WorkItem) -> tuple[str, bool]:
-        # Episode-sticky versions: the version is pinned when an episode starts; between episodes a worker
-        # whose version lags the latest published one by more than max_policy_lag moves to the latest.
-        if self.cfg.max_policy_lag is not None and not self.cfg.policy_version:
-            lag = self.versions.lag(self.policy.policy_version)
-            if lag > self.cfg.max_policy_lag:
-                self.policy.policy_version = self.versions.latest_label()
-        rec = play_episode(self.env, self.policy, run_id=self.cfg.run_id, task_id=item.task_id,
-                           task_version=item.task_version, seed=item.seed, attempt=item.attempt,
-                           split=self.cfg.split, faults=self.faults, task_view=self.task_view,
-                           cost_model=self.cfg.cost_model, policy_lag=self.versions.lag(self.policy.policy_version))
+        """Play one episode (thread-safe: up to ``batch`` at once, one per slot)."""
+        env, policy, task_view = slot = self.slots.get()
+        try:
+            with self.lock:
+                # Episode-sticky versions: the version is pinned when an episode starts; between episodes a
+                # worker whose version lags the latest published one by more than max_policy_lag moves to it.
+                if self.cfg.max_policy_lag is not None and not self.cfg.policy_version:
+                    lag = self.versions.lag(policy.policy_version)
+                    if lag > self.cfg.max_policy_lag:
+                        policy.policy_version = self.versions.latest_label()
+                lag = self.versions.lag(policy.policy_version)
+            rec = play_episode(env, policy, run_id=self.cfg.run_id, task_id=item.task_id,
+                               task_version=item.task_version, seed=item.seed, attempt=item.attempt,
+                               split=self.cfg.split, faults=self.faults, task_view=task_view,
+                               cost_model=self.cfg.cost_model, policy_lag=lag)
+        finally:
+            self.slots.put(slot)
+        with self.lock:
+            self._keep(rec)
+        return rec.episode["episode_id"], bool(rec.episode["success"])
+
+    def _keep(self, rec: EpisodeRecord) -> None:
         self.pending.append(rec)
         self.played += 1
         self.max_held = max(self.max_held, len(self.pending) + (self.handed if self.writer.committing else 0))
@@ -452,7 +479,6 @@ class _Worker:
             self.hand_over()  # waits for the writer's previous commit: the player slows to the writer's pace
         elif time.monotonic() - self.pending_since >= self.cfg.commit_every_s:
             self.hand_over()
-        return rec.episode["episode_id"], bool(rec.episode["success"])
 
     def hand_over(self) -> None:
         """Give the pending episodes to the writer in one batch, which commits them (in the background unless
@@ -472,7 +498,13 @@ class _Worker:
             self.hand_over()
         finally:
             self.writer.close()
-            self.env.close()
+            envs = [self.env]
+            while not self.slots.empty():
+                env = self.slots.get()[0]
+                if env is not self.env:
+                    envs.append(env)
+            for env in envs:
+                env.close()
 
 
 _WORKER: _Worker | None = None
@@ -492,6 +524,22 @@ def _run_item(item: WorkItem) -> tuple[str, bool, str | None]:
         return ep, ok, None
     except Exception as e:  # one broken episode must not stop the run; it is reported and retried on resume
         return f"{item.task_id}/s{item.seed}", False, f"{type(e).__name__}: {e}"
+
+
+def _run_items(items: Sequence[WorkItem]) -> Iterator[tuple[str, bool, str | None]]:
+    """Play ``items`` on this process's worker, as many at once as its policy batches, as they finish."""
+    assert _WORKER is not None
+    if _WORKER.batch <= 1:
+        yield from (_run_item(it) for it in items)
+        return
+    # one thread per episode in flight: a finished episode's thread takes the next item (continuous batching)
+    with ThreadPoolExecutor(_WORKER.batch, thread_name_prefix="trajlake-episode") as pool:
+        for done in as_completed([pool.submit(_run_item, it) for it in items]):
+            yield done.result()
+
+
+def _run_chunk(items: Sequence[WorkItem]) -> list[tuple[str, bool, str | None]]:
+    return list(_run_items(items))
 
 
 def plan(cfg: RolloutConfig) -> list[WorkItem]:
@@ -570,7 +618,7 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
         results = _run_ray(cfg, todo, summary)
     elif cfg.workers <= 1:
         _init_worker(cfg)
-        results = (_run_item(it) for it in todo)
+        results = _run_items(todo)
     else:
         results = _run_pool(cfg, todo)
     for n, (ep, ok, err) in enumerate(results, start=1):
@@ -591,9 +639,17 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
 
 
 def _run_pool(cfg: RolloutConfig, todo: list[WorkItem]) -> Iterator[tuple[str, bool, str | None]]:
+    from trajlake.policies import batch_episodes
+
     ctx = mp.get_context("spawn")
+    batch = batch_episodes(cfg.policy, cfg.policy_args)
     with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg,)) as pool:
-        yield from pool.imap_unordered(_run_item, todo, chunksize=1)
+        if batch <= 1:
+            yield from pool.imap_unordered(_run_item, todo, chunksize=1)
+        else:  # a worker plays a chunk's episodes `batch` at once
+            size = max(1, min(2 * batch, -(-len(todo) // cfg.workers)))
+            for results in pool.imap_unordered(_run_chunk, [todo[i:i + size] for i in range(0, len(todo), size)]):
+                yield from results
         pool.close()
         pool.join()
 
@@ -617,15 +673,20 @@ def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], summary: RolloutSummary |
         with contextlib.suppress(AttributeError, RuntimeError):  # Ray Client (ray://) may not expose it
             summary.ray_cluster = ray.get_runtime_context().gcs_address
 
+    from trajlake.policies import batch_episodes
+
+    # an actor runs as many items at once as its policy batches (threads of the actor, one episode each)
+    batch = batch_episodes(cfg.policy, cfg.policy_args)
     ray_worker: Any = ray.remote(max_restarts=0)(_RayWorker)
-    actors: list[Any] = [ray_worker.remote(cfg) for _ in range(max(1, cfg.workers))]
+    actors: list[Any] = [ray_worker.options(max_concurrency=batch).remote(cfg) for _ in range(max(1, cfg.workers))]
     pending: dict[Any, tuple[Any, WorkItem]] = {}
     queue = list(todo)
     alive = list(actors)
     for a in actors:
-        if queue:
-            item = queue.pop(0)
-            pending[a.run.remote(item)] = (a, item)
+        for _ in range(batch):
+            if queue:
+                item = queue.pop(0)
+                pending[a.run.remote(item)] = (a, item)
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
         ref = ready[0]
@@ -633,14 +694,15 @@ def _run_ray(cfg: RolloutConfig, todo: list[WorkItem], summary: RolloutSummary |
         try:
             yield ray.get(ref)
         except RayActorError as e:
-            alive.remove(actor)
+            if actor in alive:  # its other items in flight fail the same way
+                alive.remove(actor)
             yield f"{item.task_id}/s{item.seed}", False, f"Ray worker died: {str(e).splitlines()[0]}"
             if not alive:
                 for left in queue:
                     yield f"{left.task_id}/s{left.seed}", False, "no Ray worker left"
                 queue.clear()
             continue
-        if queue:
+        if queue and actor in alive:
             item = queue.pop(0)
             pending[actor.run.remote(item)] = (actor, item)
     for a in alive:
@@ -722,7 +784,10 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
     """The part of a run's config that determines its episodes (compared when a run is resumed). Runs written
     before seeds and prices were recorded lack them: what they lack is not compared."""
-    return {k: v for k, v in config.items() if k not in _EXECUTION_KEYS}
+    out = {k: v for k, v in config.items() if k not in _EXECUTION_KEYS}
+    if "batch_episodes" in out.get("policy_args", {}):  # how many episodes play at once does not change them
+        out["policy_args"] = {k: v for k, v in out["policy_args"].items() if k != "batch_episodes"}
+    return out
 
 
 MAX_SEEDS = 1_000_000

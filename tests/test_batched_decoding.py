@@ -1,0 +1,178 @@
+"""Batched decoding across episodes (``--policy-arg batch_episodes=N``, ``trajlake.policies.batched``): episodes
+played at once, their turns decoded in shared forward passes, record the same ids, loss masks and behaviour
+log-probs as the same episodes played one at a time (greedy, sampled with each episode's own generator, under the
+tool-call grammar, with trimmed contexts), and the runner plays and resumes them.
+
+Every model is the tiny randomly initialised Llama (nothing downloaded)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from trajlake.envs import Budget, list_tasks, task_view_fn
+from trajlake.envs.mini_swe.env import MiniSWEEnv
+
+from trajlake.errors import TrajlakeError
+from trajlake.policies import check_policy_spec
+from trajlake.policies.batched import BatchedEpisodePolicy
+from trajlake.policies.hf import HFPolicy
+from trajlake.policies.settings import LMSettings
+from trajlake.rollout.runner import EpisodeRecord, RolloutConfig, play_episode, run_rollout
+
+N = 4
+ITEMS = [(t["task_id"], seed) for t in list_tasks("mini-swe", "dev")[:3] for seed in (0, 1)]
+"""Six episodes: more than N, so finished episodes' slots take new ones (continuous batching)."""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trajlake.policies.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _episode(policy: Any, task_id: str, seed: int, workdir: Path) -> EpisodeRecord:
+    env = MiniSWEEnv("dev", workdir=workdir, budget=Budget(max_steps=3))
+    try:
+        return play_episode(env, policy, run_id="r", task_id=task_id, task_version=None, seed=seed, split="dev",
+                            task_view=task_view_fn(env))
+    finally:
+        env.close()
+
+
+def _both(tiny: Path, settings: LMSettings, tmp_path: Path) -> tuple[list[EpisodeRecord], list[EpisodeRecord],
+                                                                         list[BatchedEpisodePolicy]]:
+    """The episodes of ITEMS played one at a time, then N at a time on threads (as a batched worker plays)."""
+    parent = HFPolicy("v1", str(tiny), settings)
+    alone = [_episode(parent, t, s, tmp_path / "alone") for t, s in ITEMS]
+    views = parent.concurrent(N)
+    assert all(isinstance(v, BatchedEpisodePolicy) for v in views)
+    free = list(views)
+
+    def play(item: tuple[str, int]) -> EpisodeRecord:
+        policy = free.pop()  # list.pop/append are atomic: each thread holds one policy at a time
+        try:
+            return _episode(policy, *item, tmp_path / "batched")
+        finally:
+            free.append(policy)
+
+    with ThreadPoolExecutor(N) as pool:
+        together = list(pool.map(play, ITEMS))
+    return alone, together, [v for v in views if isinstance(v, BatchedEpisodePolicy)]
+
+
+def _assert_same(alone: list[EpisodeRecord], together: list[EpisodeRecord], views: list[BatchedEpisodePolicy]
+                 ) -> None:
+    engine = views[0].engine
+    assert engine.row_steps > engine.steps, "the episodes' turns were decoded in shared forward passes"
+    for a, b in zip(alone, together, strict=True):
+        assert len(a.turns) == len(b.turns)
+        for x, y in zip(a.turns, b.turns, strict=True):
+            where = f"{a.episode['episode_id']} turn {x['turn_idx']}"
+            assert x["raw_content"] == y["raw_content"], where
+            assert list(x["token_ids"]) == list(y["token_ids"]), where
+            assert list(x["loss_mask"]) == list(y["loss_mask"]), where
+            assert x.get("context_dropped_hash") == y.get("context_dropped_hash"), where
+            if x["actor"] == "policy":
+                # batched matmuls round differently from single rows: equal to float32 rounding
+                np.testing.assert_allclose(y["behavior_logprobs"], x["behavior_logprobs"], atol=1e-5, err_msg=where)
+
+
+def test_batched_greedy_episodes_record_as_unbatched(tiny: Path, tmp_path: Path) -> None:
+    alone, together, views = _both(tiny, LMSettings(temperature=0.0, max_new_tokens=10), tmp_path)
+    _assert_same(alone, together, views)
+
+
+@pytest.mark.slow
+def test_batched_sampled_episodes_draw_their_own_streams(tiny: Path, tmp_path: Path) -> None:
+    # A window of about two pairs: later turns are trimmed (drop_oldest), so their contexts no longer extend the
+    # cached ones and the engine runs them whole.
+    settings = LMSettings(temperature=1.0, top_p=0.9, seed=5, max_new_tokens=10, max_context=_window(tiny))
+    alone, together, views = _both(tiny, settings, tmp_path)
+    _assert_same(alone, together, views)
+    assert any(t.get("context_dropped_hash") for r in alone for t in r.turns), "some contexts were trimmed"
+    # distinct episodes sampled distinct streams (no generator shared between them)
+    firsts = {tuple(r.turns[1]["token_ids"]) for r in alone}
+    assert len(firsts) == len(alone)
+
+
+def _window(tiny: Path) -> int:
+    """A context window that holds the longest task prompt of ITEMS and about one action/observation pair."""
+    policy = HFPolicy("v1", str(tiny), LMSettings(max_new_tokens=10))
+    assert policy.renderer is not None
+    env = MiniSWEEnv("dev", budget=Budget(max_steps=3))
+    try:
+        longest = 0
+        for task_id, seed in ITEMS:
+            r = env.reset(seed, task_id=task_id)
+            policy.reset(env.task_view(r.task_id, r.task_version), seed)
+            longest = max(longest, len(policy.renderer.initial(policy.system, r.observation)))
+    finally:
+        env.close()
+    return longest + 10 + 120
+
+
+@pytest.mark.slow
+def test_batched_grammar_constrained_episodes_record_as_unbatched(tiny: Path, tmp_path: Path) -> None:
+    pytest.importorskip("llguidance")
+    settings = LMSettings(temperature=0.8, seed=2, max_new_tokens=40, grammar="tools", grammar_max_chars=8)
+    alone, together, views = _both(tiny, settings, tmp_path)
+    _assert_same(alone, together, views)
+    forced = [m for r in alone for t in r.turns if t["actor"] == "policy" for m in t["loss_mask"]]
+    assert 0 in forced and 1 in forced, "the grammar forced some tokens and left others to the policy"
+
+
+def test_batch_episodes_setting_is_checked() -> None:
+    assert LMSettings.from_args({"batch_episodes": "8"}).batch_episodes == 8
+    assert LMSettings().batch_episodes == 1
+    with pytest.raises(TrajlakeError, match="batch_episodes must be >= 1"):
+        LMSettings.from_args({"batch_episodes": "0"})
+    with pytest.raises(TrajlakeError, match="batch_episodes batches the forward passes of an hf: model"):
+        check_policy_spec("mini-swe", "openai:m", {"batch_episodes": "4", "base_url": "http://127.0.0.1:1/v1"})
+
+
+@pytest.mark.slow
+def test_batched_rollout_writes_the_same_episodes_and_resumes(tiny: Path, tmp_path: Path) -> None:
+    from trajlake.lake.maintenance import verify
+    from trajlake.lake.store import Lake
+    from trajlake.query import connect
+
+    lake = str(tmp_path / "lake")
+    tasks = tuple(t for t, _ in ITEMS[::2])
+
+    def cfg(run_id: str, batch: int) -> RolloutConfig:
+        return RolloutConfig(lake=lake, run_id=run_id, env="mini-swe", policy=f"hf:{tiny}", split="dev",
+                             seeds=(0, 1), task_ids=tasks, env_kwargs={"budget": {"max_steps": 3}},
+                             commit_every_s=0.0, policy_args={"max_new_tokens": "8", "temperature": "0.7",
+                                                              "batch_episodes": str(batch)})
+
+    assert run_rollout(cfg("one", 1)).written == 6
+    s = run_rollout(cfg("many", N))
+    assert s.written == 6 and not s.failed_items
+    # resumed with another batch size: the same run (how many play at once does not change its episodes)
+    s = run_rollout(cfg("many", 2))
+    assert s.written == 0 and s.skipped_existing == 6 and not s.failed_items
+    con = connect(lake)
+    rows = con.execute("""select e.run_id, e.task_id, e.env_seed, t.turn_idx, t.token_ids, t.loss_mask,
+                          t.behavior_logprobs from turns t join episodes e using (episode_id)
+                          order by 2, 3, 4, 1""").fetchall()
+    by_run: dict[str, list[Any]] = {"one": [], "many": []}
+    for run, *rest in rows:
+        by_run[run].append(rest)
+    assert len(by_run["one"]) == len(by_run["many"]) > 0
+    for x, y in zip(by_run["one"], by_run["many"], strict=True):
+        assert x[:5] == y[:5]
+        if x[5] is not None:
+            np.testing.assert_allclose(y[5], x[5], atol=1e-5)
+    config = json.loads(con.execute("select config from runs where run_id = 'many'").fetchone()[0])
+    assert config["policy_args"]["batch_episodes"] == str(N)
+    assert verify(Lake.open(lake), strict=True).ok
