@@ -260,6 +260,25 @@ def test_tool_loop_records_the_upstreams_tokens_exactly(stream: bool, proxy_of: 
     assert json.loads(out)["runs"]
 
 
+def test_fields_the_agent_asks_for_itself_stay_in_its_reply(proxy_of: Any, lake: Any) -> None:
+    with ScriptedUpstream(["ab", "cd"]) as up:
+        p = proxy_of(up.base_url)
+        c = p.client("f")
+        msgs: list[Any] = [{"role": "user", "content": "hi"}]
+        asked = c.chat.completions.create(model="m", messages=msgs, logprobs=True,
+                                          extra_body={"return_token_ids": True})
+        assert [x.logprob for x in asked.choices[0].logprobs.content] == [-0.001, -0.002, -0.003, -0.004, -0.005,
+                                                                         -0.006, -0.007, -0.008, -0.009]
+        assert asked.choices[0].model_extra["token_ids"] and asked.model_extra["prompt_token_ids"]
+        msgs += [asked.choices[0].message, {"role": "user", "content": "more"}]
+        # logprobs=false: the upstream is asked for them all the same, the agent does not get them
+        plain = c.chat.completions.create(model="m", messages=msgs, logprobs=False)
+        assert plain.choices[0].logprobs is None and up.bodies[-1]["logprobs"] is True
+        assert post(p.base_url, "/trajlake/outcome", {"session": "f", "flush": True})[0] == 200
+    pol = [t for t in turns_of(lake) if t["actor"] == "policy"]
+    assert [len(t["behavior_logprobs"]) for t in pol] == [9, 9]
+
+
 def test_completions_whole_and_streamed_continue_each_other(proxy_of: Any, lake: Any) -> None:
     with ScriptedUpstream(["first answer", "second answer"]) as up:
         p = proxy_of(up.base_url)

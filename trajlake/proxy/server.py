@@ -10,7 +10,7 @@ server and hands each answered chat or completion call to the ``ProxyRecorder``.
 - ``POST /trajlake/outcome`` (also under ``/v1/``): the harness ends an episode, ``{"session": ..., "success":
   ..., "reward_components": {...}, "termination_reason": ..., "task_id": ..., ...}`` (``session.Outcome``; the
   session may be the ``X-Trajlake-Session`` header instead; ``"flush": true`` commits before answering);
-- ``GET /trajlake/status``: open sessions and episodes written.
+- ``GET /trajlake/status``: the open sessions (unnamed ones as ``auto:EPISODE_ID``) and the episodes written.
 
 Request headers other than the session's go to the upstream (the agent's ``Authorization`` among them, unless the
 proxy was given a key of its own) and are never recorded.
@@ -301,18 +301,23 @@ class ProxyServer:
             out["Authorization"] = f"Bearer {self._api_key}"
         return out
 
-    def with_extensions(self, kind: str, body: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
-        """The body with vLLM's token ids and log-probs asked for, and the fields added (none once the upstream
-        refused them)."""
+    def with_extensions(self, kind: str, request: dict[str, Any], raw: bytes) -> tuple[bytes, set[str]]:
+        """The request's body with vLLM's token ids and log-probs asked for, and the fields added (none once the
+        upstream refused them). The agent's bytes are kept: the fields go in front of them (a JSON text is not
+        encoded again per call), unless the agent gave one of them itself (false), which is then replaced."""
         if self.refused is not None:
-            return body, set()
-        added: dict[str, Any] = {}
-        for name in OPTIONAL_EXTENSIONS:
-            if not body.get(name):
-                added[name] = True
-        if body.get("logprobs") in (None, False):
+            return raw, set()
+        added: dict[str, Any] = {name: True for name in OPTIONAL_EXTENSIONS if not request.get(name)}
+        if request.get("logprobs") in (None, False):
             added["logprobs"] = True if kind == CHAT else 1
-        return {**body, **added}, set(added)
+        if not added:
+            return raw, set()
+        body = raw.lstrip()
+        if any(k in request for k in added) or not body.startswith(b"{"):
+            return json.dumps({**request, **added}).encode(), set(added)
+        rest = body[1:]
+        head = json.dumps(added)[1:-1].encode()
+        return b"{" + head + (b"" if rest.lstrip().startswith(b"}") else b",") + rest, set(added)
 
     def refuse(self, detail: str) -> None:
         if self.refused is None:
@@ -364,7 +369,8 @@ class _Handler(BaseHTTPRequestHandler):
         p = self.server_proxy
         if path in _STATUS_PATHS:
             r = p.recorder
-            return self._json(200, {"run_id": r.run_id, "open_sessions": len(r.open_sessions()),
+            open_ = r.open_sessions()
+            return self._json(200, {"run_id": r.run_id, "open_sessions": len(open_), "sessions": open_,
                                     "finished": len(r.finished), "expired": len(r.expired),
                                     "upstream": p.upstream.url, "token_ids": p.refused is None})
         self._forward("GET", None)
@@ -383,7 +389,7 @@ class _Handler(BaseHTTPRequestHandler):
                 request = None
         if not isinstance(request, dict) or kind is None:
             return self._forward("POST", body)  # not a call the proxy records: the upstream answers it
-        self._call(kind, request)
+        self._call(kind, request, body)
 
     def _forward(self, method: str, body: bytes | None) -> None:
         p = self.server_proxy
@@ -393,21 +399,21 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(502, f"trajlake proxy: the upstream {p.upstream.url} did not answer: {e}")
         self._relay(resp)
 
-    def _call(self, kind: str, request: dict[str, Any]) -> None:
+    def _call(self, kind: str, request: dict[str, Any], raw: bytes) -> None:
         p = self.server_proxy
         key = self.headers.get(SESSION_HEADER) or request.get("user")
         key = str(key) if key else None
         started = utcnow()
-        body, added = p.with_extensions(kind, request)
+        data, added = p.with_extensions(kind, request, raw)
         headers = {**p.headers_for(self.headers), "Content-Type": "application/json"}
         path = p.upstream.path_for(self.path)
         try:
-            resp = p.upstream.request("POST", path, json.dumps(body).encode(), headers)
+            resp = p.upstream.request("POST", path, data, headers)
             if resp.status in (400, 422) and added:
                 # maybe only the extensions are refused (transformers serve: 422 "Unexpected fields"): once more
                 # without them; remembered only when that one is answered
                 detail = _detail(resp.status, resp.read())
-                resp = p.upstream.request("POST", path, json.dumps(request).encode(), headers)
+                resp = p.upstream.request("POST", path, raw, headers)
                 if resp.status == 200:
                     p.refuse(detail)
                 added = set()
