@@ -73,6 +73,12 @@ class Agent:
         return dt, json.loads(raw)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux ``/proc``; all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def episode(agent: Agent, calls: int, obs_bytes: int, session: str | None,
             extra: dict[str, Any] | None = None) -> tuple[list[float], float]:
     """One episode; returns the calls' times and the outcome post's (0 without a session). ``extra``: fields
@@ -132,6 +138,7 @@ def main() -> None:
         p_times: list[float] = []
         posts: list[float] = []
         t0 = time.perf_counter()
+        cpu0 = cpu_seconds(proxy.pid)
         for i in range(args.episodes):
             d, _ = episode(direct, args.calls, args.observation_bytes, None)
             f, _ = episode(direct, args.calls, args.observation_bytes, None, FIELDS)
@@ -141,6 +148,8 @@ def main() -> None:
             p_times += p
             posts.append(post)
         wall = time.perf_counter() - t0
+        time.sleep(31.0)  # the last episodes' age commit (the default policy's 30 s), inside the CPU count
+        proxy_cpu = cpu_seconds(proxy.pid) - cpu0
         proxy.send_signal(signal.SIGTERM)
         _, err = proxy.communicate(timeout=120)
     finally:
@@ -178,6 +187,7 @@ def main() -> None:
                                               "mean": round(p_mean_calls - f_mean, 3)},
         "ratio": {"median": round(p_med / d_med, 3), "mean": round(p_mean_calls / d_mean, 3)},
         "outcome_post_ms_median": round(statistics.median(posts) * ms, 3),
+        "proxy_cpu_ms_per_call": round(proxy_cpu / n_calls * ms, 3),
         "episodes_committed": n_eps, "orphan_turns": n_orphans, "wall_s": round(wall, 1),
         "proxy_says": err.strip().splitlines()[-1] if err.strip() else "",
     }, indent=1))
