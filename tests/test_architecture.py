@@ -32,6 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                                   "trajlake.render")),
     ("rollout", ("trajlake.rollout", "trajlake.policies", "trajlake.proxy")),
     ("train-loop", ("trajlake.train",)),
+    # the §8 matrix: trains (train-loop), plays (rollout), evaluates and exports (evaluators, io)
+    ("experiment", ("trajlake.experiment",)),
     ("cli", ("trajlake.cli", "trajlake.__main__")),
 ]
 

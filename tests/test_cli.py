@@ -22,7 +22,8 @@ def lake_dir(tmp_path: Path) -> Path:
 
 
 COMMANDS = ["init", "info", "sql", "verify", "compact", "ingest", "schema", "demo", "rollout", "replay", "quickstart",
-            "doctor", "eval", "diagnose", "browse", "contamination", "reward-check", "best-of", "train", "export"]
+            "doctor", "eval", "diagnose", "browse", "contamination", "reward-check", "best-of", "train", "proxy", "export",
+            "experiment"]
 
 
 def test_help_for_every_command(capsys) -> None:

@@ -4,7 +4,7 @@ This module holds the app, its callback (``--lake`` before the command), the reg
 ``main``, where every error becomes one clear line and a non-zero exit. The commands live one file per group:
 ``lake_cmd`` (init, info, sql, verify, compact), ``data_cmd`` (ingest, schema, demo), ``rollout_cmd`` (rollout,
 replay, quickstart, doctor), ``eval_cmd`` (eval, diagnose), ``export_cmd``, ``browse_cmd``, ``contamination_cmd``,
-``reward_check_cmd``, ``best_of_cmd``, ``train_cmd`` and ``proxy_cmd``. Every command finds its lake with ``options.lake_path``
+``reward_check_cmd``, ``best_of_cmd``, ``train_cmd``, ``experiment_cmd`` and ``proxy_cmd``. Every command finds its lake with ``options.lake_path``
 (``--lake`` before or after the command), shares its options from ``trajlake.cli.options``, reads a ``--config``
 file through ``trajlake.cli.config_file`` and prints through ``trajlake.cli.output``.
 """
@@ -40,6 +40,7 @@ def _register_commands() -> None:
         contamination_cmd,
         data_cmd,
         eval_cmd,
+        experiment_cmd,
         export_cmd,
         lake_cmd,
         proxy_cmd,
@@ -49,7 +50,7 @@ def _register_commands() -> None:
     )
 
     for group in (lake_cmd, data_cmd, rollout_cmd, eval_cmd, export_cmd, browse_cmd, contamination_cmd,
-                  reward_check_cmd, best_of_cmd, train_cmd, proxy_cmd):
+                  reward_check_cmd, best_of_cmd, train_cmd, experiment_cmd, proxy_cmd):
         group.register(app)
 
 

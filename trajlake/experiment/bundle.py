@@ -209,9 +209,12 @@ def write_bundle(folder: Path, cfg: ExperimentConfig, state: State, *, command: 
     con = connect(lake)
     learning = curves(con, runs)
     unrun = unrun_items(cfg, runs, entries)
-    trajectories = export_trajectories(folder, lake, runs, cfg, log) if cfg.trajectories else None
+    trajectories = export_trajectories(folder, lake, cfg, log) if cfg.trajectories else None
     if trajectories is None:
         unrun.append("trajectories: none exported (trajectories = 0 in the config)")
+    elif trajectories["episodes"] < cfg.trajectories:
+        unrun.append(f"trajectories: only {trajectories['episodes']} episode(s) off the hidden split, fewer than the "
+                     f"{cfg.trajectories} asked for")
     contamination = contamination_scan(folder, lake, runs, cfg)
     browser = failure_browser(folder, lake, sorted(runs.eval.values()))
     config_path = folder / CONFIG_COPY
@@ -263,35 +266,23 @@ def unrun_items(cfg: ExperimentConfig, runs: Runs, entries: Sequence[dict[str, A
     return out
 
 
-def export_trajectories(folder: Path, lake: Path, runs: Runs, cfg: ExperimentConfig, log: Log) -> dict[str, Any]:
-    """At least ``cfg.trajectories`` training episodes (the RL arms' rollouts, then B1's data: never the hidden
-    split) exported with ``export hf``, then every exported episode replayed against the environment."""
+def export_trajectories(folder: Path, lake: Path, cfg: ExperimentConfig, log: Log) -> dict[str, Any]:
+    """Every episode of the lake off the hidden split (B1's data, the RL arms' rollouts, evaluation on other
+    splits; ``export hf`` leaves the hidden split out) exported to ``trajectories/``, then every exported episode
+    replayed against the environment. ``cfg.trajectories`` is the least the bundle must hold."""
     from trajlake.io.hf import export_hf
-    from trajlake.query import connect
     from trajlake.rollout.replay import bundle_episodes, replay_rows
 
     out = folder / "trajectories"
-    con = connect(lake)
-    chosen, n = [], 0
-    candidates = runs.rl_runs() + [r for (_, arm), t in sorted(runs.train.items()) if arm == "B1"
-                                   for r in t.get("runs", []) if r.endswith("-data")]
-    for run in candidates:
-        row = con.execute("select count(*) from episodes where run_id = ?", [run]).fetchone()
-        chosen.append(run)
-        n += int(row[0]) if row else 0
-        if n >= cfg.trajectories:
-            break
-    if not chosen:
-        return {"runs": [], "episodes": 0, "replayed": 0, "matched": 0, "note": "no training runs to export"}
     if out.exists():
         shutil.rmtree(out)
-    export_hf(lake, out, runs=chosen, contamination=False)
+    export_hf(lake, out, contamination=False)
     outcomes = list(replay_rows(bundle_episodes(out)))
     matched = sum(1 for o in outcomes if o.ok)
-    log(f"report: exported {len(outcomes)} episode(s) of {len(chosen)} run(s); replayed: {matched} matched, "
-        f"{len(outcomes) - matched} drifted")
-    return {"runs": chosen, "episodes": len(outcomes), "replayed": len(outcomes), "matched": matched,
-            "drifted": [o.episode_id for o in outcomes if not o.ok][:20],
+    log(f"report: exported {len(outcomes)} episode(s); replayed: {matched} matched, {len(outcomes) - matched} "
+        f"drifted")
+    return {"episodes": len(outcomes), "replayed": len(outcomes), "matched": matched,
+            "drifted": [o.episode_id for o in outcomes if not o.ok][:20], "least": cfg.trajectories,
             "command": f"trajlake replay --from {out}"}
 
 
@@ -381,7 +372,7 @@ def report_markdown(summary: dict[str, Any], cfg: ExperimentConfig, learning: di
         md += ["", "## Learning curves", "", "![learning curves](curves.svg)"]
     tr = summary.get("trajectories")
     if tr:
-        md += ["", "## Trajectories", "", f"{tr['episodes']} episode(s) of {', '.join(tr['runs'])} in "
+        md += ["", "## Trajectories", "", f"{tr['episodes']} episode(s) (every one off the hidden split) in "
                f"`trajectories/`; replayed: {tr['matched']} matched of {tr['replayed']} (`{tr['command']}`)."]
     md += ["", "## Also in this folder", "", "summary.json, report.html, model_card.md, contamination.json, unrun.md, "
            "browser.html (failing episodes of every evaluation run).", ""]

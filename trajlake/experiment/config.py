@@ -50,6 +50,11 @@ class RlSettings:
     algo: Literal["rloo", "grpo", "ppo"] = "rloo"
     tasks: int = 32
     """Train tasks played per iteration (the train tasks after B1's data, families taken in turn)."""
+    holdout_phrasings: int = 0
+    """With template families ``<env>/<kind>/p<N>`` (tool-lookup): the last this many train phrasings of every kind
+    are kept out of B1's data and the RL arms play only their tasks (phrasings B1 never saw leave RL something to
+    learn; docs/training.md, "The positive control"). 0: B1's data and the RL tasks are disjoint prefixes of the
+    interleaved train split."""
     attempts: int = 4
     """Attempts per task: one RLOO/GRPO group each."""
     iterations: int = 2
@@ -66,6 +71,9 @@ class R2Settings:
 
     process_reward: str = "lookup_progress"
     process_weight: float = 0.5
+    process_shaping: Literal["per_turn", "potential"] = "per_turn"
+    """How the process reward enters the return (the trainer's ``process_shaping``, docs/training.md "R2: credit
+    per turn"): at the turn that earned it, or as potential-based shaping with the terminal correction."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,10 @@ class ExperimentConfig:
     max_length: int = 1024
     policy_args: dict[str, str] = field(default_factory=dict)
     """Settings of the ``hf:`` policy in every rollout (``max_new_tokens``, ...)."""
+    env_args: dict[str, Any] = field(default_factory=dict)
+    """Environment settings of every rollout (``budget = { max_steps = 10 }``, ...)."""
+    lambda_cost: float = 0.0
+    """The RL arms' lambda_c (19.3): weight of an episode's ``cost_usd`` in its return."""
     trajectories: int = 100
     """Episodes exported to the bundle's ``trajectories/`` (and replayed)."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(build_tiny=True))

@@ -7,7 +7,9 @@ The rule, the same for every entry, with d = candidate - baseline taken in the h
 - ``supported``: lo > 0 and p_holm < alpha (never on an interval that includes 0);
 - ``refuted``: hi < 0 (the opposite effect), or hi < min_effect (the data rule out the smallest effect the
   hypothesis claims); for H2, also a ``hackable`` verdict of ``reward-check`` on R2's process reward;
-- ``inconclusive`` otherwise, stated with the minimum detectable difference at the observed n.
+- ``inconclusive`` otherwise, stated with the minimum detectable difference at the observed n; always when the
+  interval is degenerate (fewer than two tasks, or the same difference in every task: SE 0, e.g. both arms at 0%
+  everywhere), which says nothing about the effect's size.
 
 A hypothesis is supported when all its entries are, refuted when any is, inconclusive otherwise."""
 
@@ -122,6 +124,11 @@ def with_holm(entries: list[dict[str, Any]], decision: DecisionRule) -> list[dic
     for e in entries:
         verdict = decide(e["estimate"], e["ci_low"], e["ci_high"], e["p_holm"], direction=e["direction"],
                          alpha=decision.alpha, min_effect=decision.min_effect)
+        if e["n_tasks"] < 2 or not e["se"] > 0:
+            verdict = "inconclusive"
+            e.setdefault("notes", []).append("degenerate interval (fewer than two tasks, or the same difference in "
+                                             "every task): it bounds nothing")
+            e["mdd"] = math.nan
         if e.get("refuted_by"):
             verdict = "refuted"
         e["verdict"] = verdict

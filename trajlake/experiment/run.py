@@ -35,29 +35,62 @@ CONFIG_COPY = "experiment.toml"
 
 
 # -- tasks ------------------------------------------------------------------------------------------------------
-def interleaved_tasks(env: str, split: str) -> list[str]:
-    """The split's task ids with template families taken in turn (the first id of every family, then the second
-    of every family, ...), so that every prefix holds every family alike (splits list their ids family by
-    family)."""
+def interleaved_tasks(env: str, split: str, families: set[str] | None = None) -> list[str]:
+    """The split's task ids (of ``families`` only, when given) with template families taken in turn (the first id
+    of every family, then the second of every family, ...), so that every prefix holds every family alike (splits
+    list their ids family by family)."""
     from trajlake.envs import list_tasks
 
     by_family: dict[str, list[str]] = {}
     for t in list_tasks(env, split):
-        by_family.setdefault(t["task_id"].rsplit("/", 1)[0], []).append(t["task_id"])
+        family = t["task_id"].rsplit("/", 1)[0]
+        if families is None or family in families:
+            by_family.setdefault(family, []).append(t["task_id"])
     if not by_family:
-        raise TrajlakeError(f"environment {env}: split {split!r} has no tasks")
+        raise TrajlakeError(f"environment {env}: split {split!r} has no tasks" + (" of those families" if families
+                                                                                   else ""))
     rounds = max(len(ids) for ids in by_family.values())
     return [ids[i] for i in range(rounds) for _, ids in sorted(by_family.items()) if i < len(ids)]
 
 
+def phrasing_families(env: str, holdout: int) -> tuple[set[str], set[str]]:
+    """B1's and the RL arms' train families when the last ``holdout`` phrasings of every kind go to RL: families
+    must be named ``<env>/<kind>/p<N>``."""
+    from trajlake.envs import list_tasks
+
+    by_kind: dict[str, dict[int, str]] = {}
+    for t in list_tasks(env, "train"):
+        family = t["task_id"].rsplit("/", 1)[0]
+        head, _, phrasing = family.rpartition("/p")
+        if not head or not phrasing.isdigit():
+            raise TrajlakeError(f"rl.holdout_phrasings needs template families named <env>/<kind>/p<N>; {env} has "
+                                f"{family!r}")
+        by_kind.setdefault(head, {})[int(phrasing)] = family
+    b1: set[str] = set()
+    rl: set[str] = set()
+    for kind, phrasings in sorted(by_kind.items()):
+        order = sorted(phrasings)
+        if not 0 < holdout < len(order):
+            raise TrajlakeError(f"rl.holdout_phrasings = {holdout}: kind {kind} has {len(order)} train phrasings")
+        b1 |= {phrasings[i] for i in order[:-holdout]}
+        rl |= {phrasings[i] for i in order[-holdout:]}
+    return b1, rl
+
+
 def task_pools(cfg: ExperimentConfig) -> tuple[list[str], list[str]]:
-    """B1's data tasks and the RL arms' tasks: disjoint prefixes of the interleaved train split (RL plays tasks
-    B1 never saw, so it has something left to learn)."""
-    train = interleaved_tasks(cfg.env, "train")
-    need = cfg.b1.tasks + cfg.rl.tasks
-    if need > len(train):
-        raise TrajlakeError(f"b1.tasks + rl.tasks = {need}, but the train split of {cfg.env} has {len(train)} tasks")
-    return train[:cfg.b1.tasks], train[cfg.b1.tasks:need]
+    """B1's data tasks and the RL arms' tasks, disjoint: the first ``b1.tasks`` and the next ``rl.tasks`` of the
+    interleaved train split, or with ``rl.holdout_phrasings`` the first of B1's families and of the held-out
+    phrasings' families (RL plays tasks B1 never saw, so it has something left to learn)."""
+    if cfg.rl.holdout_phrasings:
+        b1_families, rl_families = phrasing_families(cfg.env, cfg.rl.holdout_phrasings)
+        pools = [interleaved_tasks(cfg.env, "train", b1_families), interleaved_tasks(cfg.env, "train", rl_families)]
+    else:
+        train = interleaved_tasks(cfg.env, "train")
+        pools = [train, train[cfg.b1.tasks:]]
+    for name, pool, n in (("b1.tasks", pools[0], cfg.b1.tasks), ("rl.tasks", pools[1], cfg.rl.tasks)):
+        if n > len(pool):
+            raise TrajlakeError(f"{name} = {n}, but {cfg.env} has only {len(pool)} train tasks for it")
+    return pools[0][:cfg.b1.tasks], pools[1][:cfg.rl.tasks]
 
 
 def eval_tasks(cfg: ExperimentConfig, split: str) -> list[str]:
@@ -147,6 +180,14 @@ class Experiment:
     def tags(self, arm: str, seed: int) -> dict[str, str]:
         return {"experiment": self.cfg.name, "arm": arm, "seed": str(seed)}
 
+    def base_model(self, seed: int = 0) -> Path:
+        """The model B1 starts from: ``[model] path`` (relative to the config file) or the tiny model B1's stage
+        built for ``seed``."""
+        if self.cfg.model.path is not None:
+            path = Path(self.cfg.model.path)
+            return path if path.is_absolute() else Path(self.cfg.source or ".").parent / path
+        return self.folder / f"seed{seed}" / "B1" / "base"
+
     def checkpoint(self, seed: int, arm: str) -> Path:
         entry = self.state.done(f"s{seed}/{arm}/train")
         if entry is None:
@@ -163,6 +204,7 @@ class Experiment:
         out_dir = self.folder / f"seed{seed}" / (arm if attempt == 1 else f"{arm}.t{attempt}")
         name = f"{cfg.name}-s{seed}-{arm}" + (f"-t{attempt}" if attempt > 1 else "")
         data = {"name": name, "env": cfg.env, "seed": seed, "device": cfg.device, "temperature": cfg.temperature,
+                "lambda_cost": cfg.lambda_cost,
                 "max_length": cfg.max_length, "out_dir": str(out_dir), "run_prefix": self.prefix(seed, attempt),
                 "tags": self.tags(arm, seed), "model": model, "stages": [stage]}
         result = train(parse_config(data, f"{cfg.name} seed {seed} arm {arm}"), self.lake, log=self._quiet)
@@ -183,22 +225,27 @@ class Experiment:
         data_tasks, _ = task_pools(cfg)
         model = {k: v for k, v in dataclasses.asdict(cfg.model).items()}
         model["seed"] = seed  # each training seed its own initialisation (and tokenizer corpus order)
+        if cfg.model.path is not None:
+            model["path"] = str(self.base_model())
         stage = {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": cfg.b1.steps,
                  "batch_size": cfg.b1.batch_size, "lr": cfg.b1.lr, "warmup_steps": cfg.b1.warmup_steps,
                  "lr_schedule": cfg.b1.lr_schedule, "min_lr_ratio": cfg.b1.min_lr_ratio,
-                 "data": {"split": "train", "seeds": "0", "tasks": data_tasks, "workers": cfg.workers}}
+                 "data": {"split": "train", "seeds": "0", "tasks": data_tasks, "workers": cfg.workers,
+                          "env_args": dict(cfg.env_args)}}
         self._stage(f"s{seed}/B1/train", "B1", seed, lambda attempt: self._train(seed, "B1", attempt, model, stage))
 
     def rl(self, seed: int, arm: str) -> None:
         cfg, rl = self.cfg, self.cfg.rl
         _, rl_tasks = task_pools(cfg)
         rollout: dict[str, Any] = {"split": "train", "seeds": "0", "attempts": rl.attempts, "workers": cfg.workers,
-                                   "tasks": rl_tasks, "policy_args": self._rollout_args()}
+                                   "tasks": rl_tasks, "policy_args": self._rollout_args(),
+                                   "env_args": dict(cfg.env_args)}
         stage: dict[str, Any] = {"name": arm, "kind": "rl", "algo": rl.algo, "iterations": rl.iterations,
                                  "steps": rl.steps, "batch_size": rl.batch_size, "lr": rl.lr,
                                  "warmup_steps": rl.warmup_steps, "max_staleness": rl.max_staleness}
         if arm == "R2":
-            stage.update(process_reward=cfg.r2.process_reward, process_weight=cfg.r2.process_weight)
+            stage.update(process_reward=cfg.r2.process_reward, process_weight=cfg.r2.process_weight,
+                         process_shaping=cfg.r2.process_shaping)
         if arm == "R3":
             stage["fault_rate_schedule"] = list(cfg.r3.fault_rate_schedule)
             rollout["held_out_fault_kind"] = cfg.r3.held_out_fault_kind
@@ -252,8 +299,8 @@ class Experiment:
             lake=str(self.lake), run_id=run_id, env=cfg.env, policy=policy, split=split,
             task_ids=tuple(eval_tasks(cfg, split)), seeds=parse_seeds(cfg.eval_seeds), workers=cfg.workers,
             policy_version=version, policy_name=f"{cfg.name}-s{seed}-{arm}", label=arm, attempts=attempts,
-            commit_every_s=10.0, policy_args=args, sampling_seed_rule=COMMON_SEEDS, fault_rate=fault_rate,
-            fault_seed=seed, fault_kinds=fault_kinds or DEFAULT_FAULT_KINDS, tags=self.tags(arm, seed),
+            commit_every_s=10.0, policy_args=args, env_kwargs=dict(cfg.env_args), sampling_seed_rule=COMMON_SEEDS,
+            fault_rate=fault_rate, fault_seed=seed, fault_kinds=fault_kinds or DEFAULT_FAULT_KINDS, tags=self.tags(arm, seed),
             cost_model=CostModel.for_run(args)))
         if summary.failed_items:
             raise TrajlakeError(f"{run_id}: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
@@ -268,14 +315,12 @@ class Experiment:
             self._best_of(seed, split)
             return
         if arm == "B0":
-            src = "B1"
             ckpt = self.checkpoint(seed, "B1")
-            folder = ckpt if cfg.b0.model == "b1" else ckpt.parent / "base"
+            folder = ckpt if cfg.b0.model == "b1" else self.base_model(seed)
             policy, version = f"single-turn:hf:{folder}", None
             extra = dict(cfg.b0.policy_args)
         else:
-            src = arm
-            entry = self.state.done(f"s{seed}/{src}/train")
+            entry = self.state.done(f"s{seed}/{arm}/train")
             assert entry is not None
             policy, version, extra = f"hf:{entry['checkpoint']}", entry["policy_version"], {}
         self._stage(key, arm, seed, lambda _a: self._play(run, arm, seed, policy, version, split, extra_args=extra))
@@ -301,11 +346,14 @@ class Experiment:
 
         def select(_attempt: int) -> dict[str, Any]:
             from trajlake.policies.best_of import select_best
+            from trajlake.query import connect
 
             budget = self.b2_budget(seed, split)
             out = f"s{seed}-B2-{split}"
-            report = select_best(str(self.lake), pool, out, budget_tokens=budget["budget_tokens"])
-            self.log(f"    {out}: {report.summary().splitlines()[0]}")
+            # select_best commits the whole run at once: a run already there was written by a killed attempt
+            if not connect(self.lake).execute("select 1 from runs where run_id = ?", [out]).fetchall():
+                report = select_best(str(self.lake), pool, out, budget_tokens=budget["budget_tokens"])
+                self.log(f"    {out}: {report.summary().splitlines()[0]}")
             return {"run": out, "budget": budget}
 
         self._stage(f"s{seed}/B2/eval:{split}", "B2", seed, select)
@@ -371,9 +419,7 @@ class Experiment:
                 self.evaluate(seed, arm, split)
             elif what == "fault":
                 self.evaluate_fault(seed, arm)
-            # "pool" is played by evaluate's B2 branch (counted for the progress line)
-            elif what == "pool":
-                self._finished += 1
+            # "pool" is played (and counted) by evaluate's B2 branch
 
 
 def _copy_config(src: Path, folder: Path) -> None:
@@ -392,6 +438,8 @@ def run_experiment(config: str | Path, out: str | Path, *, log: Log, command: st
     from trajlake.experiment.bundle import write_bundle
 
     cfg = load_experiment(config)
+    # rollout workers load a checkpoint per run: their progress bars would bury the stage lines on stderr
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     folder = Path(out).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     _copy_config(Path(config), folder)

@@ -1,0 +1,257 @@
+"""``trajlake experiment``: the config, the verdict rules against hand-computed rows, and the whole matrix end to end
+on a shrunken smoke config (arms, hypotheses, bundle, resume after a kill)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trajlake.errors import ConfigError
+from trajlake.experiment.config import DecisionRule, load_experiment, parse_experiment
+from trajlake.experiment.hypotheses import (
+    decide,
+    entry_statistics,
+    hypothesis_verdict,
+    metric_values,
+    with_holm,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "experiment-smoke.toml"
+
+
+# -- config -----------------------------------------------------------------------------------------------------
+def test_shipped_configs_parse() -> None:
+    for name in ("smoke", "positive-control", "mini-swe", "mini-web"):
+        cfg = load_experiment(ROOT / "configs" / f"experiment-{name}.toml")
+        assert cfg.hypotheses, name
+        assert {h.hypothesis for h in cfg.hypotheses} == {"H1", "H2", "H3", "H4"}, name
+
+
+def test_smoke_config_names_all_six_arms_and_derives_b1m() -> None:
+    cfg = load_experiment(SMOKE)
+    assert set(cfg.arms) == {"B0", "B1", "B2", "R1", "R2", "R3"}
+    assert cfg.all_arms() == ["B1", "B0", "R1", "B1M", "B2", "R2", "R3"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"arms": ["R1"]}, "R1 needs B1"),
+    ({"arms": ["B1", "R9"]}, "unknown arm(s) R9"),
+    ({"colour": "red"}, "unknown key(s) colour"),
+    ({"seeds": "two"}, "seeds: expected int"),
+    ({"hypotheses": [{"id": "H1a", "hypothesis": "H1", "claim": "x", "metric": "success", "baseline": "B7",
+                      "candidate": "R1"}]}, "unknown arm 'B7'"),
+    ({"hypotheses": [{"id": "H3", "hypothesis": "H3", "claim": "x", "metric": "recovery_held_out",
+                      "baseline": "B2", "candidate": "R3"}]}, "recovery_held_out compares"),
+])
+def test_bad_config_is_one_clear_error(change: dict[str, object], message: str) -> None:
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data.update(change)
+    with pytest.raises(ConfigError, match=r"experiment-smoke\.toml") as e:
+        parse_experiment(data, str(SMOKE))
+    assert message in str(e.value)
+
+
+# -- verdicts against hand-computed rows --------------------------------------------------------------------------
+def test_decide_follows_the_rule() -> None:
+    kw = {"alpha": 0.05, "min_effect": 0.05}
+    assert decide(0.2, 0.1, 0.3, 0.01, direction="greater", **kw) == "supported"
+    # an interval that includes 0 is never supported, whatever p says
+    assert decide(0.2, -0.01, 0.41, 0.001, direction="greater", **kw) == "inconclusive"
+    # significant but not after Holm: inconclusive
+    assert decide(0.2, 0.1, 0.3, 0.2, direction="greater", **kw) == "inconclusive"
+    assert decide(-0.2, -0.3, -0.1, 0.01, direction="greater", **kw) == "refuted"
+    # the interval rules out the smallest claimed effect
+    assert decide(0.0, -0.02, 0.03, 0.9, direction="greater", **kw) == "refuted"
+    # direction less: a negative difference supports it
+    assert decide(-1.0, -1.5, -0.5, 0.001, direction="less", **kw) == "supported"
+    assert decide(1.0, 0.5, 1.5, 0.001, direction="less", **kw) == "refuted"
+    assert decide(math.nan, math.nan, math.nan, math.nan, direction="greater", **kw) == "inconclusive"
+
+
+def test_hypothesis_verdict_from_entries() -> None:
+    assert hypothesis_verdict(["supported", "supported"]) == "supported"
+    assert hypothesis_verdict(["supported", "inconclusive"]) == "inconclusive"
+    assert hypothesis_verdict(["supported", "refuted"]) == "refuted"
+    assert hypothesis_verdict([]) == "inconclusive"
+
+
+def test_entry_statistics_and_holm_by_hand() -> None:
+    # 4 tasks, 2 pairs each: differences per pair 1,1 | 1,0 | 0,0 | 1,1 -> task means 1, .5, 0, 1
+    b = np.zeros(8)
+    c = np.array([1, 1, 1, 0, 0, 0, 1, 1], dtype=float)
+    tasks = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    s = entry_statistics(b, c, tasks, DecisionRule(alpha=0.05))
+    assert s["estimate"] == pytest.approx(5 / 8)
+    # clustered SE by hand: residual sums per task (d - m): 2-1.25=.75, 1-1.25=-.25, 0-1.25=-1.25, .75
+    sums = np.array([0.75, -0.25, -1.25, 0.75])
+    se = math.sqrt(4 / 3 * float((sums ** 2).sum())) / 8
+    assert s["se"] == pytest.approx(se)
+    from scipy import stats
+
+    t = stats.t.ppf(0.975, 3)
+    assert s["ci_low"] == pytest.approx(5 / 8 - t * se)
+    assert s["p_value"] == pytest.approx(2 * stats.t.sf(abs(5 / 8 / se), 3))
+    assert s["mdd"] == pytest.approx((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * se)
+    assert (s["n_pairs"], s["n_tasks"]) == (8, 4)
+    entries = [dict(s, direction="greater", hypothesis="H1"),
+               dict(s, p_value=0.04, direction="greater", hypothesis="H2"),
+               dict(entry_statistics(np.zeros(0), np.zeros(0), np.zeros(0), DecisionRule()), direction="greater",
+                    hypothesis="H3")]
+    out = with_holm(entries, DecisionRule(alpha=0.05))
+    ps = sorted([s["p_value"], 0.04])
+    assert sorted([out[0]["p_holm"], out[1]["p_holm"]]) == pytest.approx([min(1, 2 * ps[0]), max(min(1, 2 * ps[0]),
+                                                                                                ps[1])])
+    assert math.isnan(out[2]["p_holm"]) and out[2]["verdict"] == "inconclusive"
+    # both arms at 0 on every task: SE 0, a degenerate interval [0, 0] that would "rule out" any effect
+    zeros = entry_statistics(np.zeros(6), np.zeros(6), np.arange(6), DecisionRule())
+    assert (zeros["ci_low"], zeros["ci_high"], zeros["se"]) == (0.0, 0.0, 0.0)
+    [flat] = with_holm([dict(zeros, direction="greater", hypothesis="H1")], DecisionRule())
+    assert flat["verdict"] == "inconclusive" and math.isnan(flat["mdd"]) and "degenerate" in flat["notes"][0]
+
+
+def test_capped_metrics_by_hand() -> None:
+    # baseline run: steps 2, 4 (mean 3); cost .1, .3 (mean .2). Candidate: success within / beyond the caps.
+    ep = {"success": np.array([1, 1, 1, 1, np.nan, 0], dtype=float),
+          "steps": np.array([2, 4, 3, 5, 1, 1], dtype=float),
+          "cost_usd": np.array([0.1, 0.3, 0.2, 0.25, 0.1, np.nan]),
+          "recovery_eligible": np.array([1, 0, 1, 1, 1, 1], dtype=float),
+          "recovered": np.array([1, np.nan, 0, 1, np.nan, 0], dtype=float)}
+    b_idx, c_idx = np.array([0, 1, 4]), np.array([2, 3, 5])
+    base = np.array([0, 1])
+    b, c, keep = metric_values(ep, b_idx, c_idx, "success_at_steps", base)
+    # pair 0: base 1 (2 <= 3), cand 1 (3 <= 3); pair 1: base 0 (4 > 3), cand 0 (5 > 3); pair 2: base unknown
+    assert keep.tolist() == [True, True, False]
+    assert b[keep].tolist() == [1.0, 0.0] and c[keep].tolist() == [1.0, 0.0]
+    b, c, keep = metric_values(ep, b_idx, c_idx, "success_at_cost", base)
+    # cap .2: base .1 -> 1, .3 -> 0; cand .2 -> 1, .25 -> 0; pair 2: candidate cost unknown
+    assert keep.tolist() == [True, True, False] and b[keep].tolist() == [1, 0] and c[keep].tolist() == [1, 0]
+    b, c, keep = metric_values(ep, b_idx, c_idx, "recovery_held_out", base)
+    # pair 1: the baseline met no fault; pair 2: the baseline is ungraded (recovered unknown)
+    assert keep.tolist() == [True, False, False] and (b[0], c[0]) == (1.0, 0.0)
+
+
+# -- end to end ---------------------------------------------------------------------------------------------------
+def _tiny_config(tmp: Path, **top: object) -> Path:
+    """The smoke config shrunk to minutes: fewer tasks, steps and episodes, same arms and hypotheses."""
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    text = SMOKE.read_text(encoding="utf-8")
+    for key, value in {"eval_tasks = 24": "eval_tasks = 6", "tasks = 64": "tasks = 16", "steps = 60": "steps = 8",
+                       "tasks = 12": "tasks = 4", "attempts = 4\niterations = 2": "attempts = 2\niterations = 2",
+                       "trajectories = 100": "trajectories = 20"}.items():
+        assert key in text, key
+        text = text.replace(key, value)
+    for key, value in top.items():
+        text = text.replace(f"{key} = {json.dumps(data[key])}", f"{key} = {json.dumps(value)}")
+    path = tmp / "experiment-tiny.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "trajlake", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=1800)
+
+
+@pytest.mark.slow
+def test_experiment_end_to_end_with_a_kill_and_resume(tmp_path: Path) -> None:
+    config = _tiny_config(tmp_path)
+    out = tmp_path / "exp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # kill the experiment in the middle of R1's training stage, then run the same command again
+    proc = subprocess.Popen([sys.executable, "-m", "trajlake", "experiment", "run", "--config", str(config), "--out",
+                             str(out)], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "arm R1: train" in line:
+            time.sleep(3)
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=600)
+    state = json.loads((out / "state.json").read_text())
+    assert state["stages"]["s0/B1/train"]["status"] == "done"
+    assert state["stages"]["s0/R1/train"]["status"] == "started"
+    done = _cli("experiment", "run", "--config", str(config), "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "attempt 2: the previous one was killed" in done.stderr
+    state = json.loads((out / "state.json").read_text())
+    assert all(s["status"] == "done" for s in state["stages"].values())
+    assert state["stages"]["s0/B1/train"]["attempt"] == 1  # finished stages are never run again
+    assert [a["stage"] for a in state["abandoned"]] == ["s0/R1/train"]
+    for name in ("report.md", "report.html", "summary.json", "model_card.md", "contamination.json", "unrun.md",
+                 "browser.html"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    ids = [e["id"] for e in summary["hypotheses"]]
+    assert ids == ["H1a", "H1b", "H2a", "H2b", "H3", "H4a", "H4b"]
+    for e in summary["hypotheses"]:
+        assert e["verdict"] in ("supported", "refuted", "inconclusive") and e["rule"], e
+        for key in ("estimate", "ci_low", "ci_high", "p_holm", "mdd"):
+            assert key in e
+    assert set(summary["verdicts"]) == {"H1", "H2", "H3", "H4"}
+    # every evaluated arm in the matrix, every run labelled and tagged
+    arms = {r["arm"] for r in summary["matrix"]["pooled"]}
+    assert arms == {"B0", "B1", "B1M", "B2", "R1", "R2", "R3"}
+    from trajlake.query import connect
+
+    con = connect(out / "lake")
+    rows = con.execute("select run_id, label, config from runs where run_id like 's0-%'").fetchall()
+    tagged = [(r, lab, json.loads(c).get("tags")) for r, lab, c in rows if not r.endswith(".train")]
+    assert tagged and all(t == {"experiment": "smoke", "arm": lab, "seed": "0"} for _, lab, t in tagged), tagged
+    # no duplicate episode in any run the report read; the killed attempt's runs stay in the lake
+    dup = con.execute("select run_id, task_id, env_seed, attempt, count(*) from episodes group by all "
+                      "having count(*) > 1").fetchall()
+    assert dup == []
+    assert con.execute("select count(*) from runs where run_id like 's0t2-%'").fetchone()[0] >= 1
+    # the trajectories: exported and replayed, every state hash matching
+    tr = summary["trajectories"]
+    assert tr["episodes"] >= 20 and tr["matched"] == tr["replayed"] == tr["episodes"]
+    replay = _cli("replay", "--from", str(out / "trajectories"), cwd=tmp_path)
+    assert replay.returncode == 0, replay.stderr
+    # the report again from the folder alone gives the same verdicts
+    again = _cli("experiment", "report", str(out), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "summary.json").read_text())["verdicts"] == summary["verdicts"]
+
+
+# -- B2's copies pair with one-attempt runs -------------------------------------------------------------------------
+def test_best_of_copies_are_attempt_zero_and_pair_with_the_agent(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trajlake eval`` pairs by (task, seed, attempt): a chosen attempt 3 kept as attempt 3 left its group out of
+    every B2 comparison. The copy is the new run's attempt 0; the pool's attempt stays in the run's config."""
+    from trajlake.evaluators.report import build_report
+
+    from trajlake.policies import best_of
+    from trajlake.query import connect
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+
+    lake = str(tmp_path / "lake")
+    tasks = ("tool-lookup/code/p0/0", "tool-lookup/pair/p0/0", "tool-lookup/two_hop/p0/0")
+    for run, attempts in (("agent", 1), ("pool", 3)):
+        run_rollout(RolloutConfig(lake=lake, run_id=run, env="tool-lookup", policy="oracle", split="train",
+                                  seeds=(0,), task_ids=tasks, attempts=attempts, commit_every_s=0.0))
+    real_choose = best_of.choose
+
+    def last_attempt(cands: list[best_of.Candidate], budget_tokens: float | None, budget_cost: float | None = None
+                     ) -> tuple[dict[str, best_of.Candidate], dict[str, list[best_of.Candidate]]]:
+        _, considered = real_choose(cands, budget_tokens, budget_cost)
+        return {g: max(cs, key=lambda c: c.attempt) for g, cs in considered.items()}, considered
+
+    monkeypatch.setattr(best_of, "choose", last_attempt)
+    report = best_of.select_best(lake, "pool", "b2")
+    assert set(report.chosen.values()) == {2}
+    rows = connect(lake).execute("select episode_id, attempt from episodes where run_id = 'b2'").fetchall()
+    assert len(rows) == 3 and all(a == 0 and e.endswith("/a0") for e, a in rows), rows
+    cmp = build_report(lake, baseline="agent", candidate="b2", breakdown=False, taxonomy=False)["comparison"]
+    assert cmp["n_pairs"] == 3
