@@ -352,7 +352,8 @@ class Experiment:
             out = f"s{seed}-B2-{split}"
             # select_best commits the whole run at once: a run already there was written by a killed attempt
             if not connect(self.lake).execute("select 1 from runs where run_id = ?", [out]).fetchall():
-                report = select_best(str(self.lake), pool, out, budget_tokens=budget["budget_tokens"])
+                report = select_best(str(self.lake), pool, out, budget_tokens=budget["budget_tokens"], label="B2",
+                                     tags=self.tags("B2", seed))
                 self.log(f"    {out}: {report.summary().splitlines()[0]}")
             return {"run": out, "budget": budget}
 

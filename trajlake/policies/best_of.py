@@ -146,8 +146,10 @@ def _copy_id(episode_id: str, pool_run: str, out_run: str) -> str:
 
 
 def select_best(lake_path: str, pool_run: str, out_run: str, *, budget_tokens: float | None = None,
-                match_run: str | None = None, budget_cost: float | None = None) -> SelectionReport:
-    """Write the best attempt of each group of ``pool_run`` to the new run ``out_run``."""
+                match_run: str | None = None, budget_cost: float | None = None, label: str | None = None,
+                tags: dict[str, str] | None = None) -> SelectionReport:
+    """Write the best attempt of each group of ``pool_run`` to the new run ``out_run`` (``runs.label``: ``label``,
+    default the run id; ``tags`` recorded in its config as a rollout's are)."""
     from trajlake.lake.store import Lake
     from trajlake.query import connect
     from trajlake.record.writer import LakeWriter
@@ -197,13 +199,13 @@ def select_best(lake_path: str, pool_run: str, out_run: str, *, budget_tokens: f
         {g: c.attempt for g, c in sorted(chosen.items())})
     policy_name, policy_version, code_version, _ = run_rows[0]
     config = {"baseline": "B2", "selection": {k: v for k, v in asdict(report).items() if k != "chosen"},
-              "chosen": report.chosen}
+              "chosen": report.chosen, **({"tags": dict(tags)} if tags else {})}
     import datetime as dt
 
     with LakeWriter(lake, handle_signals=False) as w:
         res = w.write_batch(tables["episodes"], tables["turns"], tables["gateway_events"], check_existing=False)
         res.raise_if_rejected()
-        w.write_runs([{"run_id": out_run, "created_at": dt.datetime.now(dt.UTC), "label": out_run,
+        w.write_runs([{"run_id": out_run, "created_at": dt.datetime.now(dt.UTC), "label": label or out_run,
                        "config": json.dumps(config, sort_keys=True), "policy_name": f"best-of:{policy_name}",
                        "policy_version": policy_version, "code_version": code_version}])
     return report
