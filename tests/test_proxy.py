@@ -146,9 +146,9 @@ def lake(tmp_path: Path) -> Any:
 
 
 class Proxy:
-    def __init__(self, lake: Any, upstream: str, **kw: Any):
+    def __init__(self, lake: Any, upstream: str, *, max_age_seconds: float = 30.0, **kw: Any):
         self.notes: list[str] = []
-        self.writer = LakeWriter(lake, handle_signals=False)
+        self.writer = LakeWriter(lake, handle_signals=False, max_age_seconds=max_age_seconds)
         self.recorder = ProxyRecorder(self.writer, run_id="r", policy_version="v7", notes=self.notes.append,
                                       **{k: kw.pop(k) for k in ("idle_timeout_s", "clock") if k in kw})
         self.server = ProxyServer(self.recorder, upstream, **kw).start()
@@ -405,6 +405,23 @@ def test_idle_timeout_truncates_and_unfinished_episodes_never_land(proxy_of: Any
     # nothing of the open session's episode was written, visible or not
     assert con.execute("select count(*) from turns_uncommitted").fetchone() == (0,)
     assert {t["raw_content"] for t in turns_of(lake)} == {"a", "x"}
+
+
+def test_the_ticker_ends_idle_sessions_and_commits_without_being_asked(proxy_of: Any, lake: Any) -> None:
+    import time
+
+    with ScriptedUpstream(["x"]) as up:
+        # a short idle timeout and writer age: the proxy's own ticker ends the session and commits the episode
+        p = proxy_of(up.base_url, idle_timeout_s=0.2, tick_s=0.05, max_age_seconds=0.2)
+        p.client("quiet").chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
+        con = trajlake.connect(lake)
+        for _ in range(400):  # (a bound on the wait, not a timing assertion)
+            if con.execute("select count(*) from episodes").fetchone() == (1,):
+                break
+            time.sleep(0.05)
+            con = trajlake.connect(lake)
+        assert p.recorder.expired and p.recorder.open_sessions() == []
+        assert con.execute("select termination_reason, truncated from episodes").fetchall() == [("timeout", True)]
 
 
 def test_outcome_endpoint_says_what_is_wrong(proxy_of: Any, lake: Any) -> None:

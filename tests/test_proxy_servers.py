@@ -7,7 +7,10 @@ tool-calling loop of ``test_proxy.py`` driving Mini SWE's tools, unchanged but f
 - ``transformers serve`` (the ``transformers`` package's own server, started as in ``test_openai_servers.py``),
   whole and streamed replies: it refuses vLLM's fields, so the turns are text only (one note) and hold the text the
   server sent; the trainer's reader re-renders them with the model's tokenizer (or names the turn its prefix check
-  rejects); ``trajlake eval`` reads both.
+  rejects); ``trajlake eval`` reads both;
+- vLLM's CPU build when present (``TRAJLAKE_VLLM_PYTHON``, as in ``test_openai_servers.py``; else it skips): the
+  agent asks for the token ids and log-probs itself, so the test sees what the server returned, and the lake holds
+  exactly that.
 
 Slow: a model is loaded, and ``transformers serve`` takes tens of seconds to start on 2 cores."""
 
@@ -34,7 +37,7 @@ from trajlake.train.data.stream import LakeTrajectories
 
 sys.path.insert(0, str(Path(__file__).parent))
 from openai_server import ModelServer
-from test_openai_servers import tiny, transformers_serve  # noqa: F401 - the fixtures, shared
+from test_openai_servers import tiny, transformers_serve, vllm_server  # noqa: F401 - the fixtures, shared
 from test_proxy import Proxy, agent, env, outcome_of, post, turns_of  # noqa: F401 - env is a fixture
 
 pytestmark = pytest.mark.slow
@@ -120,3 +123,24 @@ def test_transformers_serve_through_the_proxy_text_only(stream: bool, transforme
                              "--resamples", "50")
     assert code == 0, err
     assert json.loads(out)["runs"]
+
+
+def test_vllm_cpu_through_the_proxy_token_for_token(vllm_server: tuple[Path, str], env: Any,  # noqa: F811
+                                                    lake: Any) -> None:
+    _, url = vllm_server
+    p = Proxy(lake, url)
+    try:
+        replies, res = agent(p.client("v"), env, model="tiny", max_tokens=12, max_steps=3, logprobs=True,
+                             extra_body={"return_token_ids": True})
+        assert res is not None and replies
+        assert post(p.base_url, "/trajlake/outcome", outcome_of(res, "v"))[0] == 200
+    finally:
+        p.close()
+    turns = turns_of(lake)
+    pol = [t for t in turns if t["actor"] == "policy"]
+    assert [t["token_ids"] for t in pol] == [r.choices[0].model_extra["token_ids"] for r in replies]
+    assert [t["behavior_logprobs"] for t in pol] == [
+        np.asarray([c.logprob for c in r.choices[0].logprobs.content], np.float32).tolist() for r in replies]
+    assert [c.context_ids for c in model_contexts(turns)] == [r.model_extra["prompt_token_ids"] for r in replies]
+    assert {t["tokenizer_id"] for t in turns} == {"served:tiny"}
+    assert trajlake.verify(lake, strict=True).ok
