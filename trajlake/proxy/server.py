@@ -27,10 +27,11 @@ import threading
 import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from trajlake.errors import TrajlakeError, ValidationError, one_line
-from trajlake.policies.openai_policy import OPTIONAL_EXTENSIONS
+from trajlake.policies.openai_policy import OPTIONAL_EXTENSIONS, server_detail
 from trajlake.proxy.session import (
     CHAT,
     COMPLETIONS,
@@ -511,21 +512,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _detail(status: int, data: bytes) -> str:
-    """An upstream's error on one line: FastAPI's ``detail``, OpenAI's ``error.message``, else the body."""
-    text: Any = None
+    """An upstream's error on one line, read as ``openai:`` reads a server's error (FastAPI's ``detail``, OpenAI's
+    ``error.message``, else the body's text)."""
     try:
         body = json.loads(data)
     except ValueError:
         body = None
-    if isinstance(body, dict):
-        err = body.get("error")
-        text = body.get("detail") or (err.get("message") if isinstance(err, dict) else err) or body.get("message")
-    if not text:
-        text = data.decode("utf-8", "replace")
-    if not isinstance(text, str):
-        text = json.dumps(text, default=str)
-    line = " ".join(text.split())
-    return f"HTTP {status}: " + (line if len(line) <= 300 else line[:300] + "...")
+    return f"HTTP {status}: " + server_detail(SimpleNamespace(body=body, response=None,
+                                                              message=data.decode("utf-8", "replace")))
 
 
 # -- the command --------------------------------------------------------------------------------------------------
