@@ -46,8 +46,8 @@ def _upstream_main(reply_tokens: int) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from proxy_upstream import ScriptedUpstream
 
-    reply = ("x" * (reply_tokens - 1))  # ids are bytes: a reply of reply_tokens tokens with <|end|>'s 7
-    with ScriptedUpstream([{"tool": "read_file", "args": {"path": reply[:max(1, reply_tokens - 40)]}}]) as up:
+    # ids are bytes: the reply (the tool call's JSON and <|end|>) is reply_tokens + 23 tokens, 83 at the default
+    with ScriptedUpstream([{"tool": "read_file", "args": {"path": "x" * max(1, reply_tokens - 40)}}]) as up:
         print(up.base_url, flush=True)
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
 
@@ -106,7 +106,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=100, help="episodes per path")
     ap.add_argument("--calls", type=int, default=10, help="chat calls per episode")
-    ap.add_argument("--reply-tokens", type=int, default=60)
+    ap.add_argument("--reply-tokens", type=int, default=60,
+                    help="sets the reply's length: the tool call's path argument is N - 40 bytes (83-token replies)")
     ap.add_argument("--observation-bytes", type=int, default=400)
     ap.add_argument("--upstream-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
