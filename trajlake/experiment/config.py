@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trajlake.errors import ConfigError
-from trajlake.train.config import ModelConfig, build_table
+from trajlake.train.config import ModelConfig, build_table, raise_problems
 
 Arm = Literal["B0", "B1", "B2", "R1", "R2", "R3"]
 ARMS: tuple[str, ...] = typing.get_args(Arm)
@@ -243,10 +243,7 @@ def parse_experiment(data: dict[str, Any], source: str | None = None) -> Experim
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from e
     cfg = dataclasses.replace(cfg, source=source)
-    problems = experiment_problems(cfg)
-    if problems:
-        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise ConfigError(f"{where}: {problems[0]}{more}")
+    raise_problems(where, experiment_problems(cfg))
     return cfg
 
 

@@ -334,11 +334,15 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> TrainCon
     for note in notes:
         print(f"{where}: {note}", file=sys.stderr)
     cfg = dataclasses.replace(cfg, source=source)
-    problems = config_problems(cfg)
+    raise_problems(where, config_problems(cfg))
+    return cfg
+
+
+def raise_problems(where: str, problems: list[str]) -> None:
+    """One ConfigError naming the config and its first problem (and how many more), when there are any."""
     if problems:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise ConfigError(f"{where}: {problems[0]}{more}")
-    return cfg
 
 
 def _finite(x: float) -> bool:
@@ -486,4 +490,5 @@ def config_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 
 __all__ = ["ALGORITHMS", "PROCESS_REWARDS", "PROCESS_SHAPINGS", "RENAMED_KEYS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
-           "StageConfig", "TrainConfig", "config_dict", "config_problems", "load_config", "parse_config"]
+           "StageConfig", "TrainConfig", "build_table", "config_dict", "config_problems", "load_config", "parse_config",
+           "raise_problems"]
