@@ -8,6 +8,7 @@ Every model is the tiny randomly initialised Llama (nothing downloaded)."""
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,31 @@ def test_batched_rollout_writes_the_same_episodes_and_resumes(tiny: Path, tmp_pa
     config = json.loads(con.execute("select config from runs where run_id = 'many'").fetchone()[0])
     assert config["policy_args"]["batch_episodes"] == str(N)
     assert verify(Lake.open(lake), strict=True).ok
+
+
+def test_a_failing_batched_forward_fails_its_episodes_instead_of_hanging(tiny: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajlake.policies import batched
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the batched forward failed")
+
+    monkeypatch.setattr(batched, "forward_rows", broken)
+    views = HFPolicy("v1", str(tiny), LMSettings(max_new_tokens=4)).concurrent(2)
+    errors: list[BaseException] = []
+
+    def play(policy: Any, item: tuple[str, int]) -> None:
+        try:
+            _episode(policy, *item, tmp_path)
+        except BaseException as e:
+            errors.append(e)
+
+    # daemon threads: an episode left waiting must fail the test, not hang it
+    threads = [threading.Thread(target=play, args=(v, item), daemon=True) for v, item in zip(views, ITEMS,
+                                                                                              strict=False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "an episode is still waiting for its turn"
+    assert len(errors) == 2 and all("the batched forward failed" in str(e) for e in errors)

@@ -131,10 +131,16 @@ class BatchEngine:
                         new.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
-                for req in new:
-                    self._start(req)
-                if self._rows:
-                    self._step()
+                try:
+                    for req in new:
+                        self._start(req)
+                    if self._rows:
+                        self._step()
+                except Exception as e:  # never leave an episode waiting on a turn that cannot end
+                    for req in [r.req for r in self._rows] + new:
+                        if not req.done.is_set():
+                            self._finish(req, e)
+                    self._rows, self._cache, self._mask = [], None, None
 
     def _start(self, req: _Request) -> None:
         """Run the request's new context tokens (alone) and sample its first token; it joins the batch unless
