@@ -10,7 +10,7 @@ from pathlib import Path
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
-from trajlake.envs import make_env, make_policy, task_view_fn
+from trajlake.envs import list_tasks, make_env, make_policy, task_view_fn
 from trajlake.envs.checker import check_env
 from trajlake.envs.core import Budget
 
@@ -296,13 +296,31 @@ def test_ray_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_quickstart_main_job(tmp_path: Path, capsys) -> None:
+def test_quickstart_main_job(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trajlake quickstart`` as the README runs it (Mini SWE, its default, with 2 workers), on 4 of the 14 dev
+    tasks, one per project: the three policies, the oracle check, the paired report and the HTML. Each Mini SWE
+    episode is a sandboxed grader run and the quickstart plays each task three times; that the oracle resolves
+    every dev task (and every other one) is tests/test_mini_swe_tasks.py::
+    test_every_task_fails_mutated_and_resolves_with_oracle."""
+    import dataclasses
+
+    from trajlake.rollout import quickstart
+
+    tasks = tuple(t["task_id"] for t in list_tasks("mini-swe", "dev")[::4])  # one of each of its 4 projects
+    play = quickstart.run_rollout
+
+    def on_four_tasks(cfg: RolloutConfig) -> object:
+        assert (cfg.env, cfg.split, cfg.task_ids, cfg.workers) == ("mini-swe", "dev", (), 2)  # the defaults
+        return play(dataclasses.replace(cfg, task_ids=tasks))
+
+    monkeypatch.setattr(quickstart, "run_rollout", on_four_tasks)
     lake = tmp_path / "lake"
     out = tmp_path / "report.html"
     code, text, err = run(capsys, "--lake", str(lake), "quickstart", "--seeds", "0", "--out", str(out),
                           "--resamples", "200")
     assert code == 0, err
-    assert "quickstart-oracle: 14 new episode(s)" in text and "14 of the new ones successful" in text
+    assert "quickstart-oracle: 4 new episode(s)" in text and "4 of the new ones successful" in text
+    assert connect(lake).execute("select count(distinct task_id), count(*) from episodes").fetchone() == (4, 12)
     assert "quickstart-heuristic vs quickstart-random" in text or "Comparison" in text
     html = out.read_text()
     assert "<svg" in html and "quickstart-heuristic" in html and "http://" not in html.replace("http://www.w3.org", "")
