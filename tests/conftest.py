@@ -86,11 +86,17 @@ def demo_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
     return lk
 
 
+#: The Mini SWE dev tasks :func:`dev_rollout` plays: one of each of the split's 4 projects (of its 14 tasks; each
+#: episode is a sandboxed grader run, and the tests that read them check per-episode properties).
+DEV_ROLLOUT_TASKS = ("mini-swe/durations/drop_branch/0", "mini-swe/fractionlib/flip_comparison/0",
+                     "mini-swe/rangeset/flip_comparison/0", "mini-swe/textkit/wrong_variable/0")
+
+
 @pytest.fixture(scope="session")
 def dev_rollout(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, int]]:
-    """``dev_rollout(policy)``: the policy played by the runner on Mini SWE's dev tasks (seed 0) as run ``policy``
-    of one shared lake, played once per session (several tests only read these episodes); returns (lake, the
-    number of episodes that run wrote)."""
+    """``dev_rollout(policy)``: the policy played by the runner on Mini SWE's dev tasks ``DEV_ROLLOUT_TASKS``
+    (seed 0) as run ``policy`` of one shared lake, played once per session (several tests only read these
+    episodes); returns (lake, the number of episodes that run wrote)."""
     from trajlake.rollout.runner import RolloutConfig, run_rollout
 
     lake = tmp_path_factory.mktemp("dev-rollouts") / "lake"
@@ -99,7 +105,8 @@ def dev_rollout(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tup
     def played(policy: str) -> tuple[Path, int]:
         if policy not in written:
             written[policy] = run_rollout(RolloutConfig(lake=str(lake), run_id=policy, env="mini-swe", policy=policy,
-                                                        split="dev", seeds=(0,), commit_every_s=0)).written
+                                                        split="dev", seeds=(0,), commit_every_s=0,
+                                                        task_ids=DEV_ROLLOUT_TASKS)).written
         return lake, written[policy]
 
     return played
