@@ -179,9 +179,11 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
     # vLLM's CPU attention needs head_dim >= 32: 64 hidden / 2 heads
     model = build_tiny_model(tmp_path_factory.mktemp("tiny-vllm") / "model", heads=2, kv_heads=1)
     port = free_port()
+    # vLLM answers a request with tools (tool_choice "auto", the openai default) with HTTP 400 unless auto tool
+    # choice and a parser are on: hermes reads the <tool_call>{json}</tool_call> of the tiny model's template
     cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
            "tiny", "--host", HOST, "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
-           "--enforce-eager"]
+           "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     env = {**_offline_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
     for url in _serve(cmd, port, "vLLM", log, 600, env):
