@@ -138,9 +138,12 @@ def scaling(model_dir: Path, episodes: int) -> dict[int, tuple[float, float]]:
     return out
 
 
-def batching(model_dir: Path, batch: int, episodes: int) -> dict[int, float]:
-    """Episodes/s of one in-process worker playing ``episodes`` Mini SWE dev episodes one at a time (key 1) and
-    ``batch`` at a time (key ``batch``), whole run (the model loaded in both)."""
+def batching(model_dir: Path, batch: int, episodes: int, max_steps: int | None = None
+             ) -> dict[int, tuple[float, float]]:
+    """(episodes per wall second, episodes per CPU second of this process) of one in-process worker playing
+    ``episodes`` Mini SWE dev episodes one at a time (key 1) and ``batch`` at a time (key ``batch``), whole run (the
+    model loaded in both); ``max_steps``: a budget of that many steps instead of the tasks' own. On a shared machine
+    the CPU seconds (all threads of the process) say what the work costs whatever else runs."""
     from trajlake.envs import list_tasks
 
     dev = [t["task_id"] for t in list_tasks("mini-swe", "dev")]
@@ -152,12 +155,13 @@ def batching(model_dir: Path, batch: int, episodes: int) -> dict[int, float]:
         try:
             cfg = RolloutConfig(lake=lake, run_id=f"b{n}", env="mini-swe", policy=f"hf:{model_dir}", split="dev",
                                 seeds=tuple(range(n_seeds)), workers=1, task_ids=tasks,
+                                env_kwargs={"budget": {"max_steps": max_steps}} if max_steps else {},
                                 policy_args={"max_new_tokens": "16", "threads": "1", "batch_episodes": str(n)})
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             s = run_rollout(cfg)
-            dt = time.perf_counter() - t
+            dt, dc = time.perf_counter() - t, time.process_time() - c
             assert s.written == len(tasks) * n_seeds and not s.failed_items, s.failed_items
-            out[n] = s.written / dt
+            out[n] = (s.written / dt, s.written / dc)
         finally:
             shutil.rmtree(lake, ignore_errors=True)
     return out
@@ -171,6 +175,9 @@ def main() -> None:
     ap.add_argument("--skip-scaling", action="store_true")
     ap.add_argument("--batch-episodes", type=int, default=0,
                     help="N: also compare one worker playing N episodes at once (batched decoding) with one at a time")
+    ap.add_argument("--batch-max-steps", type=int, default=0,
+                    help="with --batch-episodes: the same comparison again with a budget of this many steps (short "
+                         "episodes whose contexts stay within the window, so that no turn is trimmed)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-lm-"))
     try:
@@ -193,9 +200,17 @@ def main() -> None:
             n = a.batch_episodes
             b = batching(model, n, 2 * n)
             print(f"rollout throughput, hf tiny model, {2 * n} Mini SWE dev episodes, 1 worker, 1 torch thread, whole "
-                  f"run: one at a time {b[1]:.3f} episodes/s, {n} at a time {b[n]:.3f} episodes/s")
-            print(f"batched/unbatched episodes/s: {b[n] / b[1]:.2f}x (N = {n}); target >= 4x")
+                  f"run: one at a time {b[1][0]:.3f} episodes/s ({b[1][1]:.3f} per CPU second), {n} at a time "
+                  f"{b[n][0]:.3f} episodes/s ({b[n][1]:.3f} per CPU second)")
+            print(f"batched/unbatched episodes/s: {b[n][0] / b[1][0]:.2f}x (N = {n}); target >= 4x")
+            print(f"batched/unbatched episodes per CPU second: {b[n][1] / b[1][1]:.2f}x")
             print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+            if a.batch_max_steps:
+                b = batching(model, n, 2 * n, a.batch_max_steps)
+                print(f"same with a budget of {a.batch_max_steps} steps: one at a time {b[1][0]:.3f} episodes/s, {n} "
+                      f"at a time {b[n][0]:.3f} episodes/s: {b[n][0] / b[1][0]:.2f}x; per CPU second "
+                      f"{b[n][1] / b[1][1]:.2f}x")
+                print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
