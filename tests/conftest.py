@@ -20,6 +20,16 @@ from trajlake.demo import write_demo
 # runs on machines without bubblewrap (tests/test_security.py checks the refusal with this unset).
 os.environ.setdefault("TRAJLAKE_ALLOW_UNISOLATED", "1")
 
+# One math thread per test process (an explicit OMP_NUM_THREADS / MKL_NUM_THREADS wins). CI runs 2 xdist workers
+# on 2 cores, and torch's default is a thread per core in every worker: 4 spinning OpenMP threads on 2 cores made
+# each torch test several times slower (tests/test_train_data.py::test_tiny_hf_policy_episodes_exact_and_trimmed,
+# two side by side: 40 s each with the default, 13-15 s with one thread). Set before any test imports torch
+# (trajlake's import does not), and inherited by the processes the tests start.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+if "torch" in sys.modules:  # a plugin imported it first: its thread pool is already sized
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 
 
