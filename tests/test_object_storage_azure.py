@@ -129,9 +129,11 @@ def test_az_sql_eval_and_trainer_reader(az_lake_uri: str, capsys: pytest.Capture
     from trajlake.envs import list_tasks
 
     uri = az_lake_uri
-    tasks = ",".join(t["task_id"] for t in list_tasks("mini-swe", "dev")[:2])
+    # tool-lookup's short episodes: the storage paths are under test, not the environment (as in
+    # tests/test_object_storage.py::test_s3_every_command; tests/test_s3_commands.py plays Mini SWE into a lake)
+    tasks = ",".join(t["task_id"] for t in list_tasks("tool-lookup", "dev")[:2])
     for policy in ("oracle", "random"):
-        code, _, err = run_cli(capsys, "rollout", "--lake", uri, "--env", "mini-swe", "--policy", policy,
+        code, _, err = run_cli(capsys, "rollout", "--lake", uri, "--env", "tool-lookup", "--policy", policy,
                                "--seeds", "0", "--tasks", tasks, "--run-id", policy, "--workers", "1",
                                "--commit-every", "0")
         assert code == 0, err
