@@ -44,6 +44,22 @@ def test_smoke_config_names_all_six_arms_and_derives_b1m() -> None:
     assert cfg.all_arms() == ["B1", "B0", "R1", "B1M", "B2", "R2", "R3"]
 
 
+def test_control_arms_are_planned_after_what_they_need() -> None:
+    from trajlake.experiment.run import Experiment
+
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data["arms"] = ["B1", "R1", "AA", "PLACEBO", "MASK"]
+    cfg = parse_experiment(data, "x")
+    assert cfg.all_arms() == ["B1", "R1", "B1M", "AA", "PLACEBO", "MASK"]
+    plan = [(what, arm) for what, _, arm, _ in Experiment.plan_of(cfg)]
+    assert ("train", "PLACEBO") in plan and ("train", "MASK") in plan and ("eval", "AA") in plan
+    assert ("train", "AA") not in plan  # A/A plays B1's checkpoint again
+    data["arms"] = ["B1", "MASK"]
+    data["hypotheses"] = []
+    with pytest.raises(ConfigError, match="MASK needs R1"):
+        parse_experiment(data, "x")
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"arms": ["R1"]}, "R1 needs B1"),
     ({"arms": ["B1", "R9"]}, "unknown arm(s) R9"),
@@ -166,7 +182,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_experiment_end_to_end_with_a_kill_and_resume(tmp_path: Path) -> None:
-    config = _tiny_config(tmp_path)
+    config = _tiny_config(tmp_path, arms=["B0", "B1", "B2", "R1", "R2", "R3", "AA", "PLACEBO"])
     out = tmp_path / "exp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # kill the experiment in the middle of R1's training stage, then run the same command again
@@ -202,7 +218,9 @@ def test_experiment_end_to_end_with_a_kill_and_resume(tmp_path: Path) -> None:
     assert set(summary["verdicts"]) == {"H1", "H2", "H3", "H4"}
     # every evaluated arm in the matrix, every run labelled and tagged
     arms = {r["arm"] for r in summary["matrix"]["pooled"]}
-    assert arms == {"B0", "B1", "B1M", "B2", "R1", "R2", "R3"}
+    assert arms == {"B0", "B1", "B1M", "B2", "R1", "R2", "R3", "AA", "PLACEBO"}
+    assert [c["control"] for c in summary["controls"]] == ["aa", "placebo"]
+    assert all(c["expect"] == "includes 0" and c["n_pairs"] == 6 for c in summary["controls"])
     from trajlake.query import connect
 
     con = connect(out / "lake")

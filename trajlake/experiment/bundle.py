@@ -160,6 +160,40 @@ def hypotheses(data: Any, runs: Runs, cfg: ExperimentConfig, reward_check: dict[
     return with_holm(entries, cfg.decision)
 
 
+#: The controls and what each must show: (name, baseline, candidate, expectation).
+CONTROLS = (("aa", "B1", "AA", "includes 0"), ("placebo", "B1", "PLACEBO", "includes 0"),
+            ("mask_ablation", "R1", "MASK", "reported"))
+
+
+def controls(data: Any, runs: Runs, cfg: ExperimentConfig) -> list[dict[str, Any]]:
+    """Each control that ran: its paired difference in success on the first evaluation split (pooled over seeds,
+    clustered by task) and whether it shows what it must (A/A and placebo: an interval that includes 0)."""
+    from trajlake.evaluators.report import pairs
+
+    out: list[dict[str, Any]] = []
+    split = cfg.primary_split
+    for name, base, cand, expect in CONTROLS:
+        bs, cs, ks = [], [], []
+        for seed in range(cfg.seeds):
+            b_run, c_run = runs.eval.get((seed, base, split)), runs.eval.get((seed, cand, split))
+            if b_run is None or c_run is None:
+                continue
+            b_idx, c_idx, _ = pairs(data, b_run, c_run)
+            b, c, keep = metric_values(data.ep, b_idx, c_idx, "success", data.run_index(b_run))
+            bs.append(b[keep])
+            cs.append(c[keep])
+            ks.append(data.ep["task_code"][b_idx][keep])
+        if not bs:
+            continue
+        stats = entry_statistics(np.concatenate(bs), np.concatenate(cs), np.concatenate(ks), cfg.decision)
+        passes = None
+        if expect == "includes 0":
+            passes = bool(stats["ci_low"] <= 0 <= stats["ci_high"]) if math.isfinite(stats["ci_low"]) else None
+        out.append({"control": name, "baseline": base, "candidate": cand, "split": split, "expect": expect,
+                    "passes": passes, **stats})
+    return out
+
+
 def check_process_reward(lake: Path, runs: Runs, cfg: ExperimentConfig) -> dict[str, Any] | None:
     """``reward-check`` of R2's process reward on R2's last training rollout (None without R2)."""
     from trajlake.evaluators.reward_check import check_reward
@@ -202,6 +236,7 @@ def write_bundle(folder: Path, cfg: ExperimentConfig, state: State, *, command: 
         table = matrix(data, runs, cfg)
         check = check_process_reward(lake, runs, cfg) if "R2" in cfg.all_arms() else None
         entries = hypotheses(data, runs, cfg, check)
+        control_entries = controls(data, runs, cfg)
         lake_versions = dict(sorted(data.lake_versions.items()))
         as_of = data.as_of
     finally:
@@ -224,7 +259,9 @@ def write_bundle(folder: Path, cfg: ExperimentConfig, state: State, *, command: 
                      "report": f"trajlake experiment report {folder}",
                      "eval": f"trajlake eval --lake {lake} --as-of {as_of} " + " ".join(f"--run {r}" for r in eval_runs)},
         "lake": str(lake), "lake_versions": lake_versions, "as_of": as_of,
-        "matrix": table, "hypotheses": entries, "verdicts": summarise(entries),
+        "matrix": table, "hypotheses": entries, "verdicts": summarise(entries), "controls": control_entries,
+        "controls_pass": (all(c["passes"] for c in control_entries if c["passes"] is not None)
+                          if any(c["passes"] is not None for c in control_entries) else None),
         "reward_check": check, "learning_curves": {k: [list(p) for p in v] for k, v in learning.items()},
         "training": {f"s{s}/{a}": {k: t.get(k) for k in ("policy_version", "checkpoint", "tokens", "steps",
                                                          "train_run", "seconds", "matched_tokens", "budget")}
@@ -337,6 +374,15 @@ def report_markdown(summary: dict[str, Any], cfg: ExperimentConfig, learning: di
                   f"{_fmt(e['mdd'])} | {e['n_pairs']} ({e['n_tasks']}) | {e['verdict']}"
                   + (f" ({e['refuted_by']})" if e.get("refuted_by") else "") + " |")
     md += ["", "Rules:", ""] + [f"- {e['id']}: {e['rule']}" for e in summary["hypotheses"]]
+    if summary.get("controls"):
+        md += ["", "Controls (success on the first evaluation split; A/A and placebo must include 0):", "",
+               "| control | candidate - baseline | estimate | interval | pairs (tasks) | shows what it must |",
+               "|---|---|---|---|---|---|"]
+        for c in summary["controls"]:
+            shows = {True: "yes", False: "NO", None: "n/a"}[c["passes"]]
+            md.append(f"| {c['control']} | {c['candidate']} - {c['baseline']} | {_fmt(c['estimate'])} | "
+                      f"[{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] | {c['n_pairs']} ({c['n_tasks']}) | "
+                      f"{shows if c['expect'] != 'reported' else 'reported'} |")
     if summary.get("reward_check"):
         rc = summary["reward_check"]
         md += ["", f"reward-check of R2's process reward `{rc['reward']}` on {rc['run']}: {rc['verdict']}"]

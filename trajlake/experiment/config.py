@@ -23,6 +23,11 @@ ARMS: tuple[str, ...] = typing.get_args(Arm)
 #: Arms the experiment adds itself when a hypothesis needs them: B1M is B1 trained on for as many policy tokens
 #: as R1's updates used (H1 at matched training compute).
 DERIVED_ARMS = ("B1M",)
+#: Controls an experiment may add to ``arms`` (docs/experiment.md, "Controls"): AA, B1's checkpoint evaluated again
+#: with another sampling seed (its difference from B1 must include 0); PLACEBO, R1 with the returns shuffled within
+#: each group (the update's shape and noise without the reward's information: its difference from B1 must include
+#: 0); MASK, R1 with its loss on the observation tokens too (the mask ablation of 19.6, reported against R1).
+CONTROL_ARMS = ("AA", "PLACEBO", "MASK")
 Metric = Literal["success", "steps", "cost_usd", "success_at_steps", "success_at_cost", "recovery_held_out"]
 METRICS: tuple[str, ...] = typing.get_args(Metric)
 Direction = Literal["greater", "less"]
@@ -171,6 +176,8 @@ class ExperimentConfig:
     """Environment settings of every rollout (``budget = { max_steps = 10 }``, ...)."""
     lambda_cost: float = 0.0
     """The RL arms' lambda_c (19.3): weight of an episode's ``cost_usd`` in its return."""
+    aa_sampling_seed: int = 1
+    """The AA control's sampling seed (the other evaluation runs use ``sampling_seed``)."""
     trajectories: int = 100
     """Episodes exported to the bundle's ``trajectories/`` (and replayed)."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(build_tiny=True))
@@ -192,20 +199,21 @@ class ExperimentConfig:
     def all_arms(self) -> list[str]:
         """The configured arms plus the derived ones a hypothesis names, in running order."""
         named = {h.baseline for h in self.hypotheses} | {h.candidate for h in self.hypotheses}
-        order = ["B1", "B0", "R1", "B1M", "B2", "R2", "R3"]
+        order = ["B1", "B0", "R1", "B1M", "B2", "R2", "R3", *CONTROL_ARMS]
         return [a for a in order if a in self.arms or (a in DERIVED_ARMS and a in named)]
 
 
 #: What each arm needs trained first.
-NEEDS = {"B0": "B1", "B2": "R1", "R1": "B1", "R2": "B1", "R3": "B1", "B1M": "R1"}
+NEEDS = {"B0": "B1", "B2": "R1", "R1": "B1", "R2": "B1", "R3": "B1", "B1M": "R1", "AA": "B1", "PLACEBO": "B1",
+         "MASK": "R1"}
 
 
 def experiment_problems(cfg: ExperimentConfig) -> list[str]:
     """What the types cannot check: arms, their prerequisites, hypotheses naming arms that will run."""
     out: list[str] = []
-    unknown = [a for a in cfg.arms if a not in ARMS]
+    unknown = [a for a in cfg.arms if a not in ARMS + CONTROL_ARMS]
     if unknown:
-        out.append(f"arms: unknown arm(s) {', '.join(unknown)}; arms are {', '.join(ARMS)}")
+        out.append(f"arms: unknown arm(s) {', '.join(unknown)}; arms are {', '.join(ARMS + CONTROL_ARMS)}")
     if cfg.seeds < 1:
         out.append("seeds: at least 1")
     if not cfg.eval_splits:
@@ -222,7 +230,7 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
             out.append(f"{at}: id given twice")
         seen.add(h.id)
         for side in (h.baseline, h.candidate):
-            if side not in ARMS + DERIVED_ARMS:
+            if side not in ARMS + DERIVED_ARMS + CONTROL_ARMS:
                 out.append(f"{at}: unknown arm {side!r}")
         if h.split is not None and h.split not in cfg.eval_splits:
             out.append(f"{at}: split {h.split!r} is not one of eval_splits")
@@ -264,6 +272,6 @@ def config_dict(cfg: ExperimentConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-__all__ = ["ARMS", "DERIVED_ARMS", "METRICS", "NEEDS", "B0Settings", "B2Settings", "DecisionRule",
+__all__ = ["ARMS", "CONTROL_ARMS", "DERIVED_ARMS", "METRICS", "NEEDS", "B0Settings", "B2Settings", "DecisionRule",
            "ExperimentConfig", "HypothesisSpec", "R2Settings", "R3Settings", "RlSettings", "SftSettings",
            "config_dict", "experiment_problems", "load_experiment", "parse_experiment"]

@@ -141,6 +141,7 @@ class Experiment:
         self._t0 = time.monotonic()
         self._planned = 0
         self._finished = 0
+        self._skipped = 0
 
     # .. bookkeeping .............................................................................................
     def _stage(self, key: str, arm: str, seed: int, play: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
@@ -148,6 +149,7 @@ class Experiment:
         done = self.state.done(key)
         self._finished += 1
         if done is not None:
+            self._skipped += 1  # done before a resume: not in the ETA's pace
             return done
         old = self.state.stages.get(key)
         attempt = int(old.get("attempt", 1)) + 1 if old else 1
@@ -168,10 +170,11 @@ class Experiment:
 
     def _progress(self) -> str:
         elapsed = time.monotonic() - self._t0
-        done = self._finished - 1
+        ran = self._finished - 1 - self._skipped  # stages this process ran to the end
+        left = self._planned - self._finished + 1
         eta = ""
-        if done > 0 and self._planned > done:
-            eta = f", ETA {elapsed / done * (self._planned - done) / 60:.0f} min"
+        if ran > 0 and left > 0:
+            eta = f", ETA {elapsed / ran * left / 60:.0f} min"
         return f"{self._finished}/{self._planned}{eta}"
 
     def prefix(self, seed: int, attempt: int = 1) -> str:
@@ -186,7 +189,7 @@ class Experiment:
         if self.cfg.model.path is not None:
             path = Path(self.cfg.model.path)
             return path if path.is_absolute() else Path(self.cfg.source or ".").parent / path
-        return self.folder / f"seed{seed}" / "B1" / "base"
+        return self.checkpoint(seed, "B1").parent / "base"  # beside B1's checkpoint, in its attempt's folder
 
     def checkpoint(self, seed: int, arm: str) -> Path:
         entry = self.state.done(f"s{seed}/{arm}/train")
@@ -246,6 +249,10 @@ class Experiment:
         if arm == "R2":
             stage.update(process_reward=cfg.r2.process_reward, process_weight=cfg.r2.process_weight,
                          process_shaping=cfg.r2.process_shaping)
+        if arm == "PLACEBO":
+            stage["placebo_shuffle_rewards"] = True
+        if arm == "MASK":
+            stage["loss_on_observations"] = True
         if arm == "R3":
             stage["fault_rate_schedule"] = list(cfg.r3.fault_rate_schedule)
             rollout["held_out_fault_kind"] = cfg.r3.held_out_fault_kind
@@ -320,9 +327,11 @@ class Experiment:
             policy, version = f"single-turn:hf:{folder}", None
             extra = dict(cfg.b0.policy_args)
         else:
-            entry = self.state.done(f"s{seed}/{arm}/train")
+            # AA: B1's checkpoint again under another sampling seed
+            entry = self.state.done(f"s{seed}/{'B1' if arm == 'AA' else arm}/train")
             assert entry is not None
-            policy, version, extra = f"hf:{entry['checkpoint']}", entry["policy_version"], {}
+            policy, version = f"hf:{entry['checkpoint']}", entry["policy_version"]
+            extra = {"seed": str(cfg.aa_sampling_seed)} if arm == "AA" else {}
         self._stage(key, arm, seed, lambda _a: self._play(run, arm, seed, policy, version, split, extra_args=extra))
 
     def evaluate_fault(self, seed: int, arm: str) -> None:
@@ -396,7 +405,7 @@ class Experiment:
         out: list[tuple[str, int, str, str]] = []
         for seed in range(cfg.seeds):
             for arm in arms:
-                if arm in ("B1", "R1", "R2", "R3", "B1M"):
+                if arm in ("B1", "R1", "R2", "R3", "B1M", "PLACEBO", "MASK"):
                     out.append(("train", seed, arm, ""))
                 for split in cfg.eval_splits:
                     if arm == "B2":
