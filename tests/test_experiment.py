@@ -65,6 +65,7 @@ def test_control_arms_are_planned_after_what_they_need() -> None:
     ({"arms": ["B1", "R9"]}, "unknown arm(s) R9"),
     ({"colour": "red"}, "unknown key(s) colour"),
     ({"seeds": "two"}, "seeds: expected int"),
+    ({"policy_args": {"grammar": "none"}}, "policy_args: --policy-arg grammar must be one of"),
     ({"hypotheses": [{"id": "H1a", "hypothesis": "H1", "claim": "x", "metric": "success", "baseline": "B7",
                       "candidate": "R1"}]}, "unknown arm 'B7'"),
     ({"hypotheses": [{"id": "H3", "hypothesis": "H3", "claim": "x", "metric": "recovery_held_out",

@@ -240,6 +240,13 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
         out.append("decision: alpha and power must lie in (0, 1)")
     if cfg.trajectories < 0:
         out.append("trajectories: not negative")
+    from trajlake.errors import TrajlakeError
+    from trajlake.policies.settings import LMSettings
+
+    try:  # the hf: policy's settings, checked before hours of training (B0's single-turn keys are its own)
+        LMSettings.from_args(cfg.policy_args)
+    except TrajlakeError as e:
+        out.append(f"policy_args: {e}")
     return out
 
 
