@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -191,8 +190,8 @@ def test_experiment_end_to_end_with_a_kill_and_resume(tmp_path: Path) -> None:
                              str(out)], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
-        if "arm R1: train" in line:
-            time.sleep(3)
+        # R1's first iteration has played (its second is still to come): the stage is surely part-way
+        if "rollout s0-R1-it1:" in line:
             proc.send_signal(signal.SIGKILL)
             break
     proc.wait(timeout=600)
