@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from trajlake.errors import TrajlakeError
-from trajlake.experiment.config import ExperimentConfig, config_dict, load_experiment
+from trajlake.experiment.config import DecisionRule, ExperimentConfig, config_dict, load_experiment
 from trajlake.experiment.hypotheses import entry_statistics, metric_values, rule_text, summarise, with_holm
 from trajlake.experiment.run import CONFIG_COPY, State
 
@@ -83,11 +83,6 @@ class Runs:
                 fault[(seed, arm)] = str(done["run"])
         return cls(ev, fault, train, unfinished)
 
-    def rl_runs(self) -> list[str]:
-        """The RL arms' training rollouts (``-it<k>``), in order."""
-        return [r for (_, arm), t in sorted(self.train.items()) if arm in ("R1", "R2", "R3")
-                for r in t.get("runs", []) if "-it" in r]
-
 
 # -- the numbers ------------------------------------------------------------------------------------------------
 def matrix(data: Any, runs: Runs, cfg: ExperimentConfig) -> dict[str, Any]:
@@ -120,16 +115,30 @@ def matrix(data: Any, runs: Runs, cfg: ExperimentConfig) -> dict[str, Any]:
     return {"per_seed": per_seed, "pooled": pooled}
 
 
+def pooled_pairs(data: Any, run_pairs: Sequence[tuple[str, str]], metric: str, decision: DecisionRule
+                 ) -> dict[str, Any]:
+    """The paired difference of ``metric`` over every (baseline run, candidate run) pair (one per training seed):
+    matched episodes pooled, clustered by task (:func:`entry_statistics`)."""
+    from trajlake.evaluators.report import pairs
+
+    bs, cs, ks = [], [], []
+    for b_run, c_run in run_pairs:
+        b_idx, c_idx, _ = pairs(data, b_run, c_run)
+        b, c, keep = metric_values(data.ep, b_idx, c_idx, metric, data.run_index(b_run))
+        bs.append(b[keep])
+        cs.append(c[keep])
+        ks.append(data.ep["task_code"][b_idx][keep])
+    b_all, c_all, k_all = (np.concatenate(x) if x else np.zeros(0) for x in (bs, cs, ks))
+    return entry_statistics(b_all, c_all, k_all, decision)
+
+
 def hypotheses(data: Any, runs: Runs, cfg: ExperimentConfig, reward_check: dict[str, Any] | None
                ) -> list[dict[str, Any]]:
     """Every configured entry: the pooled paired difference, Holm across entries, the verdict."""
-    from trajlake.evaluators.report import pairs
-
-    ep = data.ep
     entries: list[dict[str, Any]] = []
     for spec in cfg.hypotheses:
         split = spec.split or cfg.primary_split
-        bs, cs, ks, notes = [], [], [], []
+        run_pairs, notes = [], []
         for seed in range(cfg.seeds):
             if spec.metric == "recovery_held_out":
                 b_run, c_run = runs.fault.get((seed, spec.baseline)), runs.fault.get((seed, spec.candidate))
@@ -137,16 +146,9 @@ def hypotheses(data: Any, runs: Runs, cfg: ExperimentConfig, reward_check: dict[
                 b_run, c_run = runs.eval.get((seed, spec.baseline, split)), runs.eval.get((seed, spec.candidate, split))
             if b_run is None or c_run is None:
                 notes.append(f"seed {seed}: {spec.baseline if b_run is None else spec.candidate} not run")
-                continue
-            b_idx, c_idx, _ = pairs(data, b_run, c_run)
-            b, c, keep = metric_values(ep, b_idx, c_idx, spec.metric, data.run_index(b_run))
-            bs.append(b[keep])
-            cs.append(c[keep])
-            ks.append(ep["task_code"][b_idx][keep])
-        b_all = np.concatenate(bs) if bs else np.zeros(0)
-        c_all = np.concatenate(cs) if cs else np.zeros(0)
-        k_all = np.concatenate(ks) if ks else np.zeros(0)
-        stats = entry_statistics(b_all, c_all, k_all, cfg.decision)
+            else:
+                run_pairs.append((b_run, c_run))
+        stats = pooled_pairs(data, run_pairs, spec.metric, cfg.decision)
         entry: dict[str, Any] = {"id": spec.id, "hypothesis": spec.hypothesis, "claim": spec.claim,
                                  "rule": rule_text(spec, cfg.decision, split), "metric": spec.metric,
                                  "baseline": spec.baseline, "candidate": spec.candidate,
@@ -168,24 +170,14 @@ CONTROLS = (("aa", "B1", "AA", "includes 0"), ("placebo", "B1", "PLACEBO", "incl
 def controls(data: Any, runs: Runs, cfg: ExperimentConfig) -> list[dict[str, Any]]:
     """Each control that ran: its paired difference in success on the first evaluation split (pooled over seeds,
     clustered by task) and whether it shows what it must (A/A and placebo: an interval that includes 0)."""
-    from trajlake.evaluators.report import pairs
-
     out: list[dict[str, Any]] = []
     split = cfg.primary_split
     for name, base, cand, expect in CONTROLS:
-        bs, cs, ks = [], [], []
-        for seed in range(cfg.seeds):
-            b_run, c_run = runs.eval.get((seed, base, split)), runs.eval.get((seed, cand, split))
-            if b_run is None or c_run is None:
-                continue
-            b_idx, c_idx, _ = pairs(data, b_run, c_run)
-            b, c, keep = metric_values(data.ep, b_idx, c_idx, "success", data.run_index(b_run))
-            bs.append(b[keep])
-            cs.append(c[keep])
-            ks.append(data.ep["task_code"][b_idx][keep])
-        if not bs:
+        run_pairs = [(runs.eval[(seed, base, split)], runs.eval[(seed, cand, split)]) for seed in range(cfg.seeds)
+                     if (seed, base, split) in runs.eval and (seed, cand, split) in runs.eval]
+        if not run_pairs:
             continue
-        stats = entry_statistics(np.concatenate(bs), np.concatenate(cs), np.concatenate(ks), cfg.decision)
+        stats = pooled_pairs(data, run_pairs, "success", cfg.decision)
         passes = None
         if expect == "includes 0":
             passes = bool(stats["ci_low"] <= 0 <= stats["ci_high"]) if math.isfinite(stats["ci_low"]) else None
