@@ -160,7 +160,7 @@ def test_r2_return_adds_the_weighted_lookup_progress_of_each_episode(tmp_path: P
 
     from trajlake.rollout.runner import RolloutConfig, run_rollout
     from trajlake.train.config import parse_config
-    from trajlake.train.loop import _episode_returns
+    from trajlake.train.loop import _episode_credit
 
     lake = str(tmp_path / "lake")
     tasks = ("tool-lookup/code/p0/0", "tool-lookup/two_hop/p0/0", "tool-lookup/pair/p0/0", "tool-lookup/pair/p1/0")
@@ -173,7 +173,7 @@ def test_r2_return_adds_the_weighted_lookup_progress_of_each_episode(tmp_path: P
     con = connect(lake)
     episodes = con.execute("select * from episodes order by episode_id").arrow()
     episodes = episodes.read_all() if hasattr(episodes, "read_all") else episodes
-    returns = _episode_returns(cfg, cfg.stages[0], lake, episodes)
+    returns = _episode_credit(cfg, cfg.stages[0], lake, episodes).returns()
     assert len(returns) == 16
     for episode_id, run, success in con.execute("select episode_id, run_id, success from episodes").fetchall():
         cur = con.execute("select role, actor, raw_content, action_schema, tool_args, status, env_state_hash, "

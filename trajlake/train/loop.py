@@ -912,12 +912,6 @@ def _episode_credit(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: A
     return Credit(terminal, process, cfg.gamma, stage.process_shaping)
 
 
-def _episode_returns(cfg: TrainConfig, stage: StageConfig, lake: str, episodes: Any) -> dict[str, float]:
-    """G_0 of 19.3 per episode (``Credit.returns``): R_task - lambda_c * cost_usd - lambda_s * V, plus, with a
-    process reward, its weighted per-turn values as the stage's ``process_shaping`` credits them."""
-    return _episode_credit(cfg, stage, lake, episodes).returns()
-
-
 def _advantages(stage: StageConfig, episodes: Any, credit: Credit, placebo_seed: int = 0
                 ) -> tuple[dict[str, float] | None, dict[str, list[float]] | None]:
     """(per-episode, per-turn) advantages for RLOO/GRPO (groups: same task, seed and environment version); both
