@@ -265,8 +265,6 @@ class Experiment:
     def b1m(self, seed: int) -> None:
         """B1 trained on (its data, its final learning rate) for as many policy tokens as R1's updates used: the
         compute-matched SFT arm of H1."""
-        from trajlake.query import connect
-
         cfg = self.cfg
         b1 = self.state.done(f"s{seed}/B1/train")
         r1 = self.state.done(f"s{seed}/R1/train")
@@ -282,10 +280,8 @@ class Experiment:
         def play(attempt: int) -> dict[str, Any]:
             self.log(f"    B1M: R1 trained on {r1['tokens']} policy tokens = {steps} B1 steps of ~{per_step:.0f}")
             out = self._train(seed, "B1M", attempt, model, stage)
-            con = connect(self.lake)
-            row = con.execute("select config from runs where run_id = ?", [out["train_run"]]).fetchone()
             out["matched_tokens"] = {"r1_policy_tokens": r1["tokens"], "b1_tokens_per_step": per_step,
-                                     "steps": steps, "b1m_policy_tokens": json.loads(row[0])["tokens"] if row else None}
+                                     "steps": steps, "b1m_policy_tokens": out["tokens"]}
             return out
 
         self._stage(f"s{seed}/B1M/train", "B1M", seed, play)
@@ -375,7 +371,10 @@ class Experiment:
         from trajlake.query import connect
 
         con = connect(self.lake)
-        r1_run = f"s{seed}-R1-{split}"
+        r1_eval = self.state.done(f"s{seed}/R1/eval:{split}")
+        if r1_eval is None:
+            raise TrajlakeError(f"B2's budget needs R1's evaluation on {split} (evaluate R1 first)")
+        r1_run = r1_eval["run"]
         row = con.execute("select avg(coalesce(tokens_in, 0) + coalesce(tokens_out, 0)), count(*) from episodes "
                           "where run_id = ?", [r1_run]).fetchone()
         if row is None or not row[1]:
