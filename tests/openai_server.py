@@ -9,16 +9,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import torch
 
+from tests.servers import LoopbackHTTPServer
 from trajlake.policies.hf import forward_step, load_model, process_logits
 from trajlake.render.grammar import TokenMasker
 
 
-class ModelServer:
+class ModelServer(LoopbackHTTPServer):
     """``with ModelServer(path) as srv: srv.base_url``; ``srv.faults`` is a list of "503", "500" or "timeout"
     consumed one per request; ``srv.requests`` logs (endpoint, prompt token ids) of the requests answered and
     ``srv.bodies`` their JSON bodies; with ``srv.reject_structured`` a request carrying ``structured_outputs`` gets
@@ -74,20 +75,7 @@ class ModelServer:
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
                     pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def __enter__(self) -> ModelServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler)
 
     # -- the model ---------------------------------------------------------------------------------------------
     def sample(self, ids: list[int], body: dict[str, Any]) -> tuple[list[int], list[float], str]:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.servers import LoopbackHTTPServer
 
 END = "<|end|>"
 GEN = "<|assistant|>"
@@ -38,7 +40,7 @@ def ids_of(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(LoopbackHTTPServer):
     def __init__(self, script: list[Any] | None = None, *, refuse_extensions: bool = False, token_ids: bool = True,
                  chunk_tokens: int = 4):
         self.script = script or ["hello"]
@@ -103,21 +105,7 @@ class ScriptedUpstream:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.write(b"0\r\n\r\n")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def __enter__(self) -> ScriptedUpstream:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler, daemon_threads=True)
 
     # -- replies -------------------------------------------------------------------------------------------------
     def _reply(self, reply: Any) -> tuple[str, list[dict[str, Any]], str]:
