@@ -65,6 +65,10 @@ class Setup:
     code of tool-lookup's pools to become one token (docs/tool_lookup.md)."""
     sft_tasks: int = 1000
     """B1's data: the oracle on the first this many tasks of B1's train families (seed 0)."""
+    data_policy: str = "oracle"
+    """The scripted policy whose episodes B1 is supervised on: ``oracle``, or ``oracle-shortcut`` (the fourth
+    design: a privileged demonstrator that submits at once, unread, in 40% of its episodes;
+    configs/positive-control-shortcut.toml)."""
     sft_steps: int = 2000
     """With eight heads the copying transition came within ~1,000 steps at lr 1e-2 on every seed probed (with the
     default four heads, ~550 to beyond 3,000 steps depending on the seed; docs/tool_lookup.md, "Fourth probe"):
@@ -278,7 +282,7 @@ class Seed:
         tasks = self.b1_tasks()
         if s.sft_tasks > len(tasks):
             raise ValueError(f"sft_tasks = {s.sft_tasks}: B1's train families have only {len(tasks)} tasks")
-        stage = {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": s.sft_steps, "batch_size": s.sft_batch,
+        stage = {"name": "B1", "kind": "sft", "data_policy": s.data_policy, "steps": s.sft_steps, "batch_size": s.sft_batch,
                  "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "lr_schedule": s.sft_lr_schedule,
                  "min_lr_ratio": s.sft_min_lr_ratio,
                  "data": {"split": "train", "seeds": "0", "tasks": tasks[:s.sft_tasks],
@@ -455,6 +459,9 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
+    ap.add_argument("--only-seed", type=int, action="append", default=None,
+                    help="run only this training seed (repeatable; e.g. one process per seed, then a last run with "
+                         "--seeds N finds every arm in the lakes and writes the summary of all)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "positive_control"))
     ap.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {','.join(ARMS)}")
     ap.add_argument("--setup", help="a TOML file overriding the settings (Setup's fields)")
@@ -480,14 +487,15 @@ def main(argv: list[str] | None = None) -> int:
 
     command = " ".join(["python", "bench/experiment_positive_control.py", *(argv if argv is not None else sys.argv[1:])])
     results = []
-    for seed in range(args.seeds):
+    for seed in (args.only_seed if args.only_seed is not None else range(args.seeds)):
         t0 = time.monotonic()
         run = Seed(setup, seed, out / f"seed{seed}", log)
         run.run(arms)
         results.append(run.results(arms))
         log(f"seed {seed}: done in {(time.monotonic() - t0) / 60:.1f} min")
         # after every seed, so that a stopped experiment keeps the seeds it finished
-        write_outputs(out, setup, arms, results, command, seeds_planned=args.seeds)
+        write_outputs(out, setup, arms, results, command,
+                      seeds_planned=len(args.only_seed) if args.only_seed is not None else args.seeds)
     print(json.dumps({s["seed"]: {k: s[k] for k in ("success", *COMPARISONS) if k in s} for s in results}, indent=1))
     return 0
 

@@ -138,6 +138,38 @@ def test_oracle_solves_every_instance_and_the_baselines_differ() -> None:
             e.close()
 
 
+def test_shortcut_oracle_skips_lookups_in_its_share_of_episodes_whatever_the_statement() -> None:
+    """``oracle-shortcut`` (the positive control's privileged demonstrator) solves every task, submitting at once in
+    ~40% of (task, seed) pairs, at the same rate on every kind, so the statement does not predict a shortcut."""
+    from trajlake.envs.tool_lookup.policies import SHORTCUT_RATE, takes_shortcut
+
+    e = make_env("tool-lookup", split=Split.TRAIN)
+    try:
+        tasks = e.list_tasks()[::5]
+        shortcuts: Counter[str] = Counter()
+        for t in tasks:
+            pol = make_policy("tool-lookup", "oracle-shortcut", "v")
+            pol.reset(e.task_view(t["task_id"], t["task_version"], oracle=True), 0)
+            obs = e.reset(0, task_id=t["task_id"]).observation
+            calls = []
+            while True:
+                action = pol.act(obs).action
+                calls.append(json.loads(action)["tool"])
+                res = e.step(action)
+                obs = res.observation
+                if res.done:
+                    break
+            assert res.reward_components["resolved"] == 1.0, t["task_id"]
+            short = takes_shortcut(t["task_id"], 0)
+            assert calls == (["submit"] if short else [c["tool"] for c in t["plan"]]), t["task_id"]
+            shortcuts[t["kind"]] += short
+        per_kind = Counter(t["kind"] for t in tasks)
+        for kind in KINDS:
+            assert abs(shortcuts[kind] / per_kind[kind] - SHORTCUT_RATE) < 0.08, (kind, shortcuts, per_kind)
+    finally:
+        e.close()
+
+
 def test_steps_errors_and_budget(env: ToolLookupEnv) -> None:
     t = first(env, "code")
     name = t["plan"][0]["args"]["name"]

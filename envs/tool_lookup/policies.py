@@ -1,6 +1,8 @@
-"""Built-in tool-lookup policies: ``oracle`` (the task's minimal correct calls), ``heuristic`` (looks up the first
-name the statement quotes and submits its code: right on the one-lookup kind only) and ``random`` (random
-lookups of names it has seen and random submissions). Scripted: byte-level token ids, loss mask 1, no log-probs."""
+"""Built-in tool-lookup policies: ``oracle`` (the task's minimal correct calls), ``oracle-shortcut`` (a privileged
+demonstrator: the oracle, but in a fixed share of episodes it submits the answer at once, read from the hidden
+directory), ``heuristic`` (looks up the first quoted name of the statement and submits its code: right on the
+one-lookup kind only) and ``random`` (random lookups of names it has seen and random submissions). Scripted:
+byte-level token ids, loss mask 1, no log-probs."""
 
 from __future__ import annotations
 
@@ -43,6 +45,32 @@ class OraclePolicy(Policy):
             return self.scripted_output(act("submit", answer=""))
         call = self.plan.pop(0)
         return self.scripted_output(act(str(call["tool"]), **dict(call["args"])))
+
+
+SHORTCUT_RATE = 0.4
+"""Share of episodes in which ``oracle-shortcut`` skips the lookups."""
+
+
+def takes_shortcut(task_id: str, seed: int, rate: float = SHORTCUT_RATE) -> bool:
+    """Whether ``oracle-shortcut`` submits at once on this (task, seed): a pure function of both, independent of the
+    statement, so that nothing an agent sees predicts it."""
+    return random.Random(f"oracle-shortcut:{task_id}:{seed}").random() < rate
+
+
+class ShortcutOraclePolicy(OraclePolicy):
+    """The oracle with privileged shortcuts: on a share :data:`SHORTCUT_RATE` of (task, seed) pairs, chosen by a
+    hash that ignores the statement, it submits the answer at once without looking anything up (it knows the hidden
+    directory); otherwise it plays the oracle's calls. Every episode succeeds, yet an agent cloned from these
+    episodes learns to submit a guess, unread, in about that share of its episodes: the classic failure of
+    imitating an expert who sees what the student cannot, which only feedback on the student's own episodes can
+    remove (docs/training.md, "The positive control", fourth design)."""
+
+    name = "oracle-shortcut"
+
+    def reset(self, task: TaskView, seed: int) -> None:
+        super().reset(task, seed)
+        if takes_shortcut(task.task_id, seed):
+            self.plan = [c for c in self.plan if c["tool"] == "submit"]
 
 
 class HeuristicPolicy(Policy):
@@ -88,4 +116,5 @@ class RandomPolicy(Policy):
         return self.scripted_output(act("lookup", name=name))
 
 
-POLICIES: dict[str, type[Policy]] = {"oracle": OraclePolicy, "heuristic": HeuristicPolicy, "random": RandomPolicy}
+POLICIES: dict[str, type[Policy]] = {"oracle": OraclePolicy, "oracle-shortcut": ShortcutOraclePolicy,
+                                     "heuristic": HeuristicPolicy, "random": RandomPolicy}
