@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trajlake.envs.policy import Policy, TaskView
-from trajlake.schemas.vocab import ErrorClass, Status, TerminationReason
+from trajlake.schemas.vocab import Actor, ErrorClass, Status, TerminationReason
 
 from trajlake.errors import EnvError
 
@@ -120,10 +120,15 @@ class StepResult:
     """Gateway decisions of this step (gateway_events rows without episode/run/turn/event ids)."""
     taint: tuple[str, ...] = ()
     """Taint labels of the observation (e.g. untrusted_tool_output)."""
+    observation_actor: str = Actor.ENV
+    """Who produced the observation: ``env`` (tool output, recorded as a ``tool`` turn) or ``user`` (a simulated
+    user's answer to ``ask_user``, recorded as a ``user`` turn with actor ``user``)."""
 
     def __post_init__(self) -> None:
         if self.terminated and self.truncated:
             raise EnvError("a step cannot be both terminated and truncated")
+        if self.observation_actor not in (Actor.ENV, Actor.USER):
+            raise EnvError(f"observation_actor must be env or user, not {self.observation_actor!r}")
         if self.status != STATUS_OK and self.status not in ERROR_CLASSES:
             raise EnvError(f"unknown status {self.status!r}")
 

@@ -374,7 +374,7 @@ def test_heuristic_and_random_run_through_the_runner_and_into_the_lake(env, tmp_
 
 
 def test_tool_docs_match_the_action_set() -> None:
-    assert set(TOOL_DOCS) == {"click", "type", "select", "goto", "submit", "answer", "give_up"}
+    assert set(TOOL_DOCS) == {"click", "type", "select", "goto", "submit", "answer", "give_up", "ask_user"}
     assert set(POLICIES) == {"oracle", "heuristic", "random", "gullible"}
 
 

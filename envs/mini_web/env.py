@@ -8,7 +8,10 @@ Actions are JSON objects ``{"tool": NAME, "args": {...}}``:
 - ``goto {"path"}``: load a path of the site (``/products?q=lamp``); anything off the site is refused;
 - ``submit {"id"}``: send the form that holds element ``id`` (or the form itself);
 - ``answer {"text"}``: finish with an answer (graded against the database for question tasks);
-- ``give_up {}``: finish without solving the task.
+- ``give_up {}``: finish without solving the task;
+- ``ask_user {"question"}``: ask the person behind the agent (environment 1.1). A simulated user answers from the
+  task's hidden intent (``underspecified.SimulatedUser``); the answer is the next observation, recorded as a turn
+  of actor ``user``, and costs one human-interaction price (``human_price_usd``) in that turn's ``cost_usd``.
 
 Every action passes the permission gateway. Browser-side actions and page loads are gateway tools of side-effect
 class ``read`` named after the action; a form sent with POST goes through the gateway as ``post`` (``write``), or,
@@ -62,16 +65,17 @@ from trajlake.envs.gateway import (
 )
 from trajlake.envs.policy import Policy
 from trajlake.envs.tool_env import ToolEnv, clip, code_digest, describe_tools, parse_action
-from trajlake.schemas.vocab import Capability, FaultKind, Status
+from trajlake.schemas.vocab import Actor, Capability, FaultKind, Status
 
 from .app import HOST, IRREVERSIBLE, Site, endpoint_shape
 from .data import ACCOUNT_SECRET_KEY, build_database, canonical_dump
 from .dom import Node, Page, form_data, parse_page, render
 from .grading import ATTACKS, INJECTION_MARK, TASKS_PATH, attack_succeeded, grade, load_tasks
 from .injection import injected_tasks
+from .underspecified import SimulatedUser, underspecified_tasks
 
 ENV_ID = "mini-web"
-ENV_VERSION = "1.0"
+ENV_VERSION = "1.1"  # 1.1: the ask_user tool (the intro lists it)
 UNTRUSTED = "untrusted_web_content"
 HTTP_TIMEOUT_S = 10.0
 # Pages that show text written by someone other than the user (reviews, ticket messages, emails).
@@ -86,6 +90,8 @@ TOOL_DOCS: dict[str, dict[str, Any]] = {
     "answer": {"description": "Finish with an answer (for questions) or to say the task is done.",
                "args": {"text": "answer"}},
     "give_up": {"description": "Finish without solving the task.", "args": {}},
+    "ask_user": {"description": "Ask the user a question about what they want (a person answers; it costs their "
+                                "time).", "args": {"question": "your question"}},
 }
 ACTION_TOOLS = tuple(TOOL_DOCS)
 _ID = {"type": "integer", "minimum": 1, "maximum": 100_000}
@@ -101,6 +107,8 @@ ACTION_SCHEMAS: dict[str, dict[str, Any]] = {
     "answer": {"type": "object", "properties": {"text": {"type": "string", "maxLength": 5000}}, "required": ["text"],
                "additionalProperties": False},
     "give_up": {"type": "object", "properties": {}, "additionalProperties": False},
+    "ask_user": {"type": "object", "properties": {"question": {"type": "string", "minLength": 1, "maxLength": 1000}},
+                 "required": ["question"], "additionalProperties": False},
 }
 _POST_SCHEMA = {"type": "object", "properties": {"action": {"type": "string"}, "id": _ID, "path": {"type": "string"},
                                                   "fields": {"type": "object"}},
@@ -138,7 +146,7 @@ def _initial_dump(image: bytes) -> dict[str, list[list[Any]]]:
 class _Plan:
     """What an action resolved to, before the gateway runs it."""
 
-    kind: str  # error | client | get | post | end
+    kind: str  # error | client | get | post | end | ask
     error: str = ""
     method: str = "GET"
     path: str = ""
@@ -176,7 +184,11 @@ class MiniWebEnv(ToolEnv):
     :data:`trajlake.envs.core.DEFAULT_HUMAN_INTERACTION_USD`) in the observation turn's ``cost_usd``.
     ``credentials`` (default on): at reset the account's API key is replaced by an episode credential (derived
     from the seed and the task, scoped to the granted capabilities, expired when the episode ends); a call or an
-    answer carrying it out is tainted ``secret_leak:...`` (counted by ``trajlake eval`` as ``secret_leak``)."""
+    answer carrying it out is tainted ``secret_leak:...`` (counted by ``trajlake eval`` as ``secret_leak``).
+
+    ``underspecified``: play the underspecified variants of the tasks (``underspecified.underspecified_tasks``:
+    the statement omits a detail the user has in mind) instead of the fully specified set; ``ask_user`` is how
+    an agent learns the detail. On a fully specified task the user has nothing to add and answers "I don't know"."""
 
     env_id = ENV_ID
     env_version = ENV_VERSION
@@ -192,9 +204,14 @@ class MiniWebEnv(ToolEnv):
                  irreversible_budget: int | None = None, taint_enforcement: bool = False,
                  enforce_taint: bool = False, browser: str | None = None,
                  workdir: str | os.PathLike[str] | None = None, taint_mode: str | None = None,
-                 approver: str | None = None, human_price_usd: float | None = None, credentials: bool = True):
-        super().__init__(tasks if tasks is not None else load_tasks(tasks_path), split, injection=injection,
-                         injected=injected_tasks, budget=budget, what="Mini Web")
+                 approver: str | None = None, human_price_usd: float | None = None, credentials: bool = True,
+                 underspecified: bool = False):
+        records = tasks if tasks is not None else load_tasks(tasks_path)
+        if underspecified:
+            records = underspecified_tasks(records)
+        super().__init__(records, split, injection=injection, injected=injected_tasks, budget=budget,
+                         what="Mini Web underspecified" if underspecified else "Mini Web")
+        self.underspecified = bool(underspecified)
         try:
             self.permissions = Permissions(
                 capabilities=frozenset({Capability.READ, Capability.WRITE}), irreversible_budget=irreversible_budget,
@@ -219,6 +236,8 @@ class MiniWebEnv(ToolEnv):
         self._pending: _Plan | None = None
         self._invalid: str | None = None
         self._site_error: str | None = None
+        self._reply: str | None = None
+        """The simulated user's answer to this step's ask_user, if it asked."""
         self.answer: str | None = None
         self.ended = False
         self.failures: tuple[str, ...] = ()
@@ -312,6 +331,7 @@ class MiniWebEnv(ToolEnv):
         self._invalid = None
         self._site_error = None
         self._pending = None
+        self._reply = None
         gw_tool, gw_args = tool, args
         data: list[str] | None = None
         targets: list[str] | None = None
@@ -355,8 +375,19 @@ class MiniWebEnv(ToolEnv):
         obs = ("The episode is over." + (f" Your answer: {self.answer}" if self.answer is not None else "")
                if terminated else self._observe()) + notice
         self._taint = self._page_taint()
-        # A confirmation answered is a person's time: priced here, recorded on the observation turn.
-        human_cost = self.human_price if res.approval is not None else 0.0
+        # A confirmation answered, or a question the user answered, is a person's time: priced here, recorded on
+        # the observation turn.
+        human_cost = self.human_price * ((res.approval is not None) + (self._reply is not None))
+        if self._reply is not None:
+            self.gateway.note_trusted(self._reply)  # what the user says is the user's word, like the statement
+            if not self.done:
+                # The observation is the user's answer alone (the page is unchanged): a turn of actor user,
+                # carrying no page text and so no page taint.
+                return StepResult(observation=clip(f"The user answers: {self._reply}"), reward_components={},
+                                  terminated=False, truncated=False, status=status, cost_usd=human_cost,
+                                  state_hash=self.state_hash(), tool=tool, gateway_events=(res.event,),
+                                  observation_actor=Actor.USER)
+            obs = f"The user answers: {self._reply}\n{obs}"  # a budget ended the episode on the question
         return StepResult(observation=clip(obs), reward_components=comps, terminated=terminated,
                           truncated=truncated, status=status, cost_usd=human_cost, state_hash=self.state_hash(),
                           termination_reason=reason, tool=tool or None, tool_seconds=0.0,
@@ -520,6 +551,8 @@ class MiniWebEnv(ToolEnv):
         """Turn an action into a plan on the current page (no effect yet); errors name the problem."""
         if tool in ("answer", "give_up"):
             return _Plan("end", value=str(args.get("text", "")) if tool == "answer" else "", note=tool)
+        if tool == "ask_user":
+            return _Plan("ask", value=str(args["question"]))
         if tool == "goto":
             path = str(args["path"])
             problem = _outside_site(path)
@@ -575,6 +608,9 @@ class MiniWebEnv(ToolEnv):
             self.ended = True
             self.answer = plan.value if plan.note == "answer" else None
             return ""
+        if plan.kind == "ask":
+            self._reply = SimulatedUser((self.task or {}).get("intent")).answer(plan.value)
+            return ""
         self._load(plan.method, plan.path, plan.fields, plan.form_index)
         if plan.kind == "get" and self.browser.http_status == 404:
             self._invalid = f"invalid action: there is no page at {urlsplit(plan.path).path}"
@@ -583,8 +619,8 @@ class MiniWebEnv(ToolEnv):
         return ""
 
     def _tools(self) -> list[ToolSpec]:
-        # An answer leaves the environment (to the user): a credential in it is a leak.
-        specs = [ToolSpec(name, "read", "read", ACTION_SCHEMAS[name], self._run, egress=name == "answer")
+        # An answer or a question leaves the environment (to the user): a credential in it is a leak.
+        specs = [ToolSpec(name, "read", "read", ACTION_SCHEMAS[name], self._run, egress=name in ("answer", "ask_user"))
                  for name in ACTION_TOOLS]
         specs.append(ToolSpec("post", "write", "write", _POST_SCHEMA, self._run))
         specs += [ToolSpec(name, "write", "irreversible", _POST_SCHEMA, self._run) for name in EFFECT_TOOLS]

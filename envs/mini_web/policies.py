@@ -65,6 +65,8 @@ def step_action(step: Mapping[str, Any], observation: str) -> str:
         return act("goto", path=step["path"])
     if op == "answer":
         return act("answer", text=step["text"])
+    if op == "ask":  # an underspecified task: the oracle asks the user before it acts
+        return act("ask_user", question=step["question"])
     roles = {"type": ("textbox", "spinbutton"), "select": ("combobox",), "click": (step.get("role", "button"),)}[op]
     bid = find(observation, step["name"], roles)
     if bid is None:  # the page is not what the plan expects: say so through the action (the env reports it)

@@ -163,7 +163,9 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
                 seen = FaultInjector.observation(fault) if fault == FaultKind.SLOW_RESPONSE \
                     else FaultInjector.truncate(res.observation)
                 status = Status.ENV_TRANSIENT if fault == FaultKind.SLOW_RESPONSE else res.status
-                res = dataclasses.replace(res, observation=seen, status=status, fault_injected=fault)
+                # what the agent sees is the infrastructure's now, even for a user's answer
+                res = dataclasses.replace(res, observation=seen, status=status, fault_injected=fault,
+                                          observation_actor=Actor.ENV)
         t2 = utcnow()
         statuses.append(res.status)
         if res.status in MODEL_STATUSES and turns[pol_idx]["status"] != Status.ENV_TRANSIENT:
@@ -171,7 +173,10 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         for j, ev in enumerate(res.gateway_events):
             events.append({**ev, "episode_id": ep_id, "run_id": run_id, "turn_idx": pol_idx, "event_idx": j})
         obs_ids = byte_tokenize(res.observation)
-        add_turn(role=Role.TOOL, actor=Actor.ENV, raw_content=res.observation, token_ids=obs_ids,
+        # A simulated user's answer (ask_user) is the user's turn, not tool output: mask 0 either way.
+        by_user = res.observation_actor == Actor.USER
+        add_turn(role=Role.USER if by_user else Role.TOOL, actor=Actor.USER if by_user else Actor.ENV,
+                 raw_content=res.observation, token_ids=obs_ids,
                  loss_mask=np.zeros(obs_ids.shape[0], dtype=np.int8), tokenizer_id=BYTE_TOKENIZER_ID,
                  action_schema=res.tool, tool_call_id=f"call-{step_idx}", observation_hash=_hash_text(res.observation),
                  env_state_hash=res.state_hash, started_at=t1, ended_at=t2,
