@@ -33,7 +33,9 @@
 --                   BUDGET_EXHAUSTED or termination_reason budget_* / timeout, with duplicate_actions > 0).
 --   5 perception    (perception/state) an edit action on a path never observed earlier in the episode.
 --   6 planning      everything else: a wrong or unfinished plan (MODEL_BAD_PLAN, gave up, wrong submission,
---                   budget spent without looping).
+--                   budget spent without looping). Rule 'gave up' when the agent ended the episode itself without
+--                   solving it (termination_reason 'gave_up': Mini SWE's and Mini Web's give_up), else the
+--                   lower-case error class, else the termination reason.
 --
 -- Output columns
 --   run_id, episode_id   the failing episode
@@ -139,6 +141,8 @@ classified AS (
             WHEN coalesce(u.unobserved_edits, 0) > 0
                 THEN 'perception|edited a path never observed'
             ELSE 'planning|' || CASE
+                -- a give-up is a decision (error class MODEL_BAD_PLAN) told apart from a plan that ran out
+                WHEN f.termination_reason = 'gave_up' THEN 'gave up'
                 WHEN f.error_class IS NOT NULL THEN lower(f.error_class)
                 ELSE f.termination_reason
             END

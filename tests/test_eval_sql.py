@@ -308,6 +308,8 @@ def taxonomy_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
         episode("prompted", steps=[Step("run_tests", {}, state="s0"), Step("edit", {"path": "src/c.py"}, state="s1"),
                                    Step("submit", {}, observe=False)], prompt="The bug is in src/c.py.", **fail),
         episode("plan", steps=tested, **fail),
+        episode("gaveup", steps=[read("src/a.py"), Step("give_up", {}, observe=False)], success=False,
+                reason="gave_up", error_class="MODEL_BAD_PLAN"),
     ]
     write(lk, eps)
     return lk
@@ -331,22 +333,23 @@ def test_taxonomy_rules(taxonomy_lake: Lake) -> None:
         "untested": ("model", "termination"), "budgetloop": ("model", "termination"),
         "budget": ("model", "planning"),  # budget exhausted without looping
         "blind": ("model", "perception"), "prompted": ("model", "planning"),  # the prompt named the path
-        "plan": ("model", "planning"),
+        "plan": ("model", "planning"), "gaveup": ("model", "planning"),
     }
     assert {e: v[:2] for e, v in got.items()} == expected
     assert got["repeat"][2] == "repeated a failing action"
     assert got["unrecovered"][2] == "fault never retried successfully"
     assert got["untested"][2] == "submitted before running any test"
     assert got["budgetloop"][2] == "budget exhausted while looping"
+    assert got["gaveup"][2] == "gave up" and got["plan"][2] == "model_bad_plan"  # a give-up is told apart
     tax = rep["taxonomy"]["run-A"]
     assert tax["counts"] == {"environment": 2, "safety": 2, "execution": 1, "recovery": 2, "termination": 2,
-                             "perception": 1, "planning": 3}
-    assert tax["env_failures"] == 2 and tax["model_failures"] == 11
+                             "perception": 1, "planning": 4}
+    assert tax["env_failures"] == 2 and tax["model_failures"] == 12
     assert tax["examples"]["recovery"] == ["repeat", "unrecovered"]
     attr = rep["error_attribution"]["run-A"]
     # ENV_* episodes are environment failures, never model failures
-    assert attr["env_failures"] == 2 and attr["model_failures"] == 11 and attr["failed"] == 13
-    assert attr["error_class"]["ENV_BUG"] == 1 and attr["error_class"]["MODEL_BAD_PLAN"] == 8
+    assert attr["env_failures"] == 2 and attr["model_failures"] == 12 and attr["failed"] == 14
+    assert attr["error_class"]["ENV_BUG"] == 1 and attr["error_class"]["MODEL_BAD_PLAN"] == 9
 
 
 def test_builder_rows_are_valid(tmp_path: Path) -> None:
