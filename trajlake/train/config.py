@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from trajlake.errors import ConfigError
 from trajlake.policies.tiny import CORPUS_TASKS, HEADS, KV_HEADS, VOCAB_SIZE
+from trajlake.train.data.selection import EnvAge
 
 StageKind = Literal["sft", "rl"]
 Algorithm = Literal["rloo", "grpo", "ppo"]
@@ -120,6 +121,25 @@ class StageConfig:
     staleness: versions behind the learner now); older ones are left out. Episodes from older versions are
     corrected with the truncated trajectory ratio. Formerly ``max_policy_lag``, still read as a deprecated alias
     (docs/names.md)."""
+    max_env_age: EnvAge | None = None
+    """rl: the trajectory TTL, ``{ seconds = S, versions = N }`` (either may be left out): an episode enters a batch
+    only if it ended at most S seconds before the iteration's selection and its environment version is at most N
+    versions behind the environment now running (the order: the lake's first sight of each version). None: no
+    TTL."""
+    async_rollouts: bool = False
+    """rl: the asynchronous trainer. An actor thread plays the iterations' rollouts while the learner updates:
+    rollout k starts as soon as rollout k-1 is written and the learner has published the version k-1-max_staleness,
+    and plays the newest published version then; the learner trains iteration k as soon as rollout k is written.
+    So actors play version v while the learner makes v+1 (real lag: the runner records ``policy_lag`` > 0 for
+    episodes that start after the learner published a newer version). Not reproducible run to run (timing decides
+    which version a rollout plays); ``fixed_staleness`` is the reproducible mode. One process only (not under
+    ``torchrun``). False: the synchronous loop."""
+    fixed_staleness: int | None = None
+    """rl: the deterministic staleness mode: iteration k plays its rollout with the version the learner had
+    ``fixed_staleness`` updates before (the stage's first version while fewer exist) and trains only on that
+    rollout, so from iteration ``fixed_staleness`` + 1 on every trained episode is exactly that many versions old
+    (iteration k <= fixed_staleness: k-1). Reproducible on any machine; ``max_staleness`` must be at least it.
+    None: off. Not with ``async_rollouts``."""
     process_reward: str | None = None
     """rl (R2): a process reward from ``trajlake.evaluators.process_rewards`` (``grounded_progress``,
     ``lookup_progress``), credited turn by turn: each lake turn's value goes to the policy turn whose action earned
@@ -415,6 +435,20 @@ def config_problems(cfg: TrainConfig) -> list[str]:
             out.append(f"{at}.min_lr_ratio = {s.min_lr_ratio}: must lie in [0, 1]")
         if s.max_staleness < 0:
             out.append(f"{at}.max_staleness = {s.max_staleness}: must be >= 0")
+        if s.fixed_staleness is not None:
+            if s.fixed_staleness < 0:
+                out.append(f"{at}.fixed_staleness = {s.fixed_staleness}: must be >= 0")
+            elif s.fixed_staleness > s.max_staleness:
+                out.append(f"{at}.fixed_staleness = {s.fixed_staleness}: max_staleness = {s.max_staleness} would "
+                           f"leave its episodes out; set max_staleness >= {s.fixed_staleness}")
+            if s.async_rollouts:
+                out.append(f"{at}: fixed_staleness and async_rollouts are two modes; give one")
+        age = s.max_env_age
+        if age is not None:
+            if age.seconds is not None and not (_finite(age.seconds) and age.seconds >= 0):
+                out.append(f"{at}.max_env_age.seconds = {age.seconds}: must be a finite number >= 0")
+            if age.versions is not None and age.versions < 0:
+                out.append(f"{at}.max_env_age.versions = {age.versions}: must be >= 0")
         if s.kind == "sft" and s.data_policy is None and not s.data_runs:
             out.append(f"{at}: an sft stage needs data_policy or data_runs")
         if s.kind == "rl" and s.algo in ("rloo", "grpo") and s.rollout.attempts < 2:

@@ -9,8 +9,11 @@ intermediate iterations are ``<experiment>-<stage>.<k>``), published in order wi
 experiment's name. Rollouts pin the version they play (episode-sticky); the runner records each episode's
 ``policy_lag`` (versions behind the newest published one when the episode started). An RL iteration trains on
 the episodes of this stage's rollouts whose staleness (versions behind the learner now) is at most
-``max_staleness``; the log records each step's staleness, and episodes with staleness > 0 are weighted by the
-truncated trajectory ratio min(rho, c) (19.5).
+``max_staleness`` (and, with ``max_env_age``, young enough by time and environment version); the log records each
+step's staleness, recorded lag and age, and episodes with staleness > 0 are corrected by decoupled PPO (19.5).
+Three schedules (docs/training.md, "Asynchrony"): synchronous (each iteration plays the learner's version, then
+trains), ``async_rollouts`` (an actor thread plays the next rollouts while the learner trains: real lag) and
+``fixed_staleness = k`` (iteration i plays the version of k updates before: reproducible lag).
 
 Data parallel. Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank reads its own shard of the episodes, the
 token-mean denominator is the global policy-token count (all-reduced), and gradients are summed across ranks
@@ -23,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import datetime as dt
+import functools
 import hashlib
 import itertools
 import json
@@ -30,6 +35,7 @@ import math
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,7 +50,7 @@ import torch.distributed as tdist
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from trajlake.envs import list_tasks, policy_names
+from trajlake.envs import list_tasks, policy_names, registry
 from trajlake.errors import ConfigError, LakeNotFoundError, TrainError, TrajlakeError, one_line
 from trajlake.evaluators import process_rewards
 from trajlake.lake.store import Lake
@@ -62,7 +68,15 @@ from trajlake.rollout.versions import PolicyVersions
 from trajlake.schemas.vocab import Decision, ErrorClass, SideEffectClass
 from trajlake.train import math as tm
 from trajlake.train.config import RolloutSpec, StageConfig, TrainConfig, config_dict
-from trajlake.train.data import BatchGrammarMasks, LakeTrajectories, Selection, pad_collate, select_episodes
+from trajlake.train.data import (
+    BatchGrammarMasks,
+    LakeTrajectories,
+    Selection,
+    pad_collate,
+    select_episodes,
+    staleness_of,
+)
+from trajlake.train.data.selection import env_version_ages, env_versions_in_lake_order, pinned_versions
 
 Log = Callable[[str], None]
 
@@ -510,6 +524,9 @@ COMMON_SEEDS = ("common: sampling_seed(seed, task_id, env_seed, attempt) with se
                 "every policy (paired comparisons)")
 FRESH_SEEDS = ("per-version: sampling_seed(seed, task_id, env_seed, attempt) with seed = training_seed(policy_args.seed, "
                "policy_version), a fresh stream for every policy version")
+#: The rule of the asynchronous and fixed-staleness schedules, where one version may play several iterations' runs.
+FRESH_RUN_SEEDS = ("per-version-and-run: sampling_seed(seed, task_id, env_seed, attempt) with seed = training_seed("
+                   "policy_args.seed, policy_version + '|' + run_id), a fresh stream for every rollout")
 
 
 def training_seed(base: int, policy_version: str) -> int:
@@ -522,10 +539,11 @@ def training_seed(base: int, policy_version: str) -> int:
 
 def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label: str, policy_folder: Path | None,
              version: str | None, log: Log, *, scripted: str | None = None, fault_rate: float | None = None,
-             training: bool = False) -> None:
+             training: bool = False, per_run_seeds: bool = False) -> None:
     """Play ``spec`` into the lake through the rollout runner: the checkpoint in ``policy_folder`` as an ``hf:``
     policy pinned to ``version``, or a scripted policy of the environment. ``training``: sampling seeds fresh
-    for this version (``FRESH_SEEDS``); otherwise common to every policy (``COMMON_SEEDS``)."""
+    for this version (``FRESH_SEEDS``), or for this version and run with ``per_run_seeds`` (``FRESH_RUN_SEEDS``: a
+    version that plays two runs must not replay its tokens); otherwise common to every policy (``COMMON_SEEDS``)."""
     rule = None
     if scripted is not None:
         policy, args, name = scripted, {}, None
@@ -535,8 +553,9 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
         name = cfg.name
         rule = COMMON_SEEDS
         if training:
-            args["seed"] = str(training_seed(int(args.get("seed", LMSettings().seed)), str(version)))
-            rule = FRESH_SEEDS
+            key = f"{version}|{run_id}" if per_run_seeds else str(version)
+            args["seed"] = str(training_seed(int(args.get("seed", LMSettings().seed)), key))
+            rule = FRESH_RUN_SEEDS if per_run_seeds else FRESH_SEEDS
     rc = RolloutConfig(lake=lake, run_id=run_id, env=cfg.env, policy=policy, split=spec.split,
                        seeds=parse_seeds(spec.seeds), workers=spec.workers,
                        fault_rate=spec.fault_rate if fault_rate is None else fault_rate,
@@ -732,64 +751,210 @@ def _batches(dataset: Any, size: int, learner: Learner, shuffle_seed: int | None
 
 
 # -- R1/R2/R3: policy gradient -------------------------------------------------------------------------------
+class _Actor:
+    """The asynchronous trainer's actor (``async_rollouts``): a thread that plays the stage's rollouts one after
+    another while the learner trains. Rollout r starts once rollout r-1 is written and the learner has published
+    version r-1-max_staleness of the stage (bounded staleness: the learner trains rollout r at version r-1), and
+    plays the newest version published then. The runner records each episode's ``policy_lag`` when it starts, so
+    an episode that starts after the learner published a newer version records lag > 0."""
+
+    def __init__(self, cfg: TrainConfig, stage: StageConfig, lake: str, first: tuple[str, Path], log: Log):
+        self.cfg, self.stage, self.lake, self.log = cfg, stage, lake, log
+        self.cond = threading.Condition()
+        self.versions: list[tuple[str, Path]] = [first]
+        """The stage's published versions (label, checkpoint folder), oldest first; guarded by ``cond``."""
+        self.played: dict[int, str] = {}
+        """Iteration -> the version its rollout played, once written."""
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._play, name="trajlake-actor", daemon=True)
+        self.thread.start()
+
+    def _play(self) -> None:
+        try:
+            choice: tuple[str, Path] | None = None
+            for r in range(1, self.stage.iterations + 1):
+                with self.cond:
+                    if choice is None:  # not chosen when rollout r-1 was handed over: wait for a version
+                        # rollout r may play version r-1-max_staleness of the stage or a newer one
+                        self.cond.wait_for(functools.partial(self._may_play, r))
+                        choice = self.versions[-1]
+                    if self.stopping:
+                        return
+                    label, folder = choice
+                run = f"{self.cfg.run_prefix}{self.stage.name}-it{r}"
+                _rollout(self.cfg, self.stage.rollout, self.lake, run, self.stage.name, folder, label, self.log,
+                         fault_rate=_fault_rate(self.stage, r - 1), training=True, per_run_seeds=True)
+                with self.cond:
+                    self.played[r] = label
+                    # the next rollout's version is chosen in the same hand-over when it may start now, so it
+                    # never depends on how fast this thread wakes: the learner cannot yet have trained on rollout r
+                    choice = self.versions[-1] if self._may_play(r + 1) else None
+                    self.cond.notify_all()
+        except BaseException as e:  # handed to the learner, which raises it
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def _may_play(self, r: int) -> bool:
+        """Whether rollout ``r`` may start (or the actor must stop): called under ``cond``."""
+        return self.stopping or len(self.versions) - 1 >= r - 1 - self.stage.max_staleness
+
+    def publish(self, label: str, folder: Path) -> None:
+        with self.cond:
+            self.versions.append((label, folder))
+            self.cond.notify_all()
+
+    def wait_for(self, iteration: int) -> str:
+        """The version rollout ``iteration`` played, once it is written (its failure raised here)."""
+        with self.cond:
+            self.cond.wait_for(lambda: iteration in self.played or self.error is not None)
+            if iteration not in self.played:
+                assert self.error is not None
+                if isinstance(self.error, TrajlakeError):
+                    raise self.error
+                raise TrainError(f"stage {self.stage.name}: the actor's rollout {iteration} failed: "
+                                 f"{one_line(self.error)}") from self.error
+            return self.played[iteration]
+
+    def stop(self) -> None:
+        """Play no further rollout and wait for the one in progress (its episodes are committed, not cut)."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join()
+
+
+def _current_env_version(env: str) -> dict[str, str]:
+    """{env_id: the environment version this code runs} of the registered environment (empty when it has none)."""
+    cls = registry.spec(env).load()
+    env_id, version = getattr(cls, "env_id", None), getattr(cls, "env_version", None)
+    return {str(env_id): str(version)} if isinstance(env_id, str) and isinstance(version, str) else {}
+
+
 def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, dist: Dist, train_log: TrainLog,
             versions: Any, start_version: str, log: Log) -> dict[str, Any]:
+    """The RL iterations under one of three schedules: synchronous (play the learner's version, then train),
+    ``fixed_staleness = k`` (play the version of k updates before, train on that rollout only) or
+    ``async_rollouts`` (an ``_Actor`` thread plays while the learner trains)."""
+    if stage.async_rollouts and dist.world > 1:
+        raise TrainError(f"stage {stage.name}: async_rollouts runs in one process, not under torchrun "
+                         f"(WORLD_SIZE = {dist.world})")
     runs: list[str] = []
-    behaviour_version = start_version
-    behaviour_folder = learner.model_path
+    stage_versions: list[tuple[str, Path]] = [(start_version, learner.model_path)]
+    """The stage's versions (label, checkpoint folder), oldest first: the start, then one per iteration."""
     losses: list[float] = []
     tokens = 0
-    for it in range(1, stage.iterations + 1):
-        run = f"{cfg.run_prefix}{stage.name}-it{it}"
-        fault_rate = _fault_rate(stage, it - 1)
-        if dist.main:
-            _rollout(cfg, stage.rollout, lake, run, stage.name, behaviour_folder, behaviour_version, log,
-                     fault_rate=fault_rate, training=True)
-        _barrier(dist)
-        runs.append(run)
-        published = versions.all()
-        learner_index = published.index(behaviour_version)
-        allowed = published[max(0, learner_index - stage.max_staleness):learner_index + 1]
-        selection = Selection(runs=runs, policy_versions=allowed, as_of=_pin(dist, lake))
-        episodes, excluded = without_env_errors(select_episodes(lake, selection))
-        if dist.main and excluded:
-            log(f"  {stage.name} it {it}: {excluded} episode(s) left out of the batch: the environment failed them "
-                f"({', '.join(ENV_ERROR_CLASSES)}), not the policy")
-        credit = _episode_credit(cfg, stage, lake, episodes)
-        returns = credit.returns()
-        advantages, turn_advantages = _advantages(stage, episodes, credit, placebo_seed=cfg.seed * 1_000_003 + it)
-        staleness = {e: learner_index - published.index(v) for e, v in
-               zip(episodes.column("episode_id").to_pylist(), episodes.column("policy_version_start").to_pylist(),
-                   strict=True)}
-        dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, advantages=advantages,
-                                   max_length=cfg.max_length, rank=dist.rank, world_size=dist.world,
-                                   episodes=episodes)
-        batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner,
-                           _shuffle_seed(cfg, dist, f"{stage.name}.{it}"))
-        reward_mean = sum(returns.values()) / max(1, len(returns))
-        if cfg.policy_loss == "clip" and any(v > 0 for v in staleness.values()):
-            learner.freeze_proximal()  # decoupled PPO's pi_prox: the learner as this iteration starts
-        for step in range(stage.steps):
-            _schedule(learner, stage, (it - 1) * stage.steps + step, f"stage {stage.name} iteration {it} step {step}")
-            row = _rl_step(cfg, stage, learner, dist, next(batches), staleness, credit, turn_advantages)
-            row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time(),
-                       excluded_env_errors=excluded)
-            train_log.add(row)
-            losses.append(row["loss"])
-            tokens += row["policy_tokens"]
-            if dist.main:
-                log(f"  {stage.name} it {it} step {step}: loss {row['loss']:.4g}, kl {_fmt(row['kl'])}, ratio "
-                    f"mean {_fmt(row['ratio_mean'])}, staleness max {row['staleness_max']}, return mean "
-                    f"{reward_mean:.4g}")
-        learner.proximal = None
-        if it < stage.iterations:  # the next iteration plays the updated policy as a new version
-            behaviour_version = f"{cfg.name}-{stage.name}.{it}"
-            behaviour_folder = Path(cfg.resolve(cfg.out_dir)) / f"{stage.name}.{it}"
-            _save_and_publish(learner, behaviour_folder, behaviour_version, versions, dist)
-            if dist.main:
-                train_log.write()
+    lagged = stage.fixed_staleness is not None
+    actor = _Actor(cfg, stage, lake, stage_versions[0], log) if stage.async_rollouts and dist.main else None
+    env_now = _current_env_version(cfg.env) if stage.max_env_age is not None else {}
+    try:
+        for it in range(1, stage.iterations + 1):
+            run = f"{cfg.run_prefix}{stage.name}-it{it}"
+            learner_version = stage_versions[-1][0]
+            if actor is not None:
+                played = actor.wait_for(it)
+            else:
+                k = stage.fixed_staleness or 0
+                played, folder = stage_versions[max(0, len(stage_versions) - 1 - k)]
+                if dist.main:
+                    _rollout(cfg, stage.rollout, lake, run, stage.name, folder, played, log,
+                             fault_rate=_fault_rate(stage, it - 1), training=True, per_run_seeds=lagged)
+            _barrier(dist)
+            runs.append(run)
+            published = versions.all()
+            selection = Selection(runs=[run] if lagged else list(runs), max_staleness=stage.max_staleness,
+                                  policy_version_order=published, learner_version=learner_version,
+                                  max_env_age=stage.max_env_age, now=dt.datetime.now(dt.UTC),
+                                  current_env_version=env_now or None, as_of=_pin(dist, lake))
+            episodes, excluded = without_env_errors(select_episodes(lake, selection))
+            if dist.main and excluded:
+                log(f"  {stage.name} it {it}: {excluded} episode(s) left out of the batch: the environment failed "
+                    f"them ({', '.join(ENV_ERROR_CLASSES)}), not the policy")
+            credit = _episode_credit(cfg, stage, lake, episodes)
+            returns = credit.returns()
+            advantages, turn_advantages = _advantages(stage, episodes, credit,
+                                                      placebo_seed=cfg.seed * 1_000_003 + it)
+            ids = episodes.column("episode_id").to_pylist()
+            staleness = {e: int(staleness_of(v, published, learner_version) or 0) for e, v in
+                         zip(ids, episodes.column("policy_version_start").to_pylist(), strict=True)}
+            ages = _episode_ages(lake, stage, episodes, selection, env_now)
+            dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, advantages=advantages,
+                                       max_length=cfg.max_length, rank=dist.rank, world_size=dist.world,
+                                       episodes=episodes)
+            batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner,
+                               _shuffle_seed(cfg, dist, f"{stage.name}.{it}"))
+            reward_mean = sum(returns.values()) / max(1, len(returns))
+            if cfg.policy_loss == "clip" and any(v > 0 for v in staleness.values()):
+                learner.freeze_proximal()  # decoupled PPO's pi_prox: the learner as this iteration starts
+            for step in range(stage.steps):
+                _schedule(learner, stage, (it - 1) * stage.steps + step,
+                          f"stage {stage.name} iteration {it} step {step}")
+                batch = next(batches)
+                row = _rl_step(cfg, stage, learner, dist, batch, staleness, credit, turn_advantages)
+                row.update(_lag_and_age(batch, ages))
+                row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time(),
+                           excluded_env_errors=excluded, played_version=played)
+                train_log.add(row)
+                losses.append(row["loss"])
+                tokens += row["policy_tokens"]
+                if dist.main:
+                    log(f"  {stage.name} it {it} step {step}: loss {row['loss']:.4g}, kl {_fmt(row['kl'])}, ratio "
+                        f"mean {_fmt(row['ratio_mean'])}, staleness max {row['staleness_max']}, policy lag max "
+                        f"{row['policy_lag_max']}, age max {_fmt(row['age_seconds_max'])} s, return mean "
+                        f"{reward_mean:.4g}")
+            learner.proximal = None
+            if it < stage.iterations:  # the next iteration plays the updated policy as a new version
+                label = f"{cfg.name}-{stage.name}.{it}"
+                folder = Path(cfg.resolve(cfg.out_dir)) / f"{stage.name}.{it}"
+                _save_and_publish(learner, folder, label, versions, dist)
+                stage_versions.append((label, folder))
+                if actor is not None:
+                    actor.publish(label, folder)
+                if dist.main:
+                    train_log.write()
+    finally:
+        if actor is not None:
+            actor.stop()
     return {"runs": runs, "steps": stage.steps * stage.iterations, "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None, "tokens": tokens}
+
+
+@dataclass(frozen=True)
+class EpisodeAges:
+    """When each episode of an iteration ended (seconds since the epoch) and, with ``max_env_age.versions``, how
+    many environment versions it is behind the one running (None: not computed)."""
+
+    ended: dict[str, float]
+    env_versions: dict[str, int | None] | None = None
+
+
+def _episode_ages(lake: str, stage: StageConfig, episodes: pa.Table, selection: Selection,
+                  env_now: dict[str, str]) -> EpisodeAges:
+    ids = episodes.column("episode_id").to_pylist()
+    ended = {e: t.timestamp() for e, t in zip(ids, episodes.column("ended_at").to_pylist(), strict=True)
+             if t is not None}
+    if stage.max_env_age is None or stage.max_env_age.versions is None:
+        return EpisodeAges(ended)
+    lk = Lake.open(lake)
+    order = env_versions_in_lake_order(lk, pinned_versions(lk, selection.as_of)["episodes"])
+    ages = env_version_ages(episodes.column("env_id").to_pylist(), episodes.column("env_version").to_pylist(),
+                            dict(order), env_now or None)
+    return EpisodeAges(ended, dict(zip(ids, ages, strict=True)))
+
+
+def _lag_and_age(batch: dict[str, Any], ages: EpisodeAges) -> dict[str, Any]:
+    """The step's log columns on its batch: ``policy_lag_mean``/``_max`` (the lag the runner recorded when each
+    episode started; unknown lags left out), ``age_seconds_mean``/``_max`` (now - the episode's end) and, with a
+    TTL by environment version, ``env_version_age_max``."""
+    ids = batch.get("episode_id", []) if batch else []
+    lags = [int(x) for x in (batch.get("policy_lag", []) if batch else []) if x is not None]
+    now = time.time()
+    secs = [now - ages.ended[e] for e in ids if e in ages.ended]
+    env = [a for e in ids if ages.env_versions is not None and (a := ages.env_versions.get(e)) is not None]
+    return {"policy_lag_mean": sum(lags) / len(lags) if lags else None, "policy_lag_max": max(lags, default=None),
+            "age_seconds_mean": sum(secs) / len(secs) if secs else None, "age_seconds_max": max(secs, default=None),
+            "env_version_age_max": max(env, default=None)}
 
 
 def _fault_rate(stage: StageConfig, iteration: int) -> float:

@@ -1,7 +1,8 @@
 """The trainer's lake reader: a torch ``IterableDataset`` of trajectories streamed from the lake's own tables.
 
 ``select_episodes`` picks episodes (runs, splits, environment versions, policy versions, success, terminated only,
-maximum policy lag, a time-travel pin) from the small ``episodes`` table (``selection.py``). ``LakeTrajectories``
+maximum policy lag, maximum staleness, a trajectory TTL by time and environment version, a time-travel
+pin) from the small ``episodes`` table (``selection.py``). ``LakeTrajectories``
 shards that selection across data-parallel ranks and dataloader workers, streams the ``turns`` table's files in
 Arrow record batches (only the needed columns, only the shard's episode ids, row groups skipped by their
 ``episode_id`` statistics), assembles an episode once all its ``n_turns`` rows are in, and yields one sample per
@@ -19,13 +20,14 @@ concatenate to the tokenization of the whole text (the prefix check; ``samples.p
 from trajlake.train.data.collate import pack, pad_collate
 from trajlake.train.data.masks import BatchGrammarMasks, GrammarMasks
 from trajlake.train.data.samples import RetokenizationError, TrainDataError
-from trajlake.train.data.selection import EPISODE_COLUMNS, Selection, select_episodes
+from trajlake.train.data.selection import EPISODE_COLUMNS, EnvAge, Selection, select_episodes, staleness_of
 from trajlake.train.data.stream import SAMPLE_KEYS, LakeTrajectories
 
 __all__ = [
     "EPISODE_COLUMNS",
     "SAMPLE_KEYS",
     "BatchGrammarMasks",
+    "EnvAge",
     "GrammarMasks",
     "LakeTrajectories",
     "RetokenizationError",
@@ -34,4 +36,5 @@ __all__ = [
     "pack",
     "pad_collate",
     "select_episodes",
+    "staleness_of",
 ]

@@ -1,0 +1,215 @@
+"""Asynchrony with version semantics (issue 29): the selection enforces ``max_staleness`` and the trajectory TTL
+``max_env_age`` (by time and by environment version) on hand-made rows; the deterministic staleness mode
+(``fixed_staleness = k``) trains on data exactly k versions old; the asynchronous trainer (``async_rollouts``)
+plays rollouts while the learner updates, so episodes record ``policy_lag`` > 0, and its log shows lag and age."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from conftest import T0, make_episode
+
+from trajlake import Lake, LakeWriter
+from trajlake.errors import TrajlakeError
+from trajlake.train.data.selection import (
+    EnvAge,
+    Selection,
+    env_version_ages,
+    env_versions_in_lake_order,
+    select_episodes,
+    staleness_of,
+)
+
+
+def _write(lake: Lake, specs: list[dict[str, Any]], first: int = 0) -> None:
+    """Hand-made episodes ep-<first>, ...; ``ended_min``: the episode (and its turns) shifted to end that many
+    minutes after T0."""
+    rows, turns = [], []
+    for i, spec in enumerate(specs, start=first):
+        overrides = {k: v for k, v in spec.items() if k != "ended_min"}
+        ep, tu = make_episode(f"ep-{i:03d}", **overrides)
+        shift = T0 + dt.timedelta(minutes=spec["ended_min"]) - ep["ended_at"]
+        for row in (ep, *tu):
+            row["started_at"] += shift
+            row["ended_at"] += shift
+        rows.append(ep)
+        turns += tu
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_batch(rows, turns).raise_if_rejected()
+
+
+def _at(minutes: float) -> dict[str, Any]:
+    return {"ended_min": minutes}
+
+
+# episode: policy version, env id, env version, ended (minutes after T0)
+AGED: list[dict[str, Any]] = [
+    {"policy_version_start": "x-base", "env_version": "1.0", **_at(0)},     # 0
+    {"policy_version_start": "x-R1.1", "env_version": "1.0", **_at(10)},    # 1
+    {"policy_version_start": "x-R1.2", "env_version": "1.1", **_at(20)},    # 2
+    {"policy_version_start": "x-R1.3", "env_version": "2.0", **_at(30)},    # 3
+    {"policy_version_start": "other", "env_version": "2.0", **_at(40)},     # 4: a version never published
+    {"policy_version_start": "x-R1.2", "env_id": "env-b", "env_version": "9", **_at(50)},  # 5: another env
+]
+ORDER = ["x-base", "x-R1.1", "x-R1.2", "x-R1.3"]
+
+
+def _ids(sel: pa.Table) -> list[int]:
+    return [int(e.removeprefix("ep-")) for e in sel["episode_id"].to_pylist()]
+
+
+def test_staleness_and_env_version_age_of_hand_made_values() -> None:
+    assert [staleness_of(v, ORDER) for v in ORDER] == [3, 2, 1, 0]
+    assert staleness_of("x-base", ORDER, "x-R1.1") == 1 and staleness_of("x-R1.3", ORDER, "x-R1.1") == -2
+    assert staleness_of("other", ORDER) is None and staleness_of("x-base", ORDER, "nope") is None
+    order = {"e": ["1", "2", "3"]}
+    assert env_version_ages(["e"] * 4 + ["f"], ["1", "2", "3", "4", "1"], order) == [2, 1, 0, None, None]
+    # the running version decides: an episode newer than it has no defined age
+    assert env_version_ages(["e"] * 3, ["1", "2", "3"], order, {"e": "2"}) == [1, 0, None]
+
+
+def test_selection_enforces_max_staleness_on_hand_made_rows(lake: Lake) -> None:
+    _write(lake, AGED)
+    late = T0 + dt.timedelta(hours=1)
+    cases: list[tuple[Selection, list[int]]] = [
+        (Selection(max_staleness=0, policy_version_order=ORDER, now=late), [3]),
+        (Selection(max_staleness=1, policy_version_order=ORDER, now=late), [2, 3, 5]),
+        (Selection(max_staleness=3, policy_version_order=ORDER, now=late), [0, 1, 2, 3, 5]),  # never "other"
+        # the learner at x-R1.1: x-R1.2 and x-R1.3 are ahead of it, left out
+        (Selection(max_staleness=1, policy_version_order=ORDER, learner_version="x-R1.1"), [0, 1]),
+    ]
+    for s, want in cases:
+        assert _ids(select_episodes(lake, s)) == want, s
+    with pytest.raises(TrajlakeError, match="policy_version_order"):
+        select_episodes(lake, Selection(max_staleness=1))
+
+
+def test_selection_enforces_the_trajectory_ttl_by_time_and_env_version(lake: Lake) -> None:
+    _write(lake, AGED)
+    now = T0 + dt.timedelta(minutes=35)
+    by_time = [
+        (EnvAge(seconds=15 * 60), [2, 3, 4, 5]),   # ended at or after minute 20 (5 ended after "now": age < 0)
+        (EnvAge(seconds=5 * 60), [3, 4, 5]),
+        (EnvAge(seconds=0), [4, 5]),
+    ]
+    for age, want in by_time:
+        assert _ids(select_episodes(lake, Selection(max_env_age=age, now=now))) == want, age
+    # by environment version: the lake first saw test-env's 1.0, then 1.1, then 2.0; env-b only 9
+    assert env_versions_in_lake_order(lake, lake.versions()["episodes"]) == {"test-env": ["1.0", "1.1", "2.0"],
+                                                                          "env-b": ["9"]}
+    by_version = [
+        (EnvAge(versions=0), None, None, [3, 4, 5]),
+        (EnvAge(versions=1), None, None, [2, 3, 4, 5]),
+        (EnvAge(versions=2), None, None, [0, 1, 2, 3, 4, 5]),
+        # the running environment is 1.1: 2.0 (newer) has no defined age
+        (EnvAge(versions=0), None, {"test-env": "1.1"}, [2, 5]),
+        # an explicit order: 1.1 was withdrawn, 2.0 follows 1.0 directly; 1.1 is in no order
+        (EnvAge(versions=1), {"test-env": ["1.0", "2.0"], "env-b": ["9"]}, None, [0, 1, 3, 4, 5]),
+    ]
+    for age, order, current, want in by_version:
+        s = Selection(max_env_age=age, env_version_order=order, current_env_version=current)
+        assert _ids(select_episodes(lake, s)) == want, (age, order, current)
+    # both bounds at once, and with max_staleness
+    s = Selection(max_env_age=EnvAge(seconds=15 * 60, versions=0), now=now, max_staleness=0,
+                  policy_version_order=ORDER)
+    assert _ids(select_episodes(lake, s)) == [3]
+    # the order is the lake's *first* sight of each version: a later 1.0 episode does not make 1.0 newer
+    _write(lake, [{"env_version": "1.0", **_at(45)}], first=len(AGED))
+    assert env_versions_in_lake_order(lake, lake.versions()["episodes"])["test-env"] == ["1.0", "1.1", "2.0"]
+    with pytest.raises(TrajlakeError, match="timezone"):
+        select_episodes(lake, Selection(max_env_age=EnvAge(seconds=1), now=dt.datetime(2026, 1, 1)))
+
+
+# -- the trainer's schedules --------------------------------------------------------------------------------------
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+#: Four tool-lookup train tasks (two RLOO groups each with 2 attempts).
+TASKS = ("tool-lookup/code/p0/0", "tool-lookup/two_hop/p0/0", "tool-lookup/pair/p0/0", "tool-lookup/pair/p1/0")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trajlake.policies.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "model", max_positions=1024, env="tool-lookup",
+                            corpus_tasks=8)
+
+
+def _train(tmp_path: Path, model: Path, stage: dict[str, Any], tasks: tuple[str, ...] = TASKS[:2],
+           seeds: str = "0") -> tuple[Path, list[dict[str, Any]]]:
+    """One RL stage on tool-lookup from ``model``; returns the lake and the stage's log rows."""
+    import pyarrow.parquet as pq
+    from train_configs import rollout, tiny_config, write_config
+    from typer.testing import CliRunner
+
+    from trajlake.cli import app
+
+    stage = {"name": "R1", "kind": "rl", "algo": "rloo", "steps": 1, "batch_size": 16, "lr": 1e-2,
+             "rollout": rollout(tasks, attempts=2, max_new_tokens=16, max_steps=3, seeds=seeds), **stage}
+    cfg = write_config(tmp_path / "rl.toml", tiny_config("x", [stage], model=model, out=tmp_path / "out",
+                                                         env="tool-lookup", max_length=1024,
+                                                         task_reward="reward_total", lambda_cost=1.0))
+    res = CliRunner().invoke(app, ["train", "--config", str(cfg), "--lake", str(tmp_path / "lake")])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    log = [r for r in pq.read_table(tmp_path / "out" / "train_log.parquet").to_pylist() if r["stage"] == "R1"]
+    return tmp_path / "lake", log
+
+
+def _episodes(lake: Path) -> dict[str, list[tuple[str, int]]]:
+    """run -> [(policy_version_start, policy_lag)] of the stage's rollouts."""
+    from trajlake.query import connect
+
+    out: dict[str, list[tuple[str, int]]] = {}
+    for run, version, lag in connect(lake).execute(
+            "select run_id, policy_version_start, policy_lag from episodes where run_id like 'R1-it%' "
+            "order by run_id, episode_id").fetchall():
+        out.setdefault(run, []).append((version, lag))
+    return out
+
+
+def test_fixed_staleness_trains_on_data_exactly_k_versions_old(tmp_path: Path, tiny_model: Path) -> None:
+    lake, log = _train(tmp_path, tiny_model, {"iterations": 4, "fixed_staleness": 2, "max_staleness": 2})
+    # iteration i plays the version of 2 updates before (the stage's first while fewer exist)
+    played = {1: "x-base", 2: "x-base", 3: "x-base", 4: "x-R1.1"}
+    want_lag = {1: 0, 2: 1, 3: 2, 4: 2}
+    episodes = _episodes(lake)
+    assert sorted(episodes) == [f"R1-it{i}" for i in range(1, 5)]
+    for i in range(1, 5):
+        assert {e for e in episodes[f"R1-it{i}"]} == {(played[i], want_lag[i])}, i  # the runner's recorded lag
+        rows = [r for r in log if r["iteration"] == i]
+        assert len(rows) == 1 and rows[0]["played_version"] == played[i]
+        # the learner trains on that rollout only: every episode exactly that many versions behind it
+        assert rows[0]["staleness_max"] == rows[0]["staleness_mean"] == want_lag[i]
+        assert rows[0]["policy_lag_max"] == want_lag[i] and rows[0]["age_seconds_max"] > 0
+    # each rollout sampled a stream of its own although x-base played three of them
+    from trajlake.query import connect
+
+    seeds = connect(lake).execute("select run_id, json_extract_string(config, '$.policy_args.seed') from runs "
+                                  "where run_id like 'R1-it%'").fetchall()
+    assert len({s for _, s in seeds}) == 4
+
+
+def test_async_rollouts_record_real_lag_and_the_log_shows_lag_and_age(tmp_path: Path, tiny_model: Path) -> None:
+    lake, log = _train(tmp_path, tiny_model, {"iterations": 3, "async_rollouts": True, "max_staleness": 1},
+                       tasks=TASKS, seeds="0-1")
+    episodes = _episodes(lake)
+    assert sorted(episodes) == ["R1-it1", "R1-it2", "R1-it3"]
+    assert {v for v, _ in episodes["R1-it1"]} == {"x-base"}
+    # the actor started rollout 2 before the learner had a new version: it plays x-base while R1.1 is made
+    assert {v for v, _ in episodes["R1-it2"]} == {"x-base"}
+    # ... and the learner published R1.1 while it played: the episodes that started after record lag 1
+    lags = [lag for run in ("R1-it2", "R1-it3") for _, lag in episodes[run]]
+    assert max(lags) >= 1 and min(lags) >= 0, episodes
+    assert len(log) == 3
+    for row in log:
+        assert row["policy_lag_mean"] is not None and row["age_seconds_max"] > 0
+        assert row["staleness_max"] <= 1
+    # the batch (16 >= the episodes selected) holds the lagged episodes: the log shows the lag
+    assert max(r["policy_lag_max"] for r in log) >= 1
+    assert log[1]["played_version"] == "x-base" and log[1]["staleness_max"] == 1
