@@ -175,6 +175,10 @@ def _oracle_node(data: EvalData, facts: dict[str, dict[str, Any]], baseline: str
                                 f"{replay_suite['as_of']}): {len(drifted)} of {replay_suite['episodes']} episode(s) "
                                 f"drifted on the current environment code"
                                 + (f" ({_short(set(drifted))})" if drifted else ""))
+        for d in list(replay_suite.get("drifts") or [])[:3]:  # where each first differs, in the lake's terms
+            node["evidence"].append(f"episode {d['episode_id']} ({d['env_id']} {d['env_version']} recorded, "
+                                    f"{d['env_version_now']} now): turn {d['turn']}, {d['field']}: recorded "
+                                    f"{d['expected']!r}, now {d['got']!r}")
         if drifted:  # the environment answers the same actions differently now: not the policy
             node["result"] = "yes"
             return node
@@ -189,7 +193,9 @@ def _oracle_node(data: EvalData, facts: dict[str, dict[str, Any]], baseline: str
         missing = [f"env_version {_short(v)}" for v, rs in ((vb, base_rows), (vc, cand_rows)) if not rs]
         node["result"] = "not_checkable" if replay_suite is None else "no"
         node["evidence"].append("could not be checked: no runs with policy_name 'oracle' on "
-                                + " and ".join(missing))
+                                + " and ".join(missing)
+                                + ("" if replay_suite is not None else "; a replay suite answers this node "
+                                   "(`trajlake replay --run ID --pin-suite NAME`, then `diagnose --suite NAME`)"))
         return node
     task_codes = {t: i for i, t in enumerate(sorted({str(r[2]) for r in rows}))}
     bmap: dict[tuple[Any, ...], list[float]] = {}

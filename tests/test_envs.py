@@ -235,7 +235,7 @@ def test_replay_names_the_first_diverging_turn(tmp_path: Path, capsys, env) -> N
     with LakeWriter(lake, handle_signals=False) as w:
         w.write_batch([rec.episode], rec.turns, rec.events).raise_if_rejected()
     code, _, err = run(capsys, "--lake", str(lake.root), "replay", "--episode", rec.episode["episode_id"])
-    assert code == 1 and f"turn {edit_turn['turn_idx'] - 1}" in err
+    assert code == 2 and f"turn {edit_turn['turn_idx'] - 1}" in err
 
 
 @pytest.mark.slow

@@ -1,16 +1,20 @@
 """`trajlake replay --run ID` and `--from DIR`: every episode of a run, or of an exported bundle, replayed in one
-command; exit 0 only if every state hash of every episode matches."""
+command; exit 0 only if every state hash of every episode matches (2: drift, 1: bad input). Replay suites
+(`--run ID --pin-suite NAME`, `--suite NAME`, `diagnose --suite NAME`): pinned episodes replayed on the current
+environment code, compared turn by turn."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import run_cli
+from trajlake.query import connect
 
 TASKS = "tool-lookup/code/p0/0,tool-lookup/two_hop/p0/0,tool-lookup/pair/p0/0"
 
@@ -56,7 +60,7 @@ def test_replay_from_an_exported_bundle_and_a_drifted_episode_fails(played: Path
     rows[last]["env_state_hash"] = "0" * 64
     pq.write_table(t.from_pylist(rows, schema=t.schema), shard)
     code, out, err = run_cli(capsys, "replay", "--from", str(out_dir), "--format", "json")
-    assert code == 1
+    assert code == 2  # drift; bad input is 1
     result = {r["episode_id"]: r for r in json.loads(out)}
     assert result[victim]["result"] == "drifted" and result[victim]["where"].startswith("turn ")
     assert sum(r["result"] == "matched" for r in result.values()) == 3
@@ -81,60 +85,149 @@ def test_replay_from_a_folder_that_is_not_a_bundle(tmp_path: Path, capsys: pytes
     assert code != 0 and "no episodes shards" in err and "trajectories layout" in err, err
 
 
-def test_a_pinned_replay_suite_replays_and_reports_drift(played: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """`--run ID --pin-suite NAME` pins the episodes (ids and lake versions, in the lake) once they all match;
-    `--suite NAME` replays exactly them against the current environment code, whatever was committed since,
-    and exits 1 when the environment now answers differently."""
+def _copy(played: Path, tmp_path: Path) -> Path:
     import shutil
 
     lake = tmp_path / "lake"
     shutil.copytree(played, lake)
-    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "smoke")
-    assert code == 0 and "pinned replay suite smoke: 3 episode(s)" in err, err
-    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "smoke")
-    assert code != 0 and "exists already" in err
-    from trajlake.rollout.runner import RolloutConfig, run_rollout
+    return lake
 
-    run_rollout(RolloutConfig(lake=str(lake), run_id="later", env="tool-lookup", policy="oracle", split="train",
-                              seeds=(1,), task_ids=tuple(TASKS.split(","))[:1]))  # committed after the pin
+
+def _answer_differently(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment's code changes how `lookup` answers (a read: the state hash does not see it)."""
+    from trajlake.envs.tool_lookup.env import ToolLookupEnv
+
+    original = ToolLookupEnv._lookup
+    monkeypatch.setattr(ToolLookupEnv, "_lookup", lambda self, args: original(self, args).replace('"code"', '"Code"'))
+
+
+def test_a_pinned_suite_matches_on_unchanged_code(played: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`--run ID --pin-suite NAME` pins the run's episodes (ids, lake versions, env versions, content hashes) in
+    the lake once they all replay; `--suite NAME` replays exactly them: matched, exit 0."""
+    lake = _copy(played, tmp_path)
+    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "smoke")
+    assert code == 0 and "pinned replay suite smoke: 3 episode(s) at episodes=" in err, err
+    doc = json.loads((lake / "_trajlake" / "suites" / "smoke.json").read_text())
+    assert doc["source"] == "run a" and doc["env_versions"] == {"tool-lookup": ["1.0"]} and doc["created_at"]
+    assert len(doc["episodes"]) == 3 and all(len(e["content_hash"]) == 64 for e in doc["episodes"])
+    assert set(doc["versions"]) == {"episodes", "turns", "tasks", "runs", "gateway_events"}
+    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "smoke")
+    assert code == 1 and "exists already" in err and len(err.strip().splitlines()) == 1, err
     code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "smoke", "--format", "json")
     assert code == 0, err
     rows = json.loads(out)
-    assert len(rows) == 3 and {r["result"] for r in rows} == {"matched"}
-    assert {r["env_version"] for r in rows} == {r["env_version_now"] for r in rows}
-    # the environment's code changes how one tool answers: the suite says which episodes drifted, and where
+    assert [r["result"] for r in rows] == ["matched"] * 3 and all(r["steps"] >= 2 for r in rows)
+    assert {r["episode_id"] for r in rows} == {e["episode_id"] for e in doc["episodes"]}
+    assert all(r["turn"] is None and r["field"] is None for r in rows)
+    assert "read at the pinned versions" in err and "3 matched, 0 drifted" in err
+
+
+def test_a_suite_drifts_when_the_environment_answers_differently(played: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A lookup answered differently is drift at that turn, field `raw_content`, with both values (exit 2), even
+    though every state hash still matches (`--run` replay cannot see it); a new env_version alone is not drift."""
+    lake = _copy(played, tmp_path)
+    assert run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "s")[0] == 0
     from trajlake.envs.tool_lookup.env import ToolLookupEnv
 
-    original = ToolLookupEnv.state_hash
-    monkeypatch.setattr(ToolLookupEnv, "state_hash", lambda self: "changed" + original(self)[7:])
-    code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "smoke", "--format", "json")
-    assert code == 1 and {r["result"] for r in json.loads(out)} == {"drifted"}
-    assert "3 matched" not in err and "3 drifted" in err
+    monkeypatch.setattr(ToolLookupEnv, "env_version", "1.1")  # a version bump that changes no behaviour
+    code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "s", "--format", "json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert {(r["result"], r["env_version"], r["env_version_now"]) for r in rows} == {("matched", "1.0", "1.1")}
+    assert "environment versions since: tool-lookup 1.0 -> 1.1" in err
+    _answer_differently(monkeypatch)
+    code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "s", "--format", "json")
+    assert code == 2, err
+    rows = json.loads(out)
+    assert {r["result"] for r in rows} == {"drifted"} and {r["field"] for r in rows} == {"raw_content"}
+    assert {r["turn"] for r in rows} == {2}  # statement (0), the policy's lookup (1), its answer (2)
+    assert all('"code"' in r["expected"] and '"Code"' in r["got"] for r in rows)
+    assert "3 drifted" in err
+    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "s")
+    assert code == 2 and "drifted at turn 2, field raw_content" in err
+    monkeypatch.setattr(ToolLookupEnv, "env_version", "1.0")
+    assert run_cli(capsys, "--lake", str(lake), "replay", "--run", "a")[0] == 0  # the state hashes cannot tell
+
+
+def test_a_suite_survives_later_writes_and_compaction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The suite is the episodes pinned, whatever is written since; after `compact` has vacuumed the files of the
+    pinned versions it reads the current ones and checks each pinned content hash."""
+    from trajlake import open_lake
+    from trajlake.lake.maintenance import compact
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+
+    lake = tmp_path / "lake"
+    run_rollout(RolloutConfig(lake=str(lake), run_id="c", env="tool-lookup", policy="oracle", split="train",
+                              seeds=(0,), task_ids=tuple(TASKS.split(",")), commit_every_s=0))  # a file each
+    con = connect(str(lake))
+    ids = sorted(r[0] for r in con.execute("select episode_id from episodes").fetchall())
+    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "c", "--pin-suite", "two",
+                           "--episodes", ",".join(ids[:2]))
+    assert code == 0 and "2 episode(s)" in err, err
+    run_rollout(RolloutConfig(lake=str(lake), run_id="later", env="tool-lookup", policy="heuristic", split="train",
+                              seeds=(0,), task_ids=tuple(TASKS.split(","))[:1]))
+    report = compact(open_lake(lake), retention_hours=0)
+    assert report.files_after["episodes"] < report.files_before["episodes"] and report.vacuumed_files > 0
+    code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "two", "--format", "json")
+    assert code == 0, err
+    assert sorted(r["episode_id"] for r in json.loads(out)) == ids[:2]
+    assert "read at the current versions (the pinned files were vacuumed; content hashes checked)" in err
+    # a pinned hash the lake no longer holds: refused, naming the episode
+    path = lake / "_trajlake" / "suites" / "two.json"
+    doc = json.loads(path.read_text())
+    doc["episodes"][1]["content_hash"] = "0" * 64
+    path.write_text(json.dumps(doc))
+    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "two")
+    assert code == 1 and f"episode {ids[1]}: content_hash" in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--suite", "nope"], "replay suite 'nope' is not in the lake"),
     (["--suite", "../x"], "use letters, digits"),
     (["--episode", "x", "--pin-suite", "s"], "--pin-suite pins the episodes of --run ID"),
+    (["--run", "a", "--episodes", "x"], "--episodes chooses the episodes --pin-suite pins"),
+    (["--run", "a", "--pin-suite", "s", "--episodes", "x,y"], "episode 'x' is not an episode of run 'a' (and 1 more)"),
+    (["--run", "nope", "--pin-suite", "s"], "run 'nope': no episodes to pin"),
 ])
 def test_replay_suite_options_are_checked(played: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                           message: str) -> None:
     code, _, err = run_cli(capsys, "--lake", str(played), "replay", *args)
-    assert code != 0 and message in err and len(err.strip().splitlines()) == 1, err
+    assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err  # bad input: 1, drift: 2
+    assert not (played / "_trajlake" / "suites" / "s.json").exists()
 
 
-def test_diagnose_replays_the_suite_it_is_given(played: Path, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    import shutil
+def test_diagnose_first_node_reports_the_suites_drift(played: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`diagnose --suite NAME` replays the suite as its first node: on unchanged code nothing drifted and the walk
+    goes on; once the environment answers differently the drop is the environment's, with the turn and field."""
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
 
-    lake = tmp_path / "lake"
-    shutil.copytree(played, lake)
+    lake = _copy(played, tmp_path)
+    tasks = tuple(f"tool-lookup/{kind}/p0/{i}" for kind in ("two_hop", "pair") for i in range(3))
+    for run_id, policy in (("base", "oracle"), ("cand", "heuristic")):  # heuristic: wrong on these by design
+        run_rollout(RolloutConfig(lake=str(lake), run_id=run_id, env="tool-lookup", policy=policy, split="train",
+                                  seeds=(0,), task_ids=tasks))
     assert run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "s")[0] == 0
-    code, out, err = run_cli(capsys, "--lake", str(lake), "diagnose", "--baseline", "a", "--candidate", "b",
-                             "--suite", "s", "-f", "json", "--resamples", "50")
-    assert code == 0, err
-    assert json.loads(out)["diagnosis"] == "no_drop"  # the oracle never drops; the suite replayed without error
-    code, _, err = run_cli(capsys, "--lake", str(lake), "diagnose", "--baseline", "a", "--candidate", "b",
+
+    def diagnose() -> dict[str, Any]:
+        code, out, err = run_cli(capsys, "--lake", str(lake), "diagnose", "--baseline", "base", "--candidate",
+                                 "cand", "--suite", "s", "-f", "json", "--resamples", "50")
+        assert code == 0, err
+        return dict(json.loads(out))
+
+    clean = diagnose()
+    first = clean["path"][1]
+    assert first["node"] == "oracle_suite" and first["result"] != "yes" and clean["diagnosis"] != \
+        "environment_regression"
+    assert "0 of 3 episode(s) drifted" in first["evidence"][0]
+    _answer_differently(monkeypatch)
+    d = diagnose()
+    assert d["diagnosis"] == "environment_regression" and d["path"][1]["result"] == "yes"
+    assert "3 of 3 episode(s) drifted" in d["path"][1]["evidence"][0]
+    assert "turn 2, raw_content" in d["path"][1]["evidence"][1]
+    code, _, err = run_cli(capsys, "--lake", str(lake), "diagnose", "--baseline", "base", "--candidate", "cand",
                            "--suite", "missing")
-    assert code != 0 and "replay suite 'missing' is not in the lake" in err
+    assert code == 1 and "replay suite 'missing' is not in the lake" in err

@@ -139,13 +139,9 @@ def diagnose_command(
     settings = _settings(resamples, seed, 0.95, alpha=alpha)
     replayed = None
     if suite is not None:
-        from trajlake.rollout.replay import load_suite, replay_rows, suite_episodes
+        from trajlake.rollout.suites import replay_suite, suite_evidence
 
-        lk = open_lake_of(ctx, lake)
-        pinned = load_suite(lk, suite)
-        outcomes = list(replay_rows(suite_episodes(lk, pinned)))
-        replayed = {"name": pinned.name, "source": pinned.source, "as_of": pinned.as_of, "episodes": len(outcomes),
-                    "drifted": [o.episode_id for o in outcomes if not o.ok]}
+        replayed = suite_evidence(*replay_suite(open_lake_of(ctx, lake), suite))
     d = diagnose(lake_path(ctx, lake), baseline, candidate, as_of=as_of, settings=settings, memory_limit=memory_limit,
                  threads=threads, replay_suite=replayed)
     if fmt == DiagnoseFormat.json:

@@ -280,6 +280,10 @@ def _play(cfg: RolloutConfig) -> None:
         raise typer.Exit(1)
 
 
+DRIFT_EXIT = 2
+"""``trajlake replay``'s exit status when an episode drifted (1 is bad input: one line naming what is wrong)."""
+
+
 def replay(ctx: typer.Context,
            episode: Annotated[str | None, typer.Option("--episode", help="Episode id.")] = None,
            run: Annotated[str | None, typer.Option("--run", help="Replay every episode of this run.")] = None,
@@ -288,29 +292,30 @@ def replay(ctx: typer.Context,
                               "layout, with the episodes and turns tables).")] = None,
            suite: Annotated[str | None, typer.Option(
                "--suite", help="Replay the pinned replay suite NAME (stored in the lake) against the current "
-                               "environment code.")] = None,
+                               "environment code, comparing every recorded answer turn by turn.")] = None,
            pin_suite: Annotated[str | None, typer.Option(
-               "--pin-suite", help="With --run: when every episode matched, pin them as the replay suite NAME "
-                                   "(ids and lake versions, stored in the lake).")] = None,
+               "--pin-suite", help="With --run: replay the run's episodes as a suite would and, when every one "
+                                   "matched, pin them as the replay suite NAME (ids, lake versions, env versions "
+                                   "and content hashes, stored in the lake).")] = None,
+           episodes: Annotated[str | None, typer.Option(
+               "--episodes", help="With --pin-suite: pin only these episodes of the run (comma-separated ids).")
+                               ] = None,
            fmt: Annotated[Format | None, typer.Option(
                "--format", "-f", help="With --run/--from/--suite: table (default), json or csv, one row per "
                                         "episode.")] = None,
            as_of: AsOfOpt = None, allow_unisolated: AllowUnisolatedOpt = False, lake: LakeOpt = None) -> None:
-    """Re-run stored episodes under their pinned versions; exit 0 only if every state hash of every episode
-    matches. One of --episode, --run, --from, --suite."""
-    from trajlake.rollout.replay import (
-        bundle_episodes,
-        load_suite,
-        replay_episode,
-        replay_rows,
-        run_episodes,
-        suite_episodes,
-    )
+    """Re-run stored episodes and compare; exit 0 only if every episode matched, 2 when one drifted, 1 on bad
+    input. One of --episode, --run, --from, --suite. --run/--from/--episode insist on the recorded environment
+    version and compare state hashes; --suite (and --pin-suite) replay on the current environment code and
+    compare status, observation, rewards, state hash and ending turn by turn."""
+    from trajlake.rollout.replay import bundle_episodes, replay_episode, replay_rows, run_episodes
 
     if sum(x is not None for x in (episode, run, from_dir, suite)) != 1:
         raise TrajlakeError("replay: give exactly one of --episode ID, --run ID, --from DIR, --suite NAME")
     if pin_suite is not None and run is None:
         raise TrajlakeError("replay: --pin-suite pins the episodes of --run ID")
+    if episodes is not None and pin_suite is None:
+        raise TrajlakeError("replay: --episodes chooses the episodes --pin-suite pins")
     if allow_unisolated:
         os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
     if episode is not None:
@@ -322,20 +327,15 @@ def replay(ctx: typer.Context,
                        err=True)
         typer.echo(outcome.message(), err=not outcome.ok)
         if not outcome.ok:
-            raise typer.Exit(1)
+            raise typer.Exit(DRIFT_EXIT)
         return
     if from_dir is not None and as_of is not None:
         raise TrajlakeError("replay: --as-of applies to the lake; an exported bundle is pinned by its card")
+    if suite is not None or pin_suite is not None:
+        _replay_suite(open_lake_of(ctx, lake), suite, run, pin_suite, episodes, as_of, fmt)
+        return
     if from_dir is not None:
         pairs = bundle_episodes(from_dir)
-    elif suite is not None:
-        if as_of is not None:
-            raise TrajlakeError("replay: a replay suite is read at the lake versions it pinned; drop --as-of")
-        lk = open_lake_of(ctx, lake)
-        pinned = load_suite(lk, suite)
-        typer.echo(f"replay suite {pinned.name}: {len(pinned.episode_ids)} episode(s) of {pinned.source}, "
-                   f"pinned {pinned.created_at} at {pinned.as_of}", err=True)
-        pairs = suite_episodes(lk, pinned)
     else:
         pairs = run_episodes(open_lake_of(ctx, lake), str(run), as_of)
     rows: list[list[Any]] = []
@@ -354,12 +354,63 @@ def replay(ctx: typer.Context,
     typer.echo(f"replayed {len(rows)} episode(s): {len(rows) - drifted} matched, {drifted} drifted{note}",
                err=True)
     if drifted:
-        raise typer.Exit(1)
-    if pin_suite is not None:
-        from trajlake.rollout.replay import pin_suite as pin
+        raise typer.Exit(DRIFT_EXIT)
 
-        pinned = pin(open_lake_of(ctx, lake), pin_suite, [r[0] for r in rows], f"run {run}")
-        typer.echo(f"pinned replay suite {pinned.name}: {len(pinned.episode_ids)} episode(s) at {pinned.as_of}",
+
+def _replay_suite(lk: Any, suite: str | None, run: str | None, pin: str | None, episodes: str | None,
+                  as_of: str | None, fmt: Format | None) -> None:
+    """``replay --suite NAME`` (replay a pinned suite) or ``replay --run ID --pin-suite NAME`` (replay the run as
+    a suite would and pin it when nothing drifted)."""
+    from trajlake.rollout.suites import (
+        ROW_COLUMNS,
+        check_suite_name,
+        compare_rows,
+        load_suite,
+        pin_suite,
+        read_suite,
+        run_for_pinning,
+        suite_exists,
+    )
+
+    if suite is not None:
+        if as_of is not None:
+            raise TrajlakeError("replay: a replay suite is read at the lake versions it pinned; drop --as-of")
+        read = read_suite(lk, load_suite(lk, suite))
+        s = read.suite
+        typer.echo(f"replay suite {s.name}: {len(s.episodes)} episode(s) of {s.source}, pinned {s.created_at} at "
+                   f"{s.as_of}, read at the {read.read_at}", err=True)
+        triples = read.episodes
+    else:
+        if as_of is not None:
+            raise TrajlakeError("replay: --pin-suite pins the lake's current versions; drop --as-of")
+        check_suite_name(str(pin))
+        if suite_exists(lk, str(pin)):  # before replaying anything
+            raise TrajlakeError(f"replay suite {pin!r} exists already; pin the new set under another name")
+        ids = [i.strip() for i in episodes.split(",") if i.strip()] if episodes is not None else None
+        if ids is not None and not ids:
+            raise TrajlakeError("replay: --episodes is empty")
+        versions, triples = run_for_pinning(lk, str(run), ids)
+    outcomes = []
+    for o in compare_rows(triples):
+        outcomes.append(o)
+        if fmt is None or fmt == Format.table:
+            typer.echo(o.message(), err=not o.ok)  # progress, episode by episode
+    if fmt is not None and fmt != Format.table:
+        emit(ROW_COLUMNS, [[o.row()[c] for c in ROW_COLUMNS] for o in outcomes], fmt)
+    drifted = sum(1 for o in outcomes if not o.ok)
+    changed = sorted({f"{o.episode.env_id} {o.episode.env_version} -> {o.env_version_now}" for o in outcomes
+                      if o.episode.env_version != o.env_version_now})
+    note = f"; environment versions since: {', '.join(changed)}" if changed else ""
+    typer.echo(f"replayed {len(outcomes)} episode(s): {len(outcomes) - drifted} matched, {drifted} drifted{note}",
+               err=True)
+    if drifted:
+        if pin is not None:
+            typer.echo(f"replay suite {pin} not pinned: pin episodes that replay on the current code (--episodes)",
+                       err=True)
+        raise typer.Exit(DRIFT_EXIT)
+    if pin is not None:
+        pinned = pin_suite(lk, pin, versions, outcomes, f"run {run}")
+        typer.echo(f"pinned replay suite {pinned.name}: {len(pinned.episodes)} episode(s) at {pinned.as_of}",
                    err=True)
 
 

@@ -1,14 +1,11 @@
 """Replay stored episodes under their pinned versions (``trajlake replay``): one episode, every episode of a run
 (``--run``) or of an exported bundle (``--from DIR``, ``trajlake export hf``'s trajectories layout). The
 environment comes from the registry by each episode's ``env_id``; each outcome says where the first state hash
-diverged. A replay suite (``--pin-suite`` / ``--suite``) is a pinned set of episodes, stored in the lake, replayed
-against the current environment code: the fixed suite that tells an environment change from a policy change."""
+diverged. Replay suites (``--pin-suite`` / ``--suite``: pinned episodes replayed against the current environment
+code, compared turn by turn) are in ``trajlake.rollout.suites``."""
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +14,7 @@ from typing import Any
 from trajlake.envs.core import Env, ReplayReport
 from trajlake.envs.registry import make
 from trajlake.errors import TrajlakeError
-from trajlake.lake.store import META_DIR, Lake, LakeArg
+from trajlake.lake.store import LakeArg
 from trajlake.query import connect
 from trajlake.rollout.runner import replay_log_from_rows
 
@@ -156,74 +153,4 @@ def bundle_episodes(folder: str | Path) -> Iterator[tuple[dict[str, Any], list[d
                     f"--from {root}: no episodes to replay")
 
 
-SUITES_DIR = "suites"
-"""Folder under the lake's META_DIR holding one JSON document per replay suite (``<name>.json``)."""
-_SUITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-
-
-@dataclass(frozen=True)
-class ReplaySuite:
-    """A pinned set of episodes to replay against the current environment code (``trajlake replay --suite``)."""
-
-    name: str
-    episode_ids: tuple[str, ...]
-    as_of: str
-    """The lake versions the episodes are read at (``episodes=N,turns=M,...``), pinned when the suite was made."""
-    created_at: str
-    source: str
-    """Where the episodes came from (``run <id>``)."""
-
-
-def _check_suite_name(name: str) -> None:
-    if not _SUITE_NAME.match(name or ""):
-        raise TrajlakeError(f"replay suite name {name!r}: use letters, digits, '_', '.', '-' (at most 100, starting "
-                            f"with a letter or digit)")
-
-
-def pin_suite(lake: Lake, name: str, episode_ids: Iterable[str], source: str) -> ReplaySuite:
-    """Store the replay suite ``name``: these episodes at the lake's current versions. An existing suite of that
-    name is never replaced (pin another name)."""
-    _check_suite_name(name)
-    ids = tuple(sorted(set(episode_ids)))
-    if not ids:
-        raise TrajlakeError(f"replay suite {name!r}: no episodes to pin")
-    if lake.storage.exists(META_DIR, SUITES_DIR, f"{name}.json"):
-        raise TrajlakeError(f"replay suite {name!r} exists already; pin the new set under another name")
-    as_of = ",".join(f"{t}={v}" for t, v in lake.versions().items())
-    suite = ReplaySuite(name, ids, as_of, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), source)
-    doc = {"name": suite.name, "episode_ids": list(ids), "as_of": as_of, "created_at": suite.created_at,
-           "source": source}
-    lake.storage.write_bytes(json.dumps(doc, indent=1).encode("utf-8"), META_DIR, SUITES_DIR, f"{name}.json")
-    return suite
-
-
-def load_suite(lake: Lake, name: str) -> ReplaySuite:
-    """The replay suite ``name`` stored in the lake; raises when there is none."""
-    _check_suite_name(name)
-    if not lake.storage.exists(META_DIR, SUITES_DIR, f"{name}.json"):
-        raise TrajlakeError(f"replay suite {name!r} is not in the lake; pin one with `trajlake replay --run ID "
-                            f"--pin-suite {name}`")
-    try:
-        doc = json.loads(lake.storage.read_bytes(META_DIR, SUITES_DIR, f"{name}.json"))
-    except ValueError as e:
-        raise TrajlakeError(f"replay suite {name!r}: {META_DIR}/{SUITES_DIR}/{name}.json is not JSON: {e}") from None
-    return ReplaySuite(doc["name"], tuple(doc["episode_ids"]), doc["as_of"], doc["created_at"], doc["source"])
-
-
-def suite_episodes(lake: Lake, suite: ReplaySuite) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """The suite's episodes with their turns, read at the suite's pinned versions, ordered by episode id."""
-    con = connect(lake, suite.as_of)
-    ids = list(suite.episode_ids)
-    found = {r[0] for r in con.execute("select episode_id from episodes where list_contains(?, episode_id)",
-                                        [ids]).fetchall()}
-    missing = sorted(set(ids) - found)
-    if missing:
-        raise TrajlakeError(f"replay suite {suite.name!r}: {len(missing)} pinned episode(s) are not in the lake at "
-                            f"{suite.as_of} (first: {missing[0]})")
-    return _grouped(con, "select * from episodes where list_contains(?, episode_id) order by episode_id",
-                    "select * from turns where list_contains(?, episode_id) order by episode_id, turn_idx", [ids],
-                    f"replay suite {suite.name!r}: no episodes to replay")
-
-
-__all__ = ["SUITES_DIR", "ReplayOutcome", "ReplaySuite", "bundle_episodes", "load_episode", "load_suite", "pin_suite",
-           "replay_episode", "replay_rows", "run_episodes", "suite_episodes"]
+__all__ = ["ReplayOutcome", "bundle_episodes", "load_episode", "replay_episode", "replay_rows", "run_episodes"]
