@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,9 @@ class ToolEnv(SplitTasks, TrackedBudget, Env):
     """The injected payload reached an observation in this episode."""
     _taint: tuple[str, ...] = ()
     """Taint labels of the last observation (the gateway traces call arguments back to untrusted text)."""
+    clock: Callable[[], float] = time.monotonic
+    """The wall clock a budget's ``max_seconds`` reads (seconds, monotonic), from reset to the end of each step;
+    a test sets its own on the instance instead of sleeping."""
 
     def __init__(self, tasks: Sequence[Mapping[str, Any]], split: str | None, *, injection: str | None,
                  injected: Callable[[Sequence[Mapping[str, Any]], str], list[dict[str, Any]]],
@@ -114,7 +118,7 @@ class ToolEnv(SplitTasks, TrackedBudget, Env):
     def _begin_episode(self, task: dict[str, Any]) -> None:
         """Make ``task`` the current one, with its budgets (or the override) and no injection seen yet."""
         self.task = task
-        self.tracker = BudgetTracker(self.budget_override or Budget.of_task(task))
+        self.tracker = BudgetTracker(self.budget_override or Budget.of_task(task), clock=self.clock)
         self.done = False
         self.injection_shown = False
         # None on benign tasks; on an attacked variant False until the grader reads the executed effects
