@@ -96,7 +96,7 @@ def test_grammar_text_is_deterministic_and_names_itself() -> None:
 def test_grammar_accepts_exactly_format_call_then_eos(tok: Any) -> None:
     g = tool_call_grammar(TOOL_DOCS, 24)
     m = TokenMasker(g.text, tok, len(tok))
-    ok = [format_call("submit", {}), format_call("list_files", {}),
+    ok = [format_call("submit", {}), format_call("list_files", {}), format_call("give_up", {}),
           format_call("read_file", {"path": "src/durations.py"}),
           format_call("edit", {"new": 'say "hi"\n\tbye \\ é', "old": "x = 1", "path": "src/a.py"}),
           format_call("search", {"path": ".", "pattern": "def " + "x" * 20})]
@@ -114,6 +114,16 @@ def test_grammar_accepts_exactly_format_call_then_eos(tok: Any) -> None:
            '{"tool": "submit", "args": {}}']  # the parser's synonyms are not what the grammar writes
     for text in bad:
         assert not _accepts(m, tok, text), text
+
+
+def test_mini_webs_ask_user_and_give_up_are_calls_of_its_grammar(tok: Any) -> None:
+    """The grammar comes from the tool docs: a constrained policy can ask the user (with a question) and end."""
+    from trajlake.envs.mini_web.env import TOOL_DOCS as WEB
+
+    m = TokenMasker(tool_call_grammar(WEB, 40).text, tok, len(tok))
+    assert _accepts(m, tok, format_call("ask_user", {"question": "Which saved address is meant?"}))
+    assert _accepts(m, tok, format_call("give_up", {}))
+    assert not _accepts(m, tok, '<tool_call>{"name": "ask_user", "arguments": {}}</tool_call>')  # no question
 
 
 def test_integer_arguments_when_the_tool_doc_declares_them(tok: Any) -> None:
