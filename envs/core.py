@@ -244,6 +244,13 @@ class Env(abc.ABC):
     """The tools a policy may call, ``{name: {"description": ..., "args": {...}}}`` (what ``task_view`` gives
     as ``TaskView.tools``), on the class so that readers such as the trainer can render an episode's system
     prompt without building the environment (``registry.spec(env_id).load().tool_docs``). Empty: not declared."""
+
+    @classmethod
+    def tool_docs_for(cls, env_kwargs: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
+        """The tools an instance built with ``env_kwargs`` lists to the policy: ``tool_docs``, unless an argument
+        adds some (the built-in environments' ``memory``). A run's grammar is built from it."""
+        return cls.tool_docs
+
     injection_attempted: bool = False
     """Whether the current episode showed the agent an injected instruction (``episodes.injection_attempted``);
     an environment with an injection suite sets it per episode."""

@@ -82,6 +82,9 @@ ToolOutput: TypeAlias = str
 CAPABILITIES: frozenset[str] = frozenset(Capability)
 # Capabilities whose calls can carry a value out of the environment (a credential in them is a leak).
 _EGRESS_CAPABILITIES = frozenset({Capability.NETWORK, Capability.SECRET, Capability.EXEC})
+# Capabilities whose calls never leave the episode, whatever their side-effect class: a credential written to the
+# episode's own memory (emptied at reset) has not left it.
+_INTERNAL_CAPABILITIES = frozenset({Capability.MEMORY})
 SIDE_EFFECT_CLASSES: frozenset[str] = frozenset(SideEffectClass)
 
 EVENT_COLUMNS: tuple[str, ...] = (
@@ -854,8 +857,8 @@ class Gateway:
         derived = self.derived_taint(parsed) if parse_error is None else []
         spec = self._tools.get(tool) if isinstance(tool, str) else None
         # A credential in the arguments of a call that takes them out of the environment is a leak.
-        leaves = spec is not None and (spec.side_effect_class != SideEffectClass.READ or spec.egress
-                                       or spec.capability in _EGRESS_CAPABILITIES)
+        leaves = spec is not None and spec.capability not in _INTERNAL_CAPABILITIES and (
+            spec.side_effect_class != SideEffectClass.READ or spec.egress or spec.capability in _EGRESS_CAPABILITIES)
         leaks = self.leaked_credentials(parsed if parse_error is None else args) if leaves else []
         taint_list = list(dict.fromkeys([*taint_list, *derived, *leaks]))
         tool_name = tool if isinstance(tool, str) else repr(tool)

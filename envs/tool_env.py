@@ -15,11 +15,12 @@ from typing import Any
 
 from trajlake.envs.core import Budget, BudgetTracker, Env, EnvError, Snapshot, SplitTasks, TrackedBudget
 from trajlake.envs.gateway import Gateway
+from trajlake.envs.memory import EpisodicMemory, MemoryConfig, memory_tool_docs
 from trajlake.envs.policy import TaskView
 
 MAX_OUTPUT_CHARS = 32_000
 #: The envs-level modules a built-in environment runs on: part of its image digest with its own package.
-SHARED_MODULES = ("core.py", "gateway.py", "injection.py", "taskset.py", "tool_env.py")
+SHARED_MODULES = ("core.py", "gateway.py", "injection.py", "memory.py", "taskset.py", "tool_env.py")
 
 
 def code_digest(package: Path, *data: Path) -> str:
@@ -83,13 +84,24 @@ class ToolEnv(SplitTasks, TrackedBudget, Env):
     clock: Callable[[], float] = time.monotonic
     """The wall clock a budget's ``max_seconds`` reads (seconds, monotonic), from reset to the end of each step;
     a test sets its own on the instance instead of sleeping."""
+    memory: EpisodicMemory
+    """The episode's memory store (``envs/memory.py``): emptied at every reset; off unless the run turns it on."""
+    listed_tool_docs: Mapping[str, Mapping[str, Any]]
+    """The tools this instance lists to the policy (``task_view``, the first observation): the class's
+    ``tool_docs``, plus the memory tools when memory is on (``tool_docs_for`` of the same arguments)."""
 
     def __init__(self, tasks: Sequence[Mapping[str, Any]], split: str | None, *, injection: str | None,
                  injected: Callable[[Sequence[Mapping[str, Any]], str], list[dict[str, Any]]],
-                 budget: Budget | Mapping[str, Any] | None, what: str):
+                 budget: Budget | Mapping[str, Any] | None, what: str, memory: Any = None):
         """The records of ``split`` (the attacked variants ``injected`` makes under the attack ``injection``; ``what``
         names the environment in errors); ``budget`` overrides every task's own (a mapping, as ``--env-arg
-        budget='{"max_steps": 10}'`` or a training config's ``env_args`` give it, is read as a :class:`Budget`)."""
+        budget='{"max_steps": 10}'`` or a training config's ``env_args`` give it, is read as a :class:`Budget`);
+        ``memory`` turns episodic memory on (``True`` or a mapping of :class:`MemoryConfig` fields)."""
+        try:
+            self.memory = EpisodicMemory(MemoryConfig.parse(memory))
+            self.listed_tool_docs = self.memory.tool_docs(self.tool_docs)
+        except EnvError as e:
+            raise EnvError(f"{what}: {e}") from None
         self.index_tasks(injected(tasks, injection) if injection else tasks, split, what)
         self.injection = injection
         self.budget_override = _as_budget(budget, what)
@@ -106,10 +118,16 @@ class ToolEnv(SplitTasks, TrackedBudget, Env):
         """The injected payload reached an observation in this episode (``episodes.injection_attempted``)."""
         return self.injection_shown
 
+    @classmethod
+    def tool_docs_for(cls, env_kwargs: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
+        """The class's tools, with the memory tools when ``env_kwargs`` turns memory on."""
+        return memory_tool_docs(cls.tool_docs, env_kwargs.get("memory"))
+
     def task_view(self, task_id: str, task_version: str, *, oracle: bool = False) -> TaskView:
         """Statement and tools; what the oracle knows (``oracle_view``) only when ``oracle``."""
         t = self.task_for(0, task_version, task_id)
-        return TaskView(task_id, task_version, t["statement"], self.tool_docs, self.oracle_view(t) if oracle else None)
+        return TaskView(task_id, task_version, t["statement"], self.listed_tool_docs,
+                        self.oracle_view(t) if oracle else None)
 
     def oracle_view(self, task: Mapping[str, Any]) -> Mapping[str, Any]:
         """The known solution of a task record, as ``TaskView.oracle`` gives it to the oracle policy."""
@@ -119,6 +137,7 @@ class ToolEnv(SplitTasks, TrackedBudget, Env):
         """Make ``task`` the current one, with its budgets (or the override) and no injection seen yet."""
         self.task = task
         self.tracker = BudgetTracker(self.budget_override or Budget.of_task(task), clock=self.clock)
+        self.memory.clear()  # episodic: nothing written in an earlier episode (or run) on this instance survives
         self.done = False
         self.injection_shown = False
         # None on benign tasks; on an attacked variant False until the grader reads the executed effects

@@ -111,6 +111,8 @@ class Capability(StrEnum):
     NETWORK = "network"
     SECRET = "secret"
     EXEC = "exec"
+    MEMORY = "memory"
+    """The episode's own memory store (``envs/memory.py``): granted only to runs that turn memory on."""
 
 
 class Decision(StrEnum):

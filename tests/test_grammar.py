@@ -133,6 +133,24 @@ def test_integer_arguments_when_the_tool_doc_declares_them(tok: Any) -> None:
     assert not _accepts(m, tok, format_call("click", {"id": "12"}))
 
 
+def test_a_run_with_memory_records_the_grammar_its_policy_samples_under(tok: Any) -> None:
+    from trajlake.envs.tool_lookup.env import ToolLookupEnv
+
+    env = ToolLookupEnv("dev", memory=True)
+    task = env.list_tasks()[0]
+    listed = env.task_view(task["task_id"], task["task_version"]).tools  # what an hf: policy builds its grammar from
+    env.close()
+    recorded = lm_run_config("hf:model", {"grammar": "tools"}, ToolLookupEnv.tool_docs_for({"memory": True}))
+    assert recorded["grammar"] == tool_call_grammar(listed).to_config()  # what the trainer replays the masks with
+    m = TokenMasker(recorded["grammar"]["text"], tok, len(tok))
+    for text in (format_call("memory_write", {"key": "plan", "text": 'look up "Bofa", then its partner'}),
+                 format_call("memory_read", {"key": "plan"}), format_call("memory_list", {}),
+                 format_call("lookup", {"name": "Bofa"})):
+        assert _accepts(m, tok, text), text
+    without = TokenMasker(tool_call_grammar(ToolLookupEnv.tool_docs_for({})).text, tok, len(tok))
+    assert not _accepts(without, tok, format_call("memory_list", {}))  # runs without memory: the grammar as before
+
+
 def test_masks_force_the_wrapper_and_the_end_of_turn(tok: Any) -> None:
     g = tool_call_grammar(TOOL_DOCS)
     m = TokenMasker(g.text, tok, len(tok) + 5)  # logits wider than the tokenizer: the extra ids never allowed

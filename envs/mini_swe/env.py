@@ -9,8 +9,11 @@ Actions are JSON objects ``{"tool": NAME, "args": {...}}``. Tools (every call pa
 - ``run_tests {"command"}``: run the *visible* tests, e.g. ``"pytest -q"`` (only ``pytest`` may run);
 - ``submit {}``: end the episode; the hidden tests grade the workspace (SWE-bench rules).
 
-The state hash covers the workspace's files and whether the episode was submitted; observations carry no
-timings, so a replay under pinned versions reproduces every state hash.
+With ``memory`` on, the episodic memory tools too (``memory_write``, ``memory_read``, ``memory_list``;
+:mod:`trajlake.envs.memory`).
+
+The state hash covers the workspace's files and whether the episode was submitted (and the memory's notes, when
+it holds any); observations carry no timings, so a replay under pinned versions reproduces every state hash.
 
 Code the agent writes runs inside :mod:`.sandbox`; the environment's own file access never follows a
 symlink out of the workspace and never opens a FIFO, socket or device the agent's code left behind (the
@@ -96,7 +99,8 @@ class MiniSWEEnv(ToolEnv):
 
     ``injection``: an attack name (``important_instructions`` or ``tool_knowledge``) to play the attacked
     variants of the tasks (:mod:`.injection`) instead of the benign set. ``protected_paths``: globs the gateway
-    keeps every path argument away from (e.g. ``("tests", ".env")``: a defence against the injection goals)."""
+    keeps every path argument away from (e.g. ``("tests", ".env")``: a defence against the injection goals).
+    ``memory``: episodic memory tools (``True`` or a mapping of limits; :mod:`trajlake.envs.memory`)."""
 
     env_id = ENV_ID
     env_version = ENV_VERSION
@@ -110,9 +114,9 @@ class MiniSWEEnv(ToolEnv):
                  workdir: str | os.PathLike[str] | None = None, sandbox: str = "auto",
                  budget: Budget | Mapping[str, Any] | None = None, test_timeout_s: float = 60.0,
                  allow_unisolated: bool | None = None, injection: str | None = None,
-                 protected_paths: Sequence[str] = ()):
+                 protected_paths: Sequence[str] = (), memory: Any = None):
         super().__init__(tasks if tasks is not None else load_tasks(), split, injection=injection,
-                         injected=injected_tasks, budget=budget, what="Mini SWE")
+                         injected=injected_tasks, budget=budget, what="Mini SWE", memory=memory)
         if isinstance(protected_paths, str):
             protected_paths = [p for p in protected_paths.split(",") if p]  # --env-arg protected_paths=tests,.env
         self.protected_paths = tuple(protected_paths)
@@ -200,9 +204,9 @@ class MiniSWEEnv(ToolEnv):
         self.gave_up = False
         self.grade_result = None
         self.gateway = Gateway(self.workspace, Permissions(
-            capabilities=frozenset({Capability.READ, Capability.WRITE, Capability.EXEC}),
+            capabilities=self.memory.capabilities({Capability.READ, Capability.WRITE, Capability.EXEC}),
             exec_allowlist=frozenset({"pytest"}), protected_paths=self.protected_paths,
-            irreversible_budget=1), self._tools(), self.state_hash)
+            irreversible_budget=1), [*self._tools(), *self.memory.tools()], self.state_hash)
         self.gateway.note_trusted(task["statement"])
         obs = self._intro(task)
         return ResetResult(episode_id=str(uuid.uuid4()), observation=obs, state_hash=self.state_hash(),
@@ -218,6 +222,8 @@ class MiniSWEEnv(ToolEnv):
         tool_seconds = time.perf_counter() - t0  # the tool's own time: the sandboxed test runs dominate it
         obs = res.output if problem is None else f"{problem}\n{res.output}"
         status = res.status if problem is None else Status.MODEL_INVALID_ACTION
+        status, memory_seconds = self.memory.outcome(tool, res.executed, status)
+        tool_seconds += memory_seconds
         comps: dict[str, float] = {}
         terminated = truncated = False
         reason: str | None = None
@@ -275,12 +281,14 @@ class MiniSWEEnv(ToolEnv):
         files = self._entries()
         payload = (files, self.submitted, self.done, self.grade_result, self._taint, self.tracker.state(),
                    self.gateway.export_state(), self.task["task_id"], self.task["task_version"],
-                   (self.injection_shown, self.attack_success, list(self._executed_args), dict(self._originals)))
+                   (self.injection_shown, self.attack_success, list(self._executed_args), dict(self._originals)),
+                   self.memory.export_state())
         return Snapshot(self.env_id, self.env_version, self.state_hash(), payload)
 
     def restore(self, snapshot: Snapshot) -> None:
         self._check_snapshot(snapshot)
-        files, submitted, done, grade_result, taint, tracker, gw_state, task_id, task_version, inj = snapshot.payload
+        (files, submitted, done, grade_result, taint, tracker, gw_state, task_id, task_version, inj,
+         memory) = snapshot.payload
         if self.task is None or (self.task["task_id"], self.task["task_version"]) != (task_id, task_version):
             raise EnvError("restore needs the environment reset on the snapshot's task")
         assert self.gateway is not None
@@ -296,6 +304,7 @@ class MiniSWEEnv(ToolEnv):
         self._executed_args, self._originals = list(inj[2]), dict(inj[3])
         self.tracker.set_state(tracker)
         self.gateway.import_state(gw_state)
+        self.memory.import_state(memory)
         self._check_restored(snapshot)
 
     def close(self) -> None:
@@ -352,7 +361,7 @@ class MiniSWEEnv(ToolEnv):
         for rel, (kind, data) in self._entries().items():
             digest = hashlib.sha256(data).hexdigest()
             files[rel] = digest if kind == "file" else f"{kind}:{digest}"
-        return stable_hash({"files": files, "submitted": self.submitted})
+        return stable_hash({"files": files, "submitted": self.submitted, **self.memory.hash_fields()})
 
     def _cleanup(self) -> None:
         if self._ws is not None:
@@ -470,7 +479,7 @@ class MiniSWEEnv(ToolEnv):
         return self._rewards()
 
     def _intro(self, task: Mapping[str, Any]) -> str:
-        tools = describe_tools(TOOL_DOCS)
+        tools = describe_tools(self.listed_tool_docs)
         return (f"{task['statement']}\n\nWorkspace files:\n" + "\n".join(self._files()) +
                 f"\n\nAct with one JSON object per turn: {{\"tool\": NAME, \"args\": {{...}}}}. Tools:\n{tools}")
 

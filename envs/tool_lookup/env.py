@@ -10,7 +10,8 @@ Actions are JSON objects ``{"tool": NAME, "args": {...}}``:
 The first observation is the task statement alone (an LM policy has the tools in its system prompt), so a whole
 oracle episode is a few hundred tokens under a tokenizer trained on such episodes. Both tools pass the
 permission gateway as ``read`` calls (nothing outside the episode changes). The state hash covers the task, the
-submitted answer and whether the episode ended: lookups are reads and change no state.
+submitted answer and whether the episode ended: lookups are reads and change no state. With ``memory`` on, the
+episodic memory tools too (:mod:`trajlake.envs.memory`; their notes are part of the state hash once written).
 
 Fault kind ``directory_busy`` (``step_with_fault``): the directory is busy, a lookup does not run and the agent
 sees an ``ENV_TRANSIENT`` error telling it to try again.
@@ -72,7 +73,8 @@ def _no_injection(tasks: Sequence[Mapping[str, Any]], attack: str) -> list[dict[
 
 
 class ToolLookupEnv(ToolEnv):
-    """tool-lookup over the generated tasks of one split (or all). One episode at a time."""
+    """tool-lookup over the generated tasks of one split (or all). One episode at a time. ``memory``: episodic
+    memory tools (``True`` or a mapping of limits; :mod:`trajlake.envs.memory`)."""
 
     env_id = ENV_ID
     env_version = ENV_VERSION
@@ -82,10 +84,11 @@ class ToolLookupEnv(ToolEnv):
     sandbox_kind = "none"  # the environment answers every call itself: no agent code runs
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
-                 budget: Budget | Mapping[str, Any] | None = None, workdir: str | os.PathLike[str] | None = None):
+                 budget: Budget | Mapping[str, Any] | None = None, workdir: str | os.PathLike[str] | None = None,
+                 memory: Any = None):
         super().__init__(tasks if tasks is not None else load_tasks(split), split, injection=None,
-                         injected=_no_injection, budget=budget, what="tool-lookup")
-        self.permissions = Permissions(capabilities=frozenset({Capability.READ}))
+                         injected=_no_injection, budget=budget, what="tool-lookup", memory=memory)
+        self.permissions = Permissions(capabilities=self.memory.capabilities({Capability.READ}))
         # the gateway wants a workspace folder; no tool touches it
         self._tmp = Path(tempfile.mkdtemp(prefix="tool-lookup-", dir=workdir))
         self.answer: str | None = None
@@ -125,7 +128,7 @@ class ToolLookupEnv(ToolEnv):
         task = self.task_for(seed, task_version, task_id)
         self._begin_episode(task)
         self.answer, self.ended, self._invalid = None, False, None
-        self.gateway = Gateway(self._tmp, self.permissions, self._tools(), self.state_hash)
+        self.gateway = Gateway(self._tmp, self.permissions, [*self._tools(), *self.memory.tools()], self.state_hash)
         self.gateway.note_trusted(task["statement"])
         return ResetResult(episode_id=str(uuid.uuid4()), observation=task["statement"], state_hash=self.state_hash(),
                            task_id=task["task_id"], task_version=task["task_version"], seed=seed)
@@ -138,6 +141,7 @@ class ToolLookupEnv(ToolEnv):
         self._invalid = None
         res = self.gateway.call(tool, args, idempotency_key=idempotency_key, taint=self._taint)
         status = Status.MODEL_INVALID_ACTION if problem is not None or self._invalid is not None else res.status
+        status, tool_seconds = self.memory.outcome(tool, res.executed, status)
         obs = problem or res.output
         spent = self.tracker.add(tokens, cost_usd)
         terminated, truncated = self.ended, not self.ended and spent is not None
@@ -152,7 +156,7 @@ class ToolLookupEnv(ToolEnv):
         self.done = terminated or truncated
         return StepResult(observation=clip(obs), reward_components=comps, terminated=terminated, truncated=truncated,
                           status=status, cost_usd=0.0, state_hash=self.state_hash(), termination_reason=reason,
-                          tool=tool or None, gateway_events=(res.event,))
+                          tool=tool or None, tool_seconds=tool_seconds, gateway_events=(res.event,))
 
     def step_with_fault(self, kind: str, action: str, idempotency_key: str | None = None, *, tokens: int = 0,
                         cost_usd: float = 0.0) -> StepResult:
@@ -176,18 +180,19 @@ class ToolLookupEnv(ToolEnv):
         if self.task is None or self.gateway is None:
             raise EnvError("snapshot before reset")
         payload = (self.answer, self.ended, self.done, self.tracker.state(), self.gateway.export_state(),
-                   self.task["task_id"], self.task["task_version"])
+                   self.task["task_id"], self.task["task_version"], self.memory.export_state())
         return Snapshot(self.env_id, self.env_version, self.state_hash(), payload)
 
     def restore(self, snapshot: Snapshot) -> None:
         self._check_snapshot(snapshot)
-        answer, ended, done, tracker, gw_state, task_id, task_version = snapshot.payload
+        answer, ended, done, tracker, gw_state, task_id, task_version, memory = snapshot.payload
         if self.task is None or self.gateway is None or \
                 (self.task["task_id"], self.task["task_version"]) != (task_id, task_version):
             raise EnvError("restore needs the environment reset on the snapshot's task")
         self.answer, self.ended, self.done = answer, ended, done
         self.tracker.set_state(tracker)
         self.gateway.import_state(gw_state)
+        self.memory.import_state(memory)
         self._check_restored(snapshot)
 
     def close(self) -> None:
@@ -198,7 +203,7 @@ class ToolLookupEnv(ToolEnv):
         if self.task is None:
             raise EnvError("no task: call reset")
         return stable_hash({"task": [self.task["task_id"], self.task["task_version"]], "answer": self.answer,
-                            "ended": self.ended})
+                            "ended": self.ended, **self.memory.hash_fields()})
 
     # -- tools -------------------------------------------------------------------------------------------------
     def _lookup(self, args: dict[str, Any]) -> str:

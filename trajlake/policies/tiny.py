@@ -101,7 +101,7 @@ def oracle_episodes(env: str, n_tasks: int = CORPUS_TASKS, **env_args: Any) -> l
         policy = oracle("tokenizer-corpus")
         tasks = environment.list_tasks()
         picked = tasks[::max(1, len(tasks) // max(1, n_tasks))][:n_tasks]
-        system = system_prompt(type(environment).tool_docs)
+        system = system_prompt(type(environment).tool_docs_for(env_args))
         episodes: list[list[Message]] = []
         for task in picked:
             policy.reset(environment.task_view(task["task_id"], task["task_version"], oracle=True), 0)

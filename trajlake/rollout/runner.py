@@ -588,7 +588,8 @@ def run_rollout(cfg: RolloutConfig, engine: str | None = None,
                       env_class.fault_kinds if env_class is not None else ())
     lake = Lake.init(cfg.lake)
     settings = _config_json(cfg)
-    settings.update(lm_run_config(cfg.policy, cfg.policy_args, env_class.tool_docs if env_class is not None else {}))
+    settings.update(lm_run_config(cfg.policy, cfg.policy_args,
+                                 env_class.tool_docs_for(cfg.env_kwargs) if env_class is not None else {}))
     # one connection for what the lake holds before this call: the run's row and its episodes (a connection
     # costs a second on an object store)
     before = connect(lake)
