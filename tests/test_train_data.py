@@ -28,7 +28,7 @@ from trajlake.errors import TrajlakeError
 from trajlake.policies.lm import Generation, LMPolicy
 from trajlake.policies.settings import LMSettings
 from trajlake.record.writer import to_table
-from trajlake.render.chat import ChatRenderer, system_prompt
+from trajlake.render.chat import TOOL_RESPONSE_OPEN, ChatRenderer, system_prompt
 from trajlake.render.exactness import model_contexts
 from trajlake.render.toolcall import format_call, parse_tool_call
 from trajlake.rollout.runner import play_episode
@@ -375,6 +375,31 @@ def test_mini_web_oracle_is_rendered_with_its_own_tools(lake: Lake, tok_dir: Pat
     r = ChatRenderer(AutoTokenizer.from_pretrained(str(tok_dir)), "t")
     first = r.initial(system_prompt(WEB_TOOLS), rec.turns[0]["raw_content"])  # the class's tool_docs
     assert s["retokenized"] and s["input_ids"][:len(first)].tolist() == first
+    assert s["n_policy_turns"] == sum(1 for t in rec.turns if t["actor"] == "policy")
+
+
+def test_a_user_answer_to_ask_user_is_re_rendered_as_the_calls_response(lake: Lake, tok_dir: Path) -> None:
+    """Mini Web's ask_user: the answer is stored as a role/actor user turn, and the trainer re-renders it as the
+    observation the policy saw (a tool response, mask 0), so the episode's text continues token-exactly."""
+    from trajlake.envs import make
+    from trajlake.envs.mini_web import TOOL_DOCS as WEB_TOOLS
+    from transformers import AutoTokenizer
+
+    env = make("mini-web", split="hidden", underspecified=True)
+    try:
+        task = env.list_tasks()[0]
+        rec = play_episode(env, make_policy("mini-web", "oracle", "o"), run_id="ask", seed=0, split="hidden",
+                           task_id=task["task_id"], task_version=None)
+    finally:
+        env.close()
+    assert (rec.turns[2]["actor"], rec.turns[2]["role"]) == ("user", "user")
+    _write(lake, rec)
+    (s,) = list(LakeTrajectories(lake, tokenizer=tok_dir))
+    r = ChatRenderer(AutoTokenizer.from_pretrained(str(tok_dir)), "t")
+    first = r.initial(system_prompt(WEB_TOOLS), rec.turns[0]["raw_content"])
+    assert s["retokenized"] and s["input_ids"][:len(first)].tolist() == first
+    text = r.tokenizer.decode(s["input_ids"].tolist())
+    assert f"{TOOL_RESPONSE_OPEN}{rec.turns[2]['raw_content']}" in text
     assert s["n_policy_turns"] == sum(1 for t in rec.turns if t["actor"] == "policy")
 
 
