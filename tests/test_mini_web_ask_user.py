@@ -26,7 +26,7 @@ from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 
 from trajlake import LakeWriter, open_lake
 from trajlake.query import connect
-from trajlake.rollout.runner import play_episode
+from trajlake.rollout.runner import play_episode, replay_log_from_rows
 
 BASE = {t["task_id"]: t for t in load_tasks()}
 VARIANTS = underspecified_tasks(load_tasks())
@@ -141,6 +141,9 @@ def test_an_answer_is_a_user_turn_priced_as_human_time_and_goes_into_the_lake(tm
         # the other observations stay the environment's, unpriced (no person involved)
         assert all(t["actor"] == "env" and t["cost_usd"] == 0.0 for t in rec.turns[4::2])
         assert rec.episode["success"] and rec.episode["cost_usd"] >= 2.0
+        # the recorded episode replays (the user turn pairs with its call like a tool turn)
+        log, turn_of_step = replay_log_from_rows(rec.episode, rec.turns)
+        assert turn_of_step[0] == 1 and e.replay(log).ok
         lake = open_lake(tmp_path / "lake", create=True)
         with LakeWriter(lake, handle_signals=False) as w:
             w.write_tasks([task_row(v)])
