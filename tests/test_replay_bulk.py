@@ -27,7 +27,7 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lake = tmp_path_factory.mktemp("replay") / "lake"
     for run_id, tasks in (("a", tuple(TASKS.split(","))), ("b", tuple(TASKS.split(","))[:1])):
         s = run_rollout(RolloutConfig(lake=str(lake), run_id=run_id, env="tool-lookup", policy="oracle",
-                                      split="train", seeds=(0,), task_ids=tasks))
+                                      split="train", seeds=(0,), task_ids=tasks, commit_every_s=0))  # a file each
         assert s.written == len(tasks)
     return lake
 
@@ -152,23 +152,20 @@ def test_a_suite_drifts_when_the_environment_answers_differently(played: Path, t
     assert run_cli(capsys, "--lake", str(lake), "replay", "--run", "a")[0] == 0  # the state hashes cannot tell
 
 
-def test_a_suite_survives_later_writes_and_compaction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The suite is the episodes pinned, whatever is written since; after `compact` has vacuumed the files of the
-    pinned versions it reads the current ones and checks each pinned content hash."""
+def test_a_suite_survives_compaction(played: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After `compact` has merged the run's files and vacuumed the ones the pinned versions read, the suite reads
+    the current versions and checks each pinned content hash; `--episodes` pins exactly those episodes. (Later
+    writes: the diagnose test below pins before writing two runs.)"""
     from trajlake import open_lake
     from trajlake.lake.maintenance import compact
-    from trajlake.rollout.runner import RolloutConfig, run_rollout
 
-    lake = tmp_path / "lake"
-    run_rollout(RolloutConfig(lake=str(lake), run_id="c", env="tool-lookup", policy="oracle", split="train",
-                              seeds=(0,), task_ids=tuple(TASKS.split(",")), commit_every_s=0))  # a file each
+    lake = _copy(played, tmp_path)
     con = connect(str(lake))
-    ids = sorted(r[0] for r in con.execute("select episode_id from episodes").fetchall())
-    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "c", "--pin-suite", "two",
+    ids = sorted(r[0] for r in con.execute("select episode_id from episodes where run_id = 'a'").fetchall())
+    con.close()
+    code, _, err = run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "two",
                            "--episodes", ",".join(ids[:2]))
     assert code == 0 and "2 episode(s)" in err, err
-    run_rollout(RolloutConfig(lake=str(lake), run_id="later", env="tool-lookup", policy="heuristic", split="train",
-                              seeds=(0,), task_ids=tuple(TASKS.split(","))[:1]))
     report = compact(open_lake(lake), retention_hours=0)
     assert report.files_after["episodes"] < report.files_before["episodes"] and report.vacuumed_files > 0
     code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "two", "--format", "json")
@@ -206,11 +203,11 @@ def test_diagnose_first_node_reports_the_suites_drift(played: Path, tmp_path: Pa
     from trajlake.rollout.runner import RolloutConfig, run_rollout
 
     lake = _copy(played, tmp_path)
+    assert run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "s")[0] == 0
     tasks = tuple(f"tool-lookup/{kind}/p0/{i}" for kind in ("two_hop", "pair") for i in range(3))
     for run_id, policy in (("base", "oracle"), ("cand", "heuristic")):  # heuristic: wrong on these by design
         run_rollout(RolloutConfig(lake=str(lake), run_id=run_id, env="tool-lookup", policy=policy, split="train",
-                                  seeds=(0,), task_ids=tasks))
-    assert run_cli(capsys, "--lake", str(lake), "replay", "--run", "a", "--pin-suite", "s")[0] == 0
+                                  seeds=(0,), task_ids=tasks))  # written after the pin: not in the suite
 
     def diagnose() -> dict[str, Any]:
         code, out, err = run_cli(capsys, "--lake", str(lake), "diagnose", "--baseline", "base", "--candidate",
@@ -222,7 +219,7 @@ def test_diagnose_first_node_reports_the_suites_drift(played: Path, tmp_path: Pa
     first = clean["path"][1]
     assert first["node"] == "oracle_suite" and first["result"] != "yes" and clean["diagnosis"] != \
         "environment_regression"
-    assert "0 of 3 episode(s) drifted" in first["evidence"][0]
+    assert "0 of 3 episode(s) drifted" in first["evidence"][0] and "run a" in first["evidence"][0]
     _answer_differently(monkeypatch)
     d = diagnose()
     assert d["diagnosis"] == "environment_regression" and d["path"][1]["result"] == "yes"

@@ -9,12 +9,13 @@ as one line with exit status 1.
 from __future__ import annotations
 
 import enum
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from trajlake.cli.options import AsOfOpt, LakeOpt, MemoryOpt, lake_path, open_lake_of
+from trajlake.cli.options import AllowUnisolatedOpt, AsOfOpt, LakeOpt, MemoryOpt, lake_path, open_lake_of
 from trajlake.cli.output import write_report
 from trajlake.errors import TrajlakeError
 
@@ -127,6 +128,7 @@ def diagnose_command(
     suite: Annotated[str | None, typer.Option(
         "--suite", help="Replay the pinned replay suite NAME against the current environment code first (the "
                         "tree's first node): a drifted episode means the environment changed, not the policy.")] = None,
+    allow_unisolated: AllowUnisolatedOpt = False,
     lake: LakeOpt = None,
 ) -> None:
     """Explain a success drop from --baseline to --candidate: walk a decision tree (oracle suite, environment
@@ -140,6 +142,9 @@ def diagnose_command(
     replayed = None
     if suite is not None:
         from trajlake.rollout.suites import replay_suite, suite_evidence
+
+        if allow_unisolated:  # the suite's recorded actions run again (Mini SWE: graded code)
+            os.environ["TRAJLAKE_ALLOW_UNISOLATED"] = "1"
 
         replayed = suite_evidence(*replay_suite(open_lake_of(ctx, lake), suite))
     d = diagnose(lake_path(ctx, lake), baseline, candidate, as_of=as_of, settings=settings, memory_limit=memory_limit,

@@ -33,6 +33,7 @@ from trajlake.cli.output import Format, emit
 from trajlake.errors import TrajlakeError
 
 if TYPE_CHECKING:
+    from trajlake.lake.store import Lake
     from trajlake.rollout.runner import RolloutConfig
 
 __all__ = ["RolloutOptions", "doctor", "quickstart", "register", "replay", "rollout", "rollout_config"]
@@ -357,7 +358,7 @@ def replay(ctx: typer.Context,
         raise typer.Exit(DRIFT_EXIT)
 
 
-def _replay_suite(lk: Any, suite: str | None, run: str | None, pin: str | None, episodes: str | None,
+def _replay_suite(lk: Lake, suite: str | None, run: str | None, pin: str | None, episodes: str | None,
                   as_of: str | None, fmt: Format | None) -> None:
     """``replay --suite NAME`` (replay a pinned suite) or ``replay --run ID --pin-suite NAME`` (replay the run as
     a suite would and pin it when nothing drifted)."""
