@@ -217,6 +217,13 @@ def test_nothing_written_in_training_is_readable_in_another_episode_or_in_evalua
                 assert seen == f"{task_id} seed {seed}"  # its own note, and only its own
         configs = con.execute("select config from runs").fetchall()
         assert [json.loads(c[0])["env_kwargs"]["memory"] for c in configs] == [True, True]
+        # a trainer re-rendering these episodes lists the tools their policy was shown: the run's, memory included
+        from trajlake.train.data import LakeTrajectories
+
+        ds = LakeTrajectories(lake)
+        assert ds.run_env_kwargs == {"train": {"memory": True, "budget": ROOMY}, "eval": {"memory": True, "budget": ROOMY}}
+        assert set(MEMORY_TOOLS) <= set(ds.builder._tool_docs("tool-lookup-memory-probe", ds.run_env_kwargs["eval"]) or ())
+        assert not set(MEMORY_TOOLS) & set(ds.builder._tool_docs("tool-lookup-memory-probe") or ())
         # the notes are state: a replay reproduces every state hash only with memory on (as the run had it)
         ep = next(iter(rows_of(con, "select * from episodes where run_id = 'eval'")))
         turns = rows_of(con, f"select * from turns where episode_id = '{ep['episode_id']}' order by turn_idx")

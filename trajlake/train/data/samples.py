@@ -191,7 +191,7 @@ class SampleBuilder:
             self.tokenizer_key = fingerprint_key(tokenizer_fingerprint(self.tokenizer, self.tokenizer_name))
         self._renderer: Any = None
         self._seen_tokenizer: tuple[str, Any] | None = None
-        self._tools: dict[str, Mapping[str, Mapping[str, Any]] | None] = {}
+        self._tools: dict[tuple[str, str], Mapping[str, Mapping[str, Any]] | None] = {}
 
     def new_pass(self) -> None:
         """Forget the vocabulary of earlier episodes (a new iteration over the data)."""
@@ -261,16 +261,23 @@ class SampleBuilder:
         return out
 
     # -- re-rendering ------------------------------------------------------------------------------------------
-    def _tool_docs(self, env_id: str) -> Mapping[str, Mapping[str, Any]] | None:
-        """The environment class's ``tool_docs`` (None: not a registered environment, e.g. an import)."""
-        if env_id not in self._tools:
+    def _tool_docs(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None
+                   ) -> Mapping[str, Mapping[str, Any]] | None:
+        """The tools the episode's policy was shown: the environment class's ``tool_docs_for`` its run's
+        ``env_kwargs`` (``runs.config``; memory adds its tools), else its ``tool_docs`` (None: not a registered
+        environment, e.g. an import)."""
+        kwargs = dict(env_kwargs or {})
+        key = (env_id, json.dumps(kwargs, sort_keys=True, default=str))
+        if key not in self._tools:
             try:
-                cls = registry.spec(env_id).load()
+                spec = registry.spec(env_id)
+                target, env_class = spec.load(), spec.env_class()
             except TrajlakeError:
-                self._tools[env_id] = None
+                self._tools[key] = None
             else:
-                self._tools[env_id] = dict(getattr(cls, "tool_docs", {}) or {})
-        return self._tools[env_id]
+                docs = env_class.tool_docs_for(kwargs) if env_class is not None else getattr(target, "tool_docs", {})
+                self._tools[key] = dict(docs or {})
+        return self._tools[key]
 
     def renderer(self) -> Any:
         """The ``ChatRenderer`` of the trainer's tokenizer (built on first use)."""
@@ -281,14 +288,15 @@ class SampleBuilder:
                 raise TrajlakeError(f"the trainer's tokenizer cannot re-render episodes: {e}") from None
         return self._renderer
 
-    def rerender(self, eid: str, env_id: str, turns: Sequence[Turn]) -> Piece:
+    def rerender(self, eid: str, env_id: str, turns: Sequence[Turn], env_kwargs: Mapping[str, Any] | None = None
+                 ) -> Piece:
         """The episode as an ``hf:`` policy with the trainer's tokenizer would have seen it, with the prefix check
-        (the turns' ``raw_content`` read)."""
+        (the turns' ``raw_content`` read); ``env_kwargs``: its run's (the tools its policy was shown)."""
         assert self.tokenizer is not None, "exact raised the text-only error"
         r = self.renderer()
         first_pol = next((i for i, t in enumerate(turns) if t.actor == Actor.POLICY), len(turns))
         lead = turns[:first_pol]
-        tools = self._tool_docs(env_id)
+        tools = self._tool_docs(env_id, env_kwargs)
         system_parts = ([system_prompt(tools)] if tools is not None else []) + \
             [t.raw or "" for t in lead if t.role == Role.SYSTEM]
         users = [t for t in lead if t.role != Role.SYSTEM]

@@ -139,7 +139,7 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
         runs = sorted(set(self.episodes["run_id"].to_pylist())) if "run_id" in self.episodes.column_names else None
         self.turn_files = self.lake.files("turns", self.versions["turns"],
                                           [("run_id", "in", runs)] if runs is not None else None)
-        self.run_grammars, self.grammars = self._run_grammars(runs)
+        self.run_grammars, self.grammars, self.run_env_kwargs = self._run_configs(runs)
         self.advantages = dict(advantages or {})
         self.max_length = max_length
         self.rank, self.world_size = rank, world_size
@@ -155,11 +155,14 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
         """The ``ChatRenderer`` of the trainer's tokenizer (built on first use)."""
         return self.builder.renderer()
 
-    def _run_grammars(self, runs: Sequence[str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    def _run_configs(self, runs: Sequence[str] | None
+                     ) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
         """({run_id: grammar sha256}, {sha256: grammar text}) of the selected runs that decoded under a grammar
-        (``runs.config.grammar``), at the pinned runs version."""
+        (``runs.config.grammar``), and {run_id: env_kwargs} of those that set environment arguments (what a
+        re-rendered system prompt lists: memory adds its tools), at the pinned runs version."""
         by_run: dict[str, str] = {}
         texts: dict[str, str] = {}
+        env_kwargs: dict[str, dict[str, Any]] = {}
         wanted = None if runs is None else set(runs)
         for _, t in self.lake.iter_tables("runs", self.versions.get("runs"), columns=["run_id", "config"]):
             for run_id, config in zip(t["run_id"].to_pylist(), t["config"].to_pylist(), strict=True):
@@ -169,12 +172,15 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
                     cfg = json.loads(config or "{}")
                 except ValueError:
                     continue  # not ours to judge here; such a run has no grammar
+                kwargs = cfg.get("env_kwargs") if isinstance(cfg, dict) else None
+                if isinstance(kwargs, dict) and kwargs:
+                    env_kwargs[str(run_id)] = kwargs
                 g = cfg.get("grammar") if isinstance(cfg, dict) else None
                 if isinstance(g, dict) and g.get("text"):
                     grammar = Grammar.from_config(g)
                     by_run[str(run_id)] = grammar.sha256
                     texts[grammar.sha256] = grammar.text
-        return by_run, texts
+        return by_run, texts, env_kwargs
 
     @staticmethod
     def _fresh_stats() -> dict[str, int]:
@@ -343,7 +349,8 @@ class LakeTrajectories(IterableDataset[dict[str, Any]]):
                 retok = False
             else:
                 self._fill_raw(eid, turns)
-                pieces = [self.builder.rerender(eid, str(meta.get("env_id") or ""), turns)]
+                pieces = [self.builder.rerender(eid, str(meta.get("env_id") or ""), turns,
+                                                self.run_env_kwargs.get(str(meta.get("run_id"))))]
                 retok = True
                 stats["n_retokenized"] += 1
         except RetokenizationError:
