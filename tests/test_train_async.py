@@ -174,42 +174,47 @@ def _episodes(lake: Path) -> dict[str, list[tuple[str, int]]]:
 
 
 def test_fixed_staleness_trains_on_data_exactly_k_versions_old(tmp_path: Path, tiny_model: Path) -> None:
-    lake, log = _train(tmp_path, tiny_model, {"iterations": 4, "fixed_staleness": 2, "max_staleness": 2})
-    # iteration i plays the version of 2 updates before (the stage's first while fewer exist)
-    played = {1: "x-base", 2: "x-base", 3: "x-base", 4: "x-R1.1"}
-    want_lag = {1: 0, 2: 1, 3: 2, 4: 2}
+    lake, log = _train(tmp_path, tiny_model, {"iterations": 3, "fixed_staleness": 1, "max_staleness": 1},
+                       tasks=TASKS[:1])
+    # iteration i plays the version of 1 update before (the stage's first while none exists)
+    played = {1: "x-base", 2: "x-base", 3: "x-R1.1"}
+    want_lag = {1: 0, 2: 1, 3: 1}
     episodes = _episodes(lake)
-    assert sorted(episodes) == [f"R1-it{i}" for i in range(1, 5)]
-    for i in range(1, 5):
-        assert {e for e in episodes[f"R1-it{i}"]} == {(played[i], want_lag[i])}, i  # the runner's recorded lag
+    assert sorted(episodes) == [f"R1-it{i}" for i in range(1, 4)]
+    for i in range(1, 4):
+        assert set(episodes[f"R1-it{i}"]) == {(played[i], want_lag[i])}, i  # the runner's recorded lag
         rows = [r for r in log if r["iteration"] == i]
         assert len(rows) == 1 and rows[0]["played_version"] == played[i]
         # the learner trains on that rollout only: every episode exactly that many versions behind it
         assert rows[0]["staleness_max"] == rows[0]["staleness_mean"] == want_lag[i]
         assert rows[0]["policy_lag_max"] == want_lag[i] and rows[0]["age_seconds_max"] > 0
-    # each rollout sampled a stream of its own although x-base played three of them
+    # each rollout sampled a stream of its own although x-base played two of them
     from trajlake.query import connect
 
     seeds = connect(lake).execute("select run_id, json_extract_string(config, '$.policy_args.seed') from runs "
                                   "where run_id like 'R1-it%'").fetchall()
-    assert len({s for _, s in seeds}) == 4
+    assert len({s for _, s in seeds}) == 3
 
 
 def test_async_rollouts_record_real_lag_and_the_log_shows_lag_and_age(tmp_path: Path, tiny_model: Path) -> None:
-    lake, log = _train(tmp_path, tiny_model, {"iterations": 3, "async_rollouts": True, "max_staleness": 1},
+    lake, log = _train(tmp_path, tiny_model, {"iterations": 2, "async_rollouts": True, "max_staleness": 1,
+                                                 "batch_size": 32},
                        tasks=TASKS, seeds="0-1")
     episodes = _episodes(lake)
-    assert sorted(episodes) == ["R1-it1", "R1-it2", "R1-it3"]
+    assert sorted(episodes) == ["R1-it1", "R1-it2"]
     assert {v for v, _ in episodes["R1-it1"]} == {"x-base"}
-    # the actor started rollout 2 before the learner had a new version: it plays x-base while R1.1 is made
+    assert {lag for _, lag in episodes["R1-it1"]} == {0}
+    # the actor started rollout 2 as soon as rollout 1 was written, before the learner had a new version: it plays
+    # x-base while the learner makes R1.1 ...
     assert {v for v, _ in episodes["R1-it2"]} == {"x-base"}
-    # ... and the learner published R1.1 while it played: the episodes that started after record lag 1
-    lags = [lag for run in ("R1-it2", "R1-it3") for _, lag in episodes[run]]
-    assert max(lags) >= 1 and min(lags) >= 0, episodes
-    assert len(log) == 3
+    # ... and the learner published R1.1 while it played: the episodes that started after that record lag 1 (11 of
+    # the 16 on a loaded 2-core machine: the learner's iteration took about 5 episodes' time)
+    lags = [lag for _, lag in episodes["R1-it2"]]
+    assert max(lags) == 1 and min(lags) >= 0, episodes
+    assert [r["iteration"] for r in log] == [1, 2]
     for row in log:
         assert row["policy_lag_mean"] is not None and row["age_seconds_max"] > 0
-        assert row["staleness_max"] <= 1
-    # the batch (16 >= the episodes selected) holds the lagged episodes: the log shows the lag
-    assert max(r["policy_lag_max"] for r in log) >= 1
-    assert log[1]["played_version"] == "x-base" and log[1]["staleness_max"] == 1
+    # iteration 2 trains on rollouts 1 and 2, both played by x-base: one version behind the learner (R1.1); the batch
+    # (32: every episode selected) holds the lagged episodes, so the log shows the recorded lag too
+    assert log[1]["played_version"] == "x-base" and log[1]["staleness_max"] == log[1]["staleness_mean"] == 1
+    assert log[1]["policy_lag_max"] == 1 and log[0]["policy_lag_max"] == 0
