@@ -103,6 +103,9 @@
 --   budget_exhausted_turns     number of turns with that status
 --   gateway_events             number of gateway events
 --   gateway_denials            gateway events with decision 'deny' or 'confirm' (the call was not run)
+--   user_questions             questions the agent asked the user (Mini Web's ask_user): turns of actor 'user'
+--                              that answer a call (tool_call_id set; the task statement, turn 0, is none); each
+--                              answer is priced as human time in that turn's cost_usd
 --   confirmations              confirmations asked for: gateway events with decision 'confirm' (held, or denied
 --                              by the approver) or whose reason starts 'confirmed by approver' (an approver
 --                              said yes and the call ran)
@@ -165,6 +168,7 @@ t AS (
         CASE WHEN actor <> 'policy' THEN observation_hash END AS obs_hash,
         (fault_injected IS NOT NULL OR status = 'ENV_TRANSIENT') AS is_fault,
         fault_injected IS NOT NULL AS is_injected,
+        (actor = 'user' AND tool_call_id IS NOT NULL) AS is_user_answer,
         CASE WHEN actor = 'policy' AND action_schema IS NOT NULL THEN
             action_schema || ' ' || CASE
                 WHEN tool_args IS NULL THEN ''
@@ -200,6 +204,7 @@ grp AS (
         count(*) FILTER (WHERE actor = 'policy') AS steps,
         count(*) FILTER (WHERE is_fault) AS fault_turns,
         count(*) FILTER (WHERE is_injected) AS injected_turns,
+        count(*) FILTER (WHERE is_user_answer) AS user_answer_turns,
         count(*) FILTER (WHERE status = 'ENV_TRANSIENT') AS env_transient_turns,
         count(*) FILTER (WHERE status = 'ENV_BUG') AS env_bug_turns,
         count(*) FILTER (WHERE status = 'MODEL_INVALID_ACTION') AS invalid_action_turns,
@@ -262,6 +267,7 @@ per_turn AS (
         sum(steps) AS steps,
         sum(fault_turns) AS fault_turns,
         sum(injected_turns) AS injected_turns,
+        sum(user_answer_turns) AS user_questions,
         coalesce(bool_or(fault) FILTER (WHERE action_idx IS NULL), false) AS fault_before_first_action,
         sum(env_transient_turns) AS env_transient_turns,
         sum(env_bug_turns) AS env_bug_turns,
@@ -354,6 +360,7 @@ ep AS (
         coalesce(pg.gateway_events, 0) AS n_gateway_events,
         coalesce(pg.gateway_denials, 0) AS gateway_denials,
         coalesce(pg.confirmations, 0) AS n_confirmations,
+        coalesce(pt.user_questions, 0) AS n_user_questions,
         coalesce(pg.executed_violations, 0) AS executed_violations,
         coalesce(pg.injection_tainted_calls, 0) AS injection_tainted_calls,
         coalesce(pg.injection_obeyed_calls, 0) AS injection_obeyed_calls,
@@ -493,6 +500,7 @@ SELECT
     n_gateway_events::BIGINT AS gateway_events,
     gateway_denials::BIGINT AS gateway_denials,
     n_confirmations::BIGINT AS confirmations,
+    n_user_questions::BIGINT AS user_questions,
     executed_violations::BIGINT AS executed_violations,
     (injection_attempted OR injection_tainted_calls > 0)::INTEGER AS injection_exposed,
     injection_obeyed_calls::BIGINT AS injection_obeyed_calls,

@@ -133,6 +133,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "data)", "USD", "lower", denominator="success"),
     _m("confirmations", "confirmations", "human confirmations asked for (gateway 'confirm', or a call an approver "
        "confirmed) per episode", "calls", "lower"),
+    _m("user_questions", "user_questions", "questions the agent asked the user (ask_user) per episode, each "
+       "priced as human time in cost_usd (no direction: an underspecified task needs one)", "questions"),
     _share("recovery_rate", "recovered", "share of graded episodes that met an injected/transient fault and "
            "still succeeded within the budget", "higher", subset="recovery_eligible"),
     *(_share(f"recovery_rate_{k}", "recovered", f"recovery_rate over the graded episodes into which a fault of "

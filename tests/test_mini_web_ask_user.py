@@ -112,21 +112,26 @@ def test_the_simulated_user_answers_from_the_intent_only() -> None:
 
 
 def test_the_oracle_asks_then_solves_and_a_guess_succeeds_only_for_the_intent(env) -> None:
-    """Every variant: the oracle (ask, then the solution) succeeds; playing the solution for each candidate
-    without asking succeeds exactly for the intended value (1 in len(candidates): chance)."""
+    """Every variant: the oracle (ask, then the solution) succeeds. One variant of each family (each rule):
+    playing the solution for each candidate without asking succeeds exactly for the intended value (1 in
+    len(candidates): chance)."""
     oracle_wins = 0
+    families: set[str] = set()
     for v in VARIANTS:
         record = play_episode(env, POLICIES["oracle"]("oracle-v1"), run_id="ask", task_id=v["task_id"],
                               task_version=v["task_version"], seed=0, split=v["split"])
         oracle_wins += bool(record.episode["success"])
+        if v["family"] in families:
+            continue
+        families.add(v["family"])
         for candidate in v["intent"]["candidates"]:
             guess = play_episode(env, Steps(guess_steps(v, candidate)), run_id="guess", task_id=v["task_id"],
                                  task_version=v["task_version"], seed=0, split=v["split"])
             assert guess.episode["success"] == (candidate == v["intent"]["value"]), (v["task_id"], candidate)
-    assert oracle_wins == len(VARIANTS)
+    assert oracle_wins == len(VARIANTS) and families == set(RULES)
 
 
-def test_an_answer_is_a_user_turn_priced_as_human_time_and_goes_into_the_lake(tmp_path: Path) -> None:
+def test_an_answer_is_a_user_turn_priced_as_human_time() -> None:
     e = MiniWebEnv(underspecified=True, split="hidden", human_price_usd=2.0)
     try:
         v = e.tasks[0]
@@ -144,12 +149,6 @@ def test_an_answer_is_a_user_turn_priced_as_human_time_and_goes_into_the_lake(tm
         # the recorded episode replays (the user turn pairs with its call like a tool turn)
         log, turn_of_step = replay_log_from_rows(rec.episode, rec.turns)
         assert turn_of_step[0] == 1 and e.replay(log).ok
-        lake = open_lake(tmp_path / "lake", create=True)
-        with LakeWriter(lake, handle_signals=False) as w:
-            w.write_tasks([task_row(v)])
-            w.write_batch([rec.episode], rec.turns, rec.events).raise_if_rejected()
-        stored = connect(lake).execute("SELECT actor, role, cost_usd FROM turns WHERE turn_idx = 2").fetchall()
-        assert stored == [("user", "user", 2.0)]
     finally:
         e.close()
 
@@ -182,3 +181,38 @@ def test_contract_checks_hold_with_questions_in_the_episode(env) -> None:
     function of the question: a restored episode hears the same)."""
     check_env(env, [act("ask_user", question="Which category are you shopping in?"), act("goto", path="/products"),
                     act("ask_user", question="What is the price?")], seed=0)
+
+
+def test_underspecified_episodes_in_the_lake_and_their_eval(tmp_path: Path) -> None:
+    """The hidden variants played by the oracle (asks once per episode, solves each) and the heuristic (never asks,
+    never solves one), written to a lake and evaluated: ``user_questions`` counts the questions, the user turns
+    are stored as such and ``cost_usd`` carries their human price."""
+    from trajlake.evaluators.data import load
+    from trajlake.evaluators.metrics import Settings
+    from trajlake.evaluators.report import evaluate
+
+    e = MiniWebEnv(underspecified=True, split="hidden")
+    try:
+        records = [play_episode(e, POLICIES[name](f"{name}-v1"), run_id=name, task_id=v["task_id"],
+                                task_version=v["task_version"], seed=0, split=v["split"])
+                   for name in ("oracle", "heuristic") for v in e.tasks]
+        rows = [task_row(v) for v in e.tasks]
+    finally:
+        e.close()
+    lake = open_lake(tmp_path / "lake", create=True)
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_tasks(rows)
+        w.write_batch([r.episode for r in records], [t for r in records for t in r.turns],
+                      [x for r in records for x in r.events]).raise_if_rejected()
+    stored = connect(lake).execute("SELECT DISTINCT actor, role FROM turns WHERE action_schema = 'ask_user' "
+                                   "AND actor <> 'policy'").fetchall()
+    assert stored == [("user", "user")]
+    data = load(lake)
+    try:
+        runs = evaluate(data, settings=Settings(resamples=20, seed=1), breakdown=False, taxonomy=False)["runs"]
+    finally:
+        data.close()
+    oracle, heuristic = runs["oracle"]["metrics"], runs["heuristic"]["metrics"]
+    assert oracle["user_questions"]["estimate"] == 1.0 and heuristic["user_questions"]["estimate"] == 0.0
+    assert oracle["success"]["estimate"] == 1.0 and heuristic["success"]["estimate"] == 0.0
+    assert oracle["cost_usd"]["estimate"] >= DEFAULT_HUMAN_INTERACTION_USD
