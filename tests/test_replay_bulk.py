@@ -121,6 +121,12 @@ def test_a_pinned_suite_matches_on_unchanged_code(played: Path, tmp_path: Path,
     assert {r["episode_id"] for r in rows} == {e["episode_id"] for e in doc["episodes"]}
     assert all(r["turn"] is None and r["field"] is None for r in rows)
     assert "read at the pinned versions" in err and "3 matched, 0 drifted" in err
+    # a suite of the first layout (ids and an as-of string only) is read at its versions
+    first = {"name": "old", "episode_ids": [e["episode_id"] for e in doc["episodes"]], "created_at": "2026-12-02",
+             "source": "run a", "as_of": ",".join(f"{t}={v}" for t, v in doc["versions"].items())}
+    (lake / "_trajlake" / "suites" / "old.json").write_text(json.dumps(first))
+    code, out, err = run_cli(capsys, "--lake", str(lake), "replay", "--suite", "old", "--format", "json")
+    assert code == 0 and [r["env_version"] for r in json.loads(out)] == ["1.0"] * 3, err
 
 
 def test_a_suite_drifts_when_the_environment_answers_differently(played: Path, tmp_path: Path,
@@ -228,3 +234,83 @@ def test_diagnose_first_node_reports_the_suites_drift(played: Path, tmp_path: Pa
     code, _, err = run_cli(capsys, "--lake", str(lake), "diagnose", "--baseline", "base", "--candidate", "cand",
                            "--suite", "missing")
     assert code == 1 and "replay suite 'missing' is not in the lake" in err
+
+
+def _wrap_step(monkeypatch: pytest.MonkeyPatch, tool: str, **changes: Any) -> None:
+    """The environment's step answers as before, except that a `tool` step's result gets ``changes``."""
+    import dataclasses
+
+    from trajlake.envs.tool_lookup.env import ToolLookupEnv
+
+    original = ToolLookupEnv.step
+
+    def step(self: ToolLookupEnv, *args: Any, **kwargs: Any) -> Any:
+        res = original(self, *args, **kwargs)
+        return dataclasses.replace(res, **changes) if res.tool == tool else res
+
+    monkeypatch.setattr(ToolLookupEnv, "step", step)
+
+
+def _break(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    from trajlake.envs.core import EnvError
+    from trajlake.envs.tool_lookup.env import ToolLookupEnv
+
+    def no_task(self: ToolLookupEnv, *args: Any, **kwargs: Any) -> Any:
+        raise EnvError("unknown task (regenerated)")
+
+    def invalid(self: ToolLookupEnv, args: dict[str, Any]) -> str:
+        self._invalid = "error: no such entry"
+        return self._invalid
+
+    changes: dict[str, dict[str, Any]] = {
+        "task_gone": {"task_for": no_task},
+        "reset_state": {"state_hash": lambda self: "another hash"},
+        "status": {"_lookup": invalid},
+        "reward": {"_final_grade": lambda self: {"resolved": 0.5}},
+    }
+    for name, value in changes.get(how, {}).items():
+        monkeypatch.setattr(ToolLookupEnv, name, value)
+    if how == "ends_early":
+        _wrap_step(monkeypatch, "lookup", terminated=True)
+    elif how == "never_ends":
+        _wrap_step(monkeypatch, "submit", terminated=False, termination_reason=None)
+
+
+@pytest.mark.parametrize(("how", "turn", "field", "expected", "got"), [
+    ("nothing", None, None, None, None),
+    ("task_gone", 0, "task_version", "tool-lookup/two_hop/p0/0@", "unknown task (regenerated)"),
+    ("reset_state", 0, "env_state_hash", None, "another hash"),
+    ("status", 2, "status", "OK", "MODEL_INVALID_ACTION"),
+    ("reward", -1, "reward_components", '{"resolved": 1.0}', '{"resolved": 0.5}'),
+    ("ends_early", 2, "terminated", "False (the recording goes on)", "True (ended here)"),
+    ("never_ends", -1, "terminated", "True", "False"),
+])
+def test_a_suite_names_the_first_differing_turn_and_field(monkeypatch: pytest.MonkeyPatch, how: str,
+                                                          turn: int | None, field: str | None,
+                                                          expected: str | None, got: str | None) -> None:
+    """Each kind of changed behaviour is reported at the recorded turn that shows it, with the field and both
+    values (turn -1: the last turn, the one that ended the episode)."""
+    from trajlake.envs import make_policy, task_view_fn
+    from trajlake.envs.registry import make
+
+    from trajlake.rollout.runner import play_episode
+    from trajlake.rollout.suites import PinnedEpisode, compare_episode
+
+    with make("tool-lookup", split=None) as env:
+        rec = play_episode(env, make_policy("tool-lookup", "oracle", "o"), run_id="R",
+                           task_id="tool-lookup/two_hop/p0/0", task_version=None, seed=0,
+                           task_view=task_view_fn(env, oracle=True))
+    e = rec.episode
+    pinned = PinnedEpisode(e["episode_id"], e["env_id"], e["env_version"], e["task_id"], e["task_version"], None)
+    _break(monkeypatch, how)
+    with make("tool-lookup", split=None) as env:
+        outcome = compare_episode(env, pinned, e, rec.turns)
+    last = rec.turns[-1]["turn_idx"]
+    assert outcome.ok == (field is None)
+    if field is None:
+        assert outcome.steps == len(rec.turns) // 2
+        return
+    d = outcome.drift
+    assert d is not None and (d.turn_idx, d.field) == (last if turn == -1 else turn, field), outcome.message()
+    assert expected is None or d.expected.startswith(expected), d
+    assert got is None or d.got == got, d
