@@ -3,10 +3,13 @@
 - :mod:`.data`: schema, seeded content, canonical dump (the state hash); :mod:`.app`: the site and its server;
 - :mod:`.dom`: served HTML -> accessibility tree with element ids; :mod:`.env`: the environment;
 - :mod:`.build`: the task set (``python -m trajlake.envs.mini_web.build [--check]``); :mod:`.grading`: success
-  predicates and attacker goals; :mod:`.injection`: attacked task variants; :mod:`.policies`: scripted policies.
+  predicates and attacker goals; :mod:`.injection`: attacked task variants; :mod:`.underspecified`: task variants
+  that leave out what only the user knows, and the simulated user who answers ``ask_user``; :mod:`.policies`:
+  scripted policies.
 
 Fields of a task record that must never reach the agent: ``oracle``, ``checks``, ``ledger``, ``answer``,
-``vectors``, ``plant`` and ``injection``. The agent sees ``statement`` and the pages.
+``vectors``, ``plant``, ``injection`` and ``intent`` (an underspecified variant's omitted detail: the agent learns
+it only by asking). The agent sees ``statement``, the pages and the user's answers.
 """
 
 from __future__ import annotations
