@@ -218,3 +218,42 @@ def test_async_rollouts_record_real_lag_and_the_log_shows_lag_and_age(tmp_path: 
     # (32: every episode selected) holds the lagged episodes, so the log shows the recorded lag too
     assert log[1]["played_version"] == "x-base" and log[1]["staleness_max"] == log[1]["staleness_mean"] == 1
     assert log[1]["policy_lag_max"] == 1 and log[0]["policy_lag_max"] == 0
+
+
+def test_the_schedule_keys_are_read_and_checked() -> None:
+    from trajlake.errors import ConfigError
+    from trajlake.train.config import parse_config
+
+    def stage(**keys: Any) -> dict[str, Any]:
+        return {"name": "x", "device": "cpu", "model": {"build_tiny": True},
+                "stages": [{"name": "R1", "kind": "rl", "rollout": {"attempts": 2}, **keys}]}
+
+    s = parse_config(stage(max_staleness=2, fixed_staleness=2, max_env_age={"seconds": 3600, "versions": 1})).stages[0]
+    assert s.fixed_staleness == 2 and s.max_env_age == EnvAge(seconds=3600.0, versions=1) and not s.async_rollouts
+    assert parse_config(stage(async_rollouts=True, max_staleness=1)).stages[0].async_rollouts
+    bad = [({"fixed_staleness": 2, "max_staleness": 1}, "set max_staleness >= 2"),
+           ({"fixed_staleness": 1, "max_staleness": 1, "async_rollouts": True}, "two modes"),
+           ({"max_env_age": {"seconds": -1}}, "max_env_age.seconds = -1"),
+           ({"max_env_age": {"versions": -2}}, "max_env_age.versions = -2"),
+           ({"max_env_age": {"days": 1}}, "unknown key"),
+           ({"fixed_staleness": -1}, "fixed_staleness = -1")]
+    for keys, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            parse_config(stage(**keys), "c.toml")
+
+
+def test_a_version_that_plays_two_rollouts_samples_a_stream_per_rollout(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    from trajlake.rollout.runner import RolloutSummary, _config_json
+    from trajlake.train import loop
+    from trajlake.train.config import RolloutSpec, TrainConfig
+
+    seen: list[Any] = []
+    monkeypatch.setattr(loop, "run_rollout", lambda rc: seen.append(rc) or RolloutSummary())
+    cfg, spec = TrainConfig(name="x", env="tool-lookup"), RolloutSpec(attempts=2, policy_args={"seed": "5"})
+    for run in ("R1-it1", "R1-it2"):
+        loop._rollout(cfg, spec, str(tmp_path), run, "R1", tmp_path, "x-base", lambda _: None, training=True,
+                      per_run_seeds=True)
+    first, second = (rc.policy_args["seed"] for rc in seen)
+    assert first == str(loop.training_seed(5, "x-base|R1-it1")) and first != second
+    assert [_config_json(rc)["sampling_seed_rule"] for rc in seen] == [loop.FRESH_RUN_SEEDS] * 2
