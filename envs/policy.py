@@ -27,6 +27,25 @@ def byte_detokenize(ids: Sequence[int]) -> str:
 
 
 @dataclass(frozen=True)
+class ContextSummary:
+    """A summary that stands in the policy's context for the turns trimming dropped (context strategy
+    ``summarize``). The runner records it as a ``summarizer`` turn just before the policy turn that first saw it:
+    loss mask 0, no log-probs (the policy did not write it), ``summary_version`` naming the summariser."""
+
+    text: str
+    """The summary (``raw_content`` of the summarizer turn)."""
+    token_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
+    """Its tokens as the model saw them (the summary rendered as a message, see ``ChatRenderer.summary``)."""
+    tokenizer_id: str
+    summary_version: str
+    """The summariser that wrote it, name and version (``turns.summary_version``), e.g. ``extractive-v1``."""
+    context_dropped_hash: str
+    """Hash of the turns it replaces (``trajlake.render.chat.dropped_hash``): the same hash as the policy turn's."""
+    seconds: float = 0.0
+    """Time spent writing it."""
+
+
+@dataclass(frozen=True)
 class PolicyOutput:
     """One policy turn."""
 
@@ -61,6 +80,9 @@ class PolicyOutput:
     """Hash of the turns left out of this turn's context (context trimming), or None."""
     context_strategy: str | None = None
     """Name of the context strategy that built this turn's context (LM policies)."""
+    summary: ContextSummary | None = None
+    """A new summary of the dropped turns placed in this turn's context (strategy ``summarize``); None when the
+    context holds no summary or the same one as the previous turn."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +129,12 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def act(self, observation: str) -> PolicyOutput:
         """Return the next action."""
+
+    def forget_context(self) -> bool:
+        """Trim the context before the next turn as if the window were tiny (fault kind ``context_trim``): every
+        earlier action/observation pair is dropped, the task and the newest observation stay. Returns whether
+        the policy has a context to trim (scripted policies have none: False, and the fault is not recorded)."""
+        return False
 
     def observation_tokens(self, observation: str) -> tuple[Sequence[int], str] | None:
         """Token ids (and tokenizer id) of an observation the policy will not act on (the episode's last); None:

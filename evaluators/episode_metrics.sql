@@ -21,9 +21,10 @@
 --                 observation_hash of the last observation before it (importers record no state hashes: the
 --                 agent's view stands in for the state); with none of these the state is unknown and never
 --                 equals another action's (no loop is claimed without evidence).
---   fault turn    a turn with fault_injected IS NOT NULL or status = 'ENV_TRANSIENT': an injected or transient
---                 (recoverable) fault. Its failing call is the action of its group; a fault before the first
---                 action has no failing call.
+--   fault turn    a turn with fault_injected IS NOT NULL (other than 'context_trim', which cuts the policy's
+--                 context, not the call) or status = 'ENV_TRANSIENT': an injected or transient (recoverable)
+--                 fault. Its failing call is the action of its group; a fault before the first action has no
+--                 failing call.
 --   met a fault   a fault was injected into the episode: a turn with fault_injected, or episodes.faults_injected
 --                 > 0 (the recovery denominator, as the seed defines it). A transient error the source reports
 --                 without injecting it is a fault turn for retries, but not an injected recoverable fault.
@@ -94,7 +95,8 @@
 --   fault_retried              see above; NULL when not recovery_eligible
 --   met_fault_<kind>           1 when a turn of the episode has fault_injected = <kind>, else 0, for each kind
 --                              the rollout injector knows (transient, timeout, http_5xx, slow_response,
---                              truncated_result, stale_element_ids, flaky_test_run, directory_busy): the
+--                              truncated_result, stale_element_ids, flaky_test_run, directory_busy,
+--                              context_trim): the
 --                              denominator of recovery_rate_<kind> (an episode that met two kinds is in both)
 --   duplicate_actions          number of duplicates (loops), retries excluded
 --   retries                    number of retries right after an ENV_TRANSIENT outcome
@@ -166,7 +168,8 @@ t AS (
         status,
         env_state_hash,
         CASE WHEN actor <> 'policy' THEN observation_hash END AS obs_hash,
-        (fault_injected IS NOT NULL OR status = 'ENV_TRANSIENT') AS is_fault,
+        -- context_trim cuts the policy's context, not the call: its action is no failing call to retry
+        ((fault_injected IS NOT NULL AND fault_injected <> 'context_trim') OR status = 'ENV_TRANSIENT') AS is_fault,
         fault_injected IS NOT NULL AS is_injected,
         (actor = 'user' AND tool_call_id IS NOT NULL) AS is_user_answer,
         CASE WHEN actor = 'policy' AND action_schema IS NOT NULL THEN
@@ -488,6 +491,7 @@ SELECT
     list_contains(fault_kinds_met, 'stale_element_ids')::INTEGER AS met_fault_stale_element_ids,
     list_contains(fault_kinds_met, 'flaky_test_run')::INTEGER AS met_fault_flaky_test_run,
     list_contains(fault_kinds_met, 'directory_busy')::INTEGER AS met_fault_directory_busy,
+    list_contains(fault_kinds_met, 'context_trim')::INTEGER AS met_fault_context_trim,
     duplicate_actions::BIGINT AS duplicate_actions,
     retries::BIGINT AS retries,
     repeated_failing_actions::BIGINT AS repeated_failing_actions,

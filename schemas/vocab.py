@@ -150,7 +150,9 @@ class FaultKind(StrEnum):
     ``transient``, ``timeout`` and ``http_5xx`` replace the call (it never reaches the environment);
     ``slow_response`` (the call ran, its answer came too late) and ``truncated_result`` (the answer is cut) perturb
     what the agent sees of an executed call; ``stale_element_ids`` (Mini Web), ``flaky_test_run`` (Mini SWE) and
-    ``directory_busy`` (tool-lookup) are made by the environment (``Env.fault_kinds``)."""
+    ``directory_busy`` (tool-lookup) are made by the environment (``Env.fault_kinds``); ``context_trim`` (the call
+    ran; the policy's next context loses every earlier action/observation pair, as if its window were tiny) is made
+    by the policy (``Policy.forget_context``)."""
 
     TRANSIENT = "transient"
     TIMEOUT = "timeout"
@@ -160,6 +162,7 @@ class FaultKind(StrEnum):
     STALE_ELEMENT_IDS = "stale_element_ids"
     FLAKY_TEST_RUN = "flaky_test_run"
     DIRECTORY_BUSY = "directory_busy"
+    CONTEXT_TRIM = "context_trim"
 
 
 #: Which JSON column each enum mirrors: (table, column).

@@ -1,7 +1,7 @@
 """Batched decoding across episodes (``--policy-arg batch_episodes=N``, ``trajlake.policies.batched``): episodes
 played at once, their turns decoded in shared forward passes, record the same ids, loss masks and behaviour
 log-probs as the same episodes played one at a time (greedy, sampled with each episode's own generator, under the
-tool-call grammar, with trimmed contexts), and the runner plays and resumes them.
+tool-call grammar, with trimmed and with summarised contexts), and the runner plays and resumes them.
 
 Every model is the tiny randomly initialised Llama (nothing downloaded)."""
 
@@ -104,6 +104,20 @@ def test_batched_sampled_episodes_draw_their_own_streams(tiny: Path, tmp_path: P
     # distinct episodes sampled distinct streams (no generator shared between them)
     firsts = {tuple(r.turns[1]["token_ids"]) for r in alone}
     assert len(firsts) == len(alone)
+
+
+@pytest.mark.slow
+def test_batched_summarized_episodes_record_as_unbatched(tiny: Path, tmp_path: Path) -> None:
+    """Under ``summarize`` a trimmed context is the prompt, the summary and the kept turns: not an extension of
+    the cached one, so the engine runs it whole; the episodes record the same summaries and ids as alone."""
+    settings = LMSettings(temperature=0.0, max_new_tokens=10, max_context=_window(tiny) + 70,
+                          context_strategy="summarize", summary_max_tokens=64)
+    alone, together, views = _both(tiny, settings, tmp_path)
+    _assert_same(alone, together, views)
+    summaries = [(x, y) for a, b in zip(alone, together, strict=True)
+                 for x, y in zip(a.turns, b.turns, strict=True) if x["actor"] == "summarizer"]
+    assert summaries, "some contexts were summarised"
+    assert all(y["actor"] == "summarizer" and y["summary_version"] == x["summary_version"] for x, y in summaries)
 
 
 def _window(tiny: Path) -> int:

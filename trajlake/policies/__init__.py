@@ -42,6 +42,9 @@ def check_policy_spec(env: str, spec: str, policy_args: Mapping[str, str]) -> No
     elif inner.startswith("openai:"):
         if not inner[7:]:
             raise TrajlakeError("--policy openai:MODEL needs a model name")
+        if settings.context_strategy == "summarize" and not settings.tokenizer:
+            raise TrajlakeError(f"--policy {spec}: context_strategy summarize renders the summary into the token "
+                                f"context: it needs --policy-arg tokenizer=PATH (chat mode sends messages)")
         if not settings.base_url:
             raise TrajlakeError(f"--policy {spec} needs --base-url URL (or --policy-arg base_url=URL)")
     else:

@@ -10,7 +10,7 @@ from typing import Any
 from trajlake.errors import TrajlakeError
 from trajlake.render.grammar import DEFAULT_MAX_ARG_CHARS, GRAMMAR_MODES, Grammar, tool_call_grammar
 
-CONTEXT_STRATEGIES = ("drop_oldest", "none")
+CONTEXT_STRATEGIES = ("drop_oldest", "summarize", "none")
 SERVER_LOGPROBS = ("raw", "processed")
 
 
@@ -28,7 +28,15 @@ class LMSettings:
     """Context window in tokens (default: the model's ``max_position_embeddings``; unlimited for servers)."""
     context_strategy: str = "drop_oldest"
     """What to do when the context would overflow: ``drop_oldest`` (drop the oldest action/observation pairs,
-    keeping the task prompt) or ``none`` (fail the episode)."""
+    keeping the task prompt), ``summarize`` (drop them likewise and put a summary of them, written by
+    ``summarizer``, after the task prompt; recorded as a ``summarizer`` turn with loss mask 0) or ``none`` (fail
+    the episode)."""
+    summarizer: str = "extractive"
+    """summarize: the summariser (``trajlake.policies.summarize``); its version (``extractive-v1``) is recorded
+    on the summary turns as ``turns.summary_version``."""
+    summary_max_tokens: int = 128
+    """summarize: most tokens of a summary as the model sees it (the rendered message); the newest dropped calls
+    are kept first."""
     price_in: float = 0.0
     """USD per million prompt tokens (the run's cost model, same as ``--price-in``): a turn costs the prompt
     tokens the model reports (``turns.prompt_tokens``) and its completion tokens."""
@@ -101,6 +109,12 @@ class LMSettings:
         if s.grammar and s.grammar not in GRAMMAR_MODES:
             raise TrajlakeError(f"--policy-arg grammar must be one of {', '.join(GRAMMAR_MODES)} (or empty: "
                                 f"unconstrained), not {s.grammar!r}")
+        if s.context_strategy == "summarize":
+            from trajlake.policies.summarize import make_summarizer
+
+            make_summarizer(s.summarizer)
+        if s.summary_max_tokens < 1:
+            raise TrajlakeError("--policy-arg summary_max_tokens must be >= 1")
         if s.batch_episodes < 1:
             raise TrajlakeError("--policy-arg batch_episodes must be >= 1")
         if s.grammar_max_chars < 1:

@@ -175,6 +175,22 @@ class ChatRenderer:
         text = self.observation_text(observation, previous_ended_with_eos)
         return untrusted_cuts(text, start, start + len(observation), self.reserved)
 
+    def summary_text(self, summary: str) -> str:
+        """The text of a summary piece (context strategy ``summarize``). It stands where the dropped turns were:
+        right after the initial piece, which ends with an open assistant message (the generation prompt), and
+        before the first kept reply, which is that message's content. So it closes the open assistant message
+        empty, adds the summary as a user message and opens the next assistant message: ChatML gives
+        ``<|im_end|>\\n<|im_start|>user\\nSUMMARY<|im_end|>\\n<|im_start|>assistant\\n``."""
+        o = self._obs
+        return o.assistant_tail + o.before + summary + o.after
+
+    def summary(self, summary: str) -> list[int]:
+        """A summary piece's ids (see :meth:`summary_text`); the summary quotes observations, so it is encoded as
+        untrusted text (no reserved token)."""
+        start = len(self._obs.assistant_tail) + len(self._obs.before)
+        text = self.summary_text(summary)
+        return self.encode_cut(text, untrusted_cuts(text, start, start + len(summary), self.reserved))
+
     def encode_cut(self, text: str, cuts: Sequence[int]) -> list[int]:
         """``text`` encoded piece by piece between ``cuts`` (one encode when there are none)."""
         return encode_between(self.encode, text, cuts)

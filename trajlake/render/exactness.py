@@ -1,8 +1,9 @@
 """Check stored LM turns against the model: reconstruct each policy turn's context, detect template drift.
 
 ``model_contexts`` gives, for every policy turn of a stored episode, the token ids of the context the model
-received (the concatenation of the earlier turns' ids, minus the turns named by ``context_dropped_hash``) and the
-sampled ids. ``check_drift`` re-renders the observation turns with the current tokenizer and chat template and
+received (the concatenation of the earlier turns' ids, minus the turns named by ``context_dropped_hash``; under
+``summarize`` the ``summarizer`` turn carrying the same hash stands right after the turns before the dropped range,
+and no other summarizer turn is in the context) and the sampled ids. ``check_drift`` re-renders the observation turns with the current tokenizer and chat template and
 names the first difference: a changed tokenizer, a changed chat template, or a re-tokenization drift.
 """
 
@@ -23,6 +24,11 @@ class PolicyTurnContext:
     behavior_logprobs: list[float] | None
     dropped: tuple[int, int] | None
     """Turn range [start, stop) left out of the context, when the context was trimmed."""
+    kept: tuple[int, ...] = ()
+    """Positions (in turn order) of the turns whose ids make up the context, in context order."""
+    summary: int | None = None
+    """Position of the ``summarizer`` turn standing in the context for the dropped range (strategy
+    ``summarize``), or None."""
 
 
 def _ids(turn: Mapping[str, Any]) -> list[int]:
@@ -30,7 +36,7 @@ def _ids(turn: Mapping[str, Any]) -> list[int]:
     return [] if ids is None else [int(i) for i in ids]
 
 
-def _dropped_range(turns: Sequence[Mapping[str, Any]], t: int, h: str) -> tuple[int, int]:
+def dropped_range(turns: Sequence[Mapping[str, Any]], t: int, h: str) -> tuple[int, int]:
     """The contiguous range of turns before turn ``t`` whose hash is ``h`` (trimming drops whole turns)."""
     # drop_oldest drops from turn 1, single_turn and rerendered from turn 0: try those starts first.
     for start in [1, 0, *range(2, t)][:t]:
@@ -49,11 +55,23 @@ def model_contexts(turns: Sequence[Mapping[str, Any]]) -> list[PolicyTurnContext
         if turn.get("actor") != "policy" or turn.get("token_ids") is None or turn.get("tokenizer_id") is None:
             continue
         h = turn.get("context_dropped_hash")
-        rng = _dropped_range(ordered, t, h) if h else None
-        kept = [i for i in range(t) if rng is None or not rng[0] <= i < rng[1]]
+        rng = dropped_range(ordered, t, h) if h else None
+        summary = None
+        if h and turn.get("context_strategy") == "summarize":
+            summary = next((i for i in range(t - 1, -1, -1) if ordered[i].get("actor") == "summarizer"
+                            and ordered[i].get("context_dropped_hash") == h), None)
+            if summary is None:
+                raise ValueError(f"turn {turn['turn_idx']}: context strategy summarize, but no earlier summarizer "
+                                 f"turn carries its context_dropped_hash {h[:19]}...")
+        start, stop = rng if rng is not None else (t, t)
+        # summarizer turns are in the context only as the replacement of the dropped range
+        rest = [i for i in (*range(start), *range(stop, t)) if ordered[i].get("actor") != "summarizer"]
+        n_before = sum(1 for i in rest if i < start)
+        kept = (*rest[:n_before], *([summary] if summary is not None else []), *rest[n_before:])
         lp = turn.get("behavior_logprobs")
         out.append(PolicyTurnContext(int(turn["turn_idx"]), [x for i in kept for x in _ids(ordered[i])],
-                                     _ids(turn), None if lp is None else [float(v) for v in lp], rng))
+                                     _ids(turn), None if lp is None else [float(v) for v in lp], rng, kept,
+                                     summary))
     return out
 
 
@@ -79,13 +97,18 @@ def check_drift(turns: Sequence[Mapping[str, Any]], renderer: ChatRenderer,
                             f"{then.get('tmpl')}, the template now is {now.get('tmpl')}")
     system = system_prompt(tools)
     for t, turn in enumerate(ordered[:-1]):
-        nxt = ordered[t + 1]
+        j = t + 1  # the turn that read this one: the next policy turn (a summary may stand between)
+        while j < len(ordered) - 1 and ordered[j].get("actor") == "summarizer":
+            j += 1
+        nxt = ordered[j]
         if nxt.get("actor") != "policy" or nxt.get("context_strategy") in ("single_turn", "rerendered"):
             continue
         if turn.get("tokenizer_id") != nxt.get("tokenizer_id") or turn.get("token_ids") is None:
             continue
         raw = turn.get("raw_content") or ""
-        if t == 0:
+        if turn.get("actor") == "summarizer":
+            expected = renderer.summary(raw)
+        elif t == 0:
             expected = renderer.initial(system, raw)
         else:
             prev = _ids(ordered[t - 1])
@@ -104,4 +127,4 @@ def check_drift(turns: Sequence[Mapping[str, Any]], renderer: ChatRenderer,
     return problems
 
 
-__all__ = ["PolicyTurnContext", "check_drift", "model_contexts"]
+__all__ = ["PolicyTurnContext", "check_drift", "dropped_range", "model_contexts"]

@@ -8,6 +8,11 @@ and resumed runs inject the same faults. Kinds (``trajlake.schemas.vocab.FaultKi
 - ``slow_response``: the call ran, but its answer came after the time limit: the agent sees a timeout and must
   check the state before retrying (a retry with the same idempotency key is deduplicated by the gateway).
 - ``truncated_result``: the call ran; the agent sees only the first third of its output.
+- ``context_trim``: the call ran and its answer is seen whole, but the policy's next context is trimmed as if its
+  window were tiny: every earlier action/observation pair is dropped (summarised under ``summarize``), the task and
+  the newest observation stay (``Policy.forget_context``). Recorded only when the policy had earlier turns to lose
+  (a scripted policy has no context: the fault is not recorded); "failed because it forgot" is then what
+  ``trajlake eval``'s ``forgetting_rate`` measures.
 - environment kinds (``Env.fault_kinds``, made by ``Env.step_with_fault``): ``stale_element_ids`` (Mini Web:
   the page was re-rendered after the agent read it; the action does not run), ``flaky_test_run`` (Mini SWE:
   a test run reports a failure of the test infrastructure) and ``directory_busy`` (tool-lookup: a lookup does
@@ -30,7 +35,7 @@ from trajlake.schemas.vocab import FaultKind
 FAULT_KINDS: tuple[str, ...] = tuple(FaultKind)
 #: Kinds the runner makes for any environment.
 GENERIC_FAULT_KINDS: tuple[str, ...] = (FaultKind.TRANSIENT, FaultKind.TIMEOUT, FaultKind.HTTP_5XX,
-                                        FaultKind.SLOW_RESPONSE, FaultKind.TRUNCATED_RESULT)
+                                        FaultKind.SLOW_RESPONSE, FaultKind.TRUNCATED_RESULT, FaultKind.CONTEXT_TRIM)
 #: Kinds whose call never reaches the environment (the runner answers instead).
 REPLACING_FAULT_KINDS: frozenset[str] = frozenset({FaultKind.TRANSIENT, FaultKind.TIMEOUT, FaultKind.HTTP_5XX})
 #: Kinds after which the environment's state is unchanged because the call did not run (replay skips them).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 import multiprocessing as mp
@@ -27,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trajlake.envs.core import Env, LoggedStep, ReplayLog, StepResult
-from trajlake.envs.policy import BYTE_TOKENIZER_ID, Policy, PolicyOutput, TaskView, byte_tokenize
+from trajlake.envs.policy import (
+    BYTE_TOKENIZER_ID,
+    ContextSummary,
+    Policy,
+    PolicyOutput,
+    TaskView,
+    byte_tokenize,
+)
 from trajlake.errors import TrajlakeError, one_line
 from trajlake.lake.storage import is_uri
 from trajlake.record.episode import CostModel, build_episode, price_turns, utcnow
@@ -136,6 +144,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
         key = f"{ep_id}#{step_idx}"
         if out.context_token_ids is not None:
             _use_policy_context_tokens(turns[-1], out)
+        if out.summary is not None:  # the summary the policy's context now holds, just before the reply
+            _add_summary_turn(add_turn, out.summary, t0)
         n_out = _n_tokens(out.token_ids) if out.completion_tokens is None else out.completion_tokens
         pol_idx = add_turn(role=Role.ASSISTANT, actor=Actor.POLICY, policy_version=pv, raw_content=action,
                            token_ids=_array(out.token_ids, np.int32), loss_mask=_array(out.loss_mask, np.int8),
@@ -159,7 +169,12 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
             res = env.step_with_fault(fault, action, key, tokens=n_out, cost_usd=step_cost)
         else:
             res = env.step(action, key, tokens=n_out, cost_usd=step_cost)
-            if fault is not None and not res.done:  # a perturbed answer of a call that ran (not the last one)
+            if fault == FaultKind.CONTEXT_TRIM:
+                # The call ran and its answer is seen whole; the policy's next context then loses every earlier
+                # action/observation pair (recorded only when the policy had something to lose).
+                if not res.done and policy.forget_context():
+                    res = dataclasses.replace(res, fault_injected=fault)
+            elif fault is not None and not res.done:  # a perturbed answer of a call that ran (not the last one)
                 seen = FaultInjector.observation(fault) if fault == FaultKind.SLOW_RESPONSE \
                     else FaultInjector.truncate(res.observation)
                 status = Status.ENV_TRANSIENT if fault == FaultKind.SLOW_RESPONSE else res.status
@@ -231,6 +246,18 @@ def _one_tokenizer(turns: list[dict[str, Any]]) -> None:
     for t in turns:
         if t.get("tokenizer_id") == BYTE_TOKENIZER_ID:
             t.update(token_ids=None, loss_mask=None, tokenizer_id=None)
+
+
+def _add_summary_turn(add_turn: Callable[..., int], summary: ContextSummary, at: Any) -> None:
+    """Record a context summary as an actor ``summarizer`` turn: its tokens as the model saw them, loss mask 0
+    and no log-probs (the policy did not write it), the summariser's version and the hash of what it replaced."""
+    ids = np.asarray(summary.token_ids, dtype=np.int32).reshape(-1)
+    end = at + dt.timedelta(seconds=summary.seconds)
+    add_turn(role=Role.USER, actor=Actor.SUMMARIZER, raw_content=summary.text, token_ids=ids,
+             loss_mask=np.zeros(ids.shape[0], dtype=np.int8), tokenizer_id=summary.tokenizer_id, started_at=at,
+             ended_at=end, latency_ms=summary.seconds * 1000, status=Status.OK, tokens=int(ids.shape[0]),
+             cost_usd=0.0, tool_seconds=0.0, summary_version=summary.summary_version,
+             context_dropped_hash=summary.context_dropped_hash, context_strategy="summarize")
 
 
 def _use_policy_context_tokens(obs_turn: dict[str, Any], out: PolicyOutput) -> None:

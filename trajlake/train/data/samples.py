@@ -3,7 +3,8 @@
 - exact: the stored token ids as recorded (token in, token out), when every turn was recorded with the trainer's
   tokenizer and chat template (or, without one, with a single real tokenizer);
 - trimmed: one sample per policy turn of an episode whose context was trimmed (``context_dropped_hash``): the
-  context that turn's model saw and what it sampled;
+  context that turn's model saw (with the ``summarizer`` turn standing for the dropped turns under ``summarize``)
+  and what it sampled; only the sampled tokens carry loss mask 1;
 - re-rendered: the episode as an ``hf:`` policy with the trainer's tokenizer would have seen it, from
   ``raw_content``, with the prefix check (the per-turn pieces must concatenate to the tokenization of the whole
   text; ``RetokenizationError`` names the first turn that breaks it).
@@ -226,7 +227,8 @@ class SampleBuilder:
         """One sample per policy turn with token ids: the context its model saw and what it sampled (the turns'
         ``raw_content`` read)."""
         rows = [{"turn_idx": t.idx, "actor": t.actor, "token_ids": t.ids, "tokenizer_id": t.tokenizer_id,
-                 "context_dropped_hash": t.dropped_hash, "raw_content": t.raw, "behavior_logprobs": t.logprobs}
+                 "context_dropped_hash": t.dropped_hash, "raw_content": t.raw, "behavior_logprobs": t.logprobs,
+                 "context_strategy": t.strategy}
                 for t in turns]
         try:
             contexts = model_contexts(rows)
@@ -236,8 +238,8 @@ class SampleBuilder:
         out: list[Piece] = []
         for c in contexts:
             t = turns[c.turn_idx]
-            kept = [i for i in range(c.turn_idx) if c.dropped is None or not c.dropped[0] <= i < c.dropped[1]]
-            for i in [*kept, c.turn_idx]:
+            # the context's turns (a summary, loss mask 0, among them): context tokens are never in the loss
+            for i in [*c.kept, c.turn_idx]:
                 tid = turns[i].tokenizer_id
                 ok = tid is not None and (fingerprint_key(tid) == self.tokenizer_key if self.tokenizer_key
                                           else tok_key(tid) == tok_key(t.tokenizer_id))
