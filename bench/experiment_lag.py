@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     lags = [int(x) for x in args.lags.split(",")]
     if max(lags) >= setup.iterations:
         ap.error(f"lag {max(lags)} needs iterations > it ({setup.iterations})")
-    out: Path = args.out
+    out: Path = args.out.resolve()  # the trainer resolves relative paths against the config source
     out.mkdir(parents=True, exist_ok=True)
 
     def log(line: str) -> None:
