@@ -24,7 +24,7 @@ from trajlake.errors import QueryError, UnknownRunError
 from trajlake.lake.store import LakeArg
 from trajlake.query import connect, lake_versions
 
-__all__ = ["EPISODE_FLOAT_COLUMNS", "EvalData", "RunInfo", "UnknownRunError", "list_runs", "load", "select_runs"]
+__all__ = ["EPISODE_FLOAT_COLUMNS", "FORGETTING_COLUMNS", "EvalData", "RunInfo", "UnknownRunError", "list_runs", "load", "select_runs"]
 
 #: Numeric columns of eval_episode_metrics fetched as float arrays (NULL -> nan: unknown, e.g. the success of
 #: an ungraded episode or the cost of an episode whose source has no cost data).
@@ -122,6 +122,33 @@ class EvalData:
         self.con.close()
 
 
+FORGETTING_COLUMNS: tuple[str, ...] = ("trimmed", "forgot")
+"""Per-episode 0/1 columns added to ``EvalData.ep`` by the forgetting check (``trajlake.evaluators.forgetting``):
+``trimmed`` (trimming dropped turns from some policy turn's context) and ``forgot`` (a failing episode that
+re-requested an answer trimming had dropped)."""
+
+
+def _forgetting_columns(con: duckdb.DuckDBPyConnection, runs: Sequence[str], ep: dict[str, FloatArray]
+                        ) -> dict[str, Any]:
+    """Run the forgetting check and add its columns to ``ep`` (indexed by ep_idx); returns ``EvalData.extra``'s
+    ``forgetting`` (the scan) and ``forgetting_flags`` (ep_idx -> why that episode is flagged)."""
+    from trajlake.evaluators.forgetting import scan
+
+    found = scan(con, runs)
+    n = int(ep["run_code"].shape[0])
+    for col in FORGETTING_COLUMNS:
+        ep[col] = np.zeros(n, dtype=np.float64)
+    flags: dict[int, Any] = {}
+    if found.trimmed:
+        for idx, eid in con.execute("SELECT ep_idx, episode_id FROM eval_episode_metrics").fetchall():
+            if eid in found.trimmed:
+                ep["trimmed"][int(idx)] = 1.0
+            if eid in found.flags:
+                ep["forgot"][int(idx)] = 1.0
+                flags[int(idx)] = found.flags[eid]
+    return {"forgetting": found, "forgetting_flags": flags}
+
+
 def _float(arr: Any) -> FloatArray:
     if isinstance(arr, np.ma.MaskedArray):
         return np.ma.filled(arr.astype(np.float64), np.nan)
@@ -186,6 +213,7 @@ def load(lake: LakeArg, runs: list[str] | None = None, *,
                                      "FROM eval_episode_metrics ORDER BY slice_code").fetchall()
             slices = [(str(r), str(s), str(v)) for _, r, s, v in slice_rows]
             tool = con.sql(sql.render("tool_latency", {"runs": runs_sql})).fetchnumpy()
+            forgetting = _forgetting_columns(con, selected, ep)
         except duckdb.Error as e:
             raise QueryError(f"evaluation query failed: {str(e).splitlines()[0]}") from e
         tool_idx = np.asarray(tool["ep_idx"], dtype=np.int64)
@@ -197,7 +225,7 @@ def load(lake: LakeArg, runs: list[str] | None = None, *,
         n = int(ep["run_code"].shape[0])
         return EvalData(con=con, lake_versions=versions, runs=selected, run_info=info, ep=ep,
                         run_codes=run_codes, slices=slices, tool_ep_idx=tool_idx, tool_latency_ms=tool_lat,
-                        n_episodes=n)
+                        n_episodes=n, extra=forgetting)
     except BaseException:
         con.close()
         raise

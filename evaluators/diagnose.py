@@ -19,15 +19,21 @@ walk stops at the first node answered "yes", which is the diagnosis. The nodes, 
                           two tests). Yes: infrastructure, not the policy.
 4. ``model_errors``       did schema errors (MODEL_INVALID_ACTION) or safety blocks (SAFETY_BLOCK turns or error
                           class, gateway denials) become more frequent? Yes: policy regression in action validity.
-5. ``behaviour``          did steps, the duplicate-action rate or P99 episode/tool latency rise? (Holm over the
+5. ``trimming``           did more episodes fail because they forgot (``forgot``: a failing episode re-requested
+                          an answer context trimming had dropped, :mod:`trajlake.evaluators.forgetting`)? Paired
+                          rate, over all matched pairs. The spec's tree checks "trimming and summaries" under the
+                          next node's yes (loops, memory loss, failed recovery); asked first, the more specific
+                          cause is named, and a drop from forgetting without more steps is caught too. Yes: memory
+                          loss (a smaller window, a worse summariser, a policy that no longer copes with trimming).
+6. ``behaviour``          did steps, the duplicate-action rate or P99 episode/tool latency rise? (Holm over the
                           four). Yes: the policy loops, dawdles or waits on slower tools.
-6. ``version_switch``     did more episodes change policy version mid-episode (policy_version_start != end)?
+7. ``version_switch``     did more episodes change policy version mid-episode (policy_version_start != end)?
                           Yes: stale or mixed-policy rollouts. (Formerly ``policy_lag``; its path entry keeps
                           that name in ``formerly``, docs/names.md.)
-7. ``reward_drift``       did the reward definition drift: different component names, or a component's mean
+8. ``reward_drift``       did the reward definition drift: different component names, or a component's mean
                           among successful (or among failed) episodes shifted (clustered two-sample z, Holm)?
                           Conditioning on the outcome separates a changed reward from a changed success rate.
-8. ``contamination``      are the matched tasks contaminated? The contamination scan
+9. ``contamination``      are the matched tasks contaminated? The contamination scan
                           (:mod:`trajlake.evaluators.contamination`, defaults: training side = the ``train`` split
                           episodes) over the tasks of the pairs, on the candidate's splits. Yes: some tasks are
                           flagged (exact n-gram overlap, near duplicates, family, time split, trajectory leakage),
@@ -63,6 +69,7 @@ NODES: dict[str, str] = {
     "distribution": "Did the environment or the task distribution change between the runs?",
     "env_failures": "Did ENV_TRANSIENT / ENV_BUG episodes become more frequent?",
     "model_errors": "Did schema errors (MODEL_INVALID_ACTION) or safety blocks become more frequent?",
+    "trimming": "Did more failing episodes forget an answer that context trimming (or its summary) dropped?",
     "behaviour": "Did steps, duplicate actions or P99 latency rise?",
     "version_switch": "Did more episodes run with a policy version that changed mid-episode?",
     "reward_drift": "Did the reward definition drift (component names, or component means given the outcome)?",
@@ -83,6 +90,8 @@ DIAGNOSES: dict[str, tuple[str, str]] = {
     "env_failures": ("environment_failures", "environment failures rose: infrastructure, not the policy"),
     "model_errors": ("policy_action_errors",
                      "schema errors or safety blocks rose: the policy emits invalid or unsafe actions"),
+    "trimming": ("memory_loss", "more failing episodes re-requested answers that context trimming had dropped: "
+                                "the policy lost what it needed (window, summariser, or coping with trimming)"),
     "behaviour": ("policy_behaviour", "the policy takes more steps, loops or waits longer"),
     "version_switch": ("version_switch", "more episodes mixed policy versions: stale or lagging rollouts"),
     "reward_drift": ("reward_drift", "the reward drifted: the success signal may have changed meaning"),
@@ -341,6 +350,14 @@ def diagnose_data(data: EvalData, baseline: str, candidate: str, settings: Setti
                      "tests": tests, "evidence": [_evidence(t) for t in tests]})
         if rose:
             return finish(node_id)
+
+    t = _paired_rate(data, "forgot", b_idx, c_idx, conf)
+    trimmed = _paired_rate(data, "trimmed", b_idx, c_idx, conf)  # how often trimming happened at all
+    forgot = t["diff"] > 0 and math.isfinite(t["p_value"]) and t["p_value"] < alpha
+    path.append({"node": "trimming", "question": NODES["trimming"], "result": "yes" if forgot else "no",
+                 "tests": [t], "evidence": [_evidence(t), "context: " + _evidence(trimmed)]})
+    if forgot:
+        return finish("trimming")
 
     tests = []
     for name in ("steps", "duplicate_rate", "episode_latency_p99", "tool_latency_p99"):

@@ -176,6 +176,11 @@ METRICS: tuple[MetricSpec, ...] = (
              f"{c}", "lower") for c in ERROR_CLASSES),
     *(_share(f"termination_rate_{r}", f"termination_{r}", f"share of episodes with termination_reason {r}")
       for r in TERMINATION_REASONS),
+    _share("trimmed_rate", "trimmed", "share of episodes in which context trimming (drop_oldest or summarize) "
+           "left earlier turns out of a policy turn's context"),
+    _share("forgetting_rate", "forgot", "share of the model's failed episodes in which a policy turn re-requested "
+           "an answer that context trimming had dropped, and that no turn of its context held (evaluators/"
+           "forgetting.py)", "lower", subset="model_failure"),
     _share("version_switch_rate", "version_switched", "share of episodes whose policy version changed "
            "mid-episode (policy_version_start != policy_version_end)", "lower"),
     _m("policy_lag_mean", "policy_lag", "published policy versions the episode's policy was behind the newest "

@@ -116,6 +116,14 @@ def _counts(data: EvalData, idx: np.ndarray) -> tuple[dict[str, Any], dict[str, 
             "secret_leak": _count(ep["secret_leak"][idx]),
         },
     }
+    # trajlake.evaluators.forgetting: which episodes trimming touched, which failed ones forgot, and why
+    flags = data.extra.get("forgetting_flags", {})
+    mine = sorted((flags[i] for i in idx.tolist() if i in flags), key=lambda f: f.episode_id)
+    attribution["forgetting"] = {
+        "trimmed_episodes": _count(ep["trimmed"][idx]),
+        "forgot": _count(ep["forgot"][idx]),
+        "examples": [{"episode_id": f.episode_id, "why": f.describe()} for f in mine[:_EXAMPLES]],
+    }
     terminations = {r: _count(ep[f"termination_{r}"][idx]) for r in TERMINATION_REASONS}
     return attribution, terminations
 

@@ -1,7 +1,7 @@
 """Context strategy ``summarize`` and the ``context_trim`` fault: the summariser ``extractive-v1``, summaries
 recorded as ``summarizer`` turns (loss mask 0, no log-probs, ``summary_version``), token exactness of the contexts
 that hold them, the trainer's samples (the loss never covers a summary), ``verify --strict``, and the fault that
-forces trimming, end to end into ``trajlake eval``.
+forces trimming, end to end into ``trajlake eval``'s forgetting check.
 
 The model is the tiny randomly initialised Llama (nothing downloaded); the fault tests script the replies."""
 
@@ -183,8 +183,8 @@ REPLIES = [format_call("lookup", {"name": "Mufa"}), format_call("lookup", {"name
 def test_context_trim_fault_forces_trimming_and_eval_sees_the_forgetting(tiny: Path, tmp_path: Path,
                                                                          strategy: str) -> None:
     """A context_trim fault on every step: from the second step on the policy's next context loses the earlier
-    pairs. The scripted policy then re-reads Mufa, whose answer trimming dropped (under summarize the summary holds
-    it), and fails; eval counts it in recovery_rate_context_trim."""
+    pairs. The scripted policy then re-reads Mufa, whose answer trimming dropped, and fails: under drop_oldest
+    eval flags it as forgetting; under summarize the summary held that answer, so it is not."""
     from trajlake.evaluators.data import load
     from trajlake.evaluators.metrics import Settings
     from trajlake.evaluators.report import evaluate
@@ -222,4 +222,6 @@ def test_context_trim_fault_forces_trimming_and_eval_sees_the_forgetting(tiny: P
     finally:
         data.close()
     m = rep["runs"]["canned"]["metrics"]
+    assert m["trimmed_rate"]["estimate"] == 1.0
     assert m["recovery_rate_context_trim"]["n"] == 1 and m["recovery_rate_context_trim"]["estimate"] == 0.0
+    assert m["forgetting_rate"]["estimate"] == (1.0 if strategy == "drop_oldest" else 0.0)
