@@ -90,6 +90,21 @@ def test_check_episode_flags_only_a_failing_re_request_of_a_dropped_answer() -> 
     assert check_episode(turns, False)[:2] == (False, None)
 
 
+def test_dropped_range_finds_every_range_by_its_hash() -> None:
+    """The running hash of dropped_range equals dropped_hash for every range (unicode, quotes, control characters,
+    empty and null contents), and a hash of no range is one clear error."""
+    from trajlake.render.exactness import dropped_range
+
+    texts = ["task", 'a "quoted" \\ reply', "é ü 漢字 \u2028", "\x00\x1f tab\t", "", None, "{\"tool\": \"x\"}"]
+    turns = [{"turn_idx": i, "raw_content": r} for i, r in enumerate(texts)]
+    for start in range(len(texts)):
+        for stop in range(start + 1, len(texts)):
+            h = dropped_hash([(i, texts[i] or "") for i in range(start, stop)])
+            assert dropped_range(turns, len(texts), h) == (start, stop)  # turn_idx makes every range's hash its own
+    with pytest.raises(ValueError, match="no range of earlier turns matches"):
+        dropped_range(turns, len(texts), "sha256:" + "0" * 64)
+
+
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Any:
     lk = open_lake(tmp_path_factory.mktemp("forgetting") / "lake", create=True)

@@ -9,11 +9,13 @@ names the first difference: a changed tokenizer, a changed chat template, or a r
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trajlake.render.chat import ChatRenderer, dropped_hash, split_fingerprint, system_prompt
+from trajlake.render.chat import ChatRenderer, split_fingerprint, system_prompt
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,19 @@ def _ids(turn: Mapping[str, Any]) -> list[int]:
 
 def dropped_range(turns: Sequence[Mapping[str, Any]], t: int, h: str) -> tuple[int, int]:
     """The contiguous range of turns before turn ``t`` whose hash is ``h`` (trimming drops whole turns)."""
-    # drop_oldest drops from turn 1, single_turn and rerendered from turn 0: try those starts first.
+    # drop_oldest and summarize drop from turn 1, single_turn and rerendered from turn 0: try those starts first.
+    # For one start the hashes of all its ranges are one running sha256 over the canonical JSON list of
+    # ``dropped_hash`` (``[`` then the items joined by ``,``), closed with ``]`` on a copy: linear, not quadratic,
+    # in the episode's length.
     for start in [1, 0, *range(2, t)][:t]:
+        running = hashlib.sha256(b"[")
         for stop in range(start + 1, t):
-            if dropped_hash([(int(turns[i]["turn_idx"]), turns[i].get("raw_content") or "")
-                             for i in range(start, stop)]) == h:
+            item = json.dumps([int(turns[stop - 1]["turn_idx"]), turns[stop - 1].get("raw_content") or ""],
+                              ensure_ascii=False, separators=(",", ":"))
+            running.update(("," * (stop > start + 1) + item).encode("utf-8"))
+            closed = running.copy()
+            closed.update(b"]")
+            if "sha256:" + closed.hexdigest() == h:
                 return start, stop
     raise ValueError(f"turn {t}: no range of earlier turns matches context_dropped_hash {h[:19]}...")
 
