@@ -132,8 +132,9 @@ class Policy(abc.ABC):
 
     def forget_context(self) -> bool:
         """Trim the context before the next turn as if the window were tiny (fault kind ``context_trim``): every
-        earlier action/observation pair is dropped, the task and the newest observation stay. Returns whether
-        the policy has a context to trim (scripted policies have none: False, and the fault is not recorded)."""
+        earlier action/observation pair is dropped; the task, the newest action and the newest observation stay.
+        Returns whether the policy had something to drop (scripted policies hold no context: False, and the fault
+        is not recorded)."""
         return False
 
     def observation_tokens(self, observation: str) -> tuple[Sequence[int], str] | None:
