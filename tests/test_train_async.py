@@ -6,6 +6,7 @@ plays rollouts while the learner updates, so episodes record ``policy_lag`` > 0,
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -236,7 +237,9 @@ def test_the_schedule_keys_are_read_and_checked() -> None:
            ({"max_env_age": {"seconds": -1}}, "max_env_age.seconds = -1"),
            ({"max_env_age": {"versions": -2}}, "max_env_age.versions = -2"),
            ({"max_env_age": {"days": 1}}, "unknown key"),
-           ({"fixed_staleness": -1}, "fixed_staleness = -1")]
+           ({"fixed_staleness": -1}, "fixed_staleness = -1"),
+           ({"turn_upgrades": True}, "only with async_rollouts"),
+           ({"partial_rollouts": True, "async_rollouts": True, "max_staleness": 1}, "only with turn_upgrades")]
     for keys, message in bad:
         with pytest.raises(ConfigError, match=message):
             parse_config(stage(**keys), "c.toml")
@@ -253,7 +256,127 @@ def test_a_version_that_plays_two_rollouts_samples_a_stream_per_rollout(monkeypa
     cfg, spec = TrainConfig(name="x", env="tool-lookup"), RolloutSpec(attempts=2, policy_args={"seed": "5"})
     for run in ("R1-it1", "R1-it2"):
         loop._rollout(cfg, spec, str(tmp_path), run, "R1", tmp_path, "x-base", lambda _: None, training=True,
-                      per_run_seeds=True)
+                      per_run_seeds=True, turn_upgrades=run == "R1-it2")
     first, second = (rc.policy_args["seed"] for rc in seen)
+    assert [rc.turn_upgrades for rc in seen] == [False, True]  # the stage's turn_upgrades reaches the runner
     assert first == str(loop.training_seed(5, "x-base|R1-it1")) and first != second
     assert [_config_json(rc)["sampling_seed_rule"] for rc in seen] == [loop.FRESH_RUN_SEEDS] * 2
+
+
+def test_turn_upgrades_switch_the_version_only_at_a_turn_boundary(tmp_path: Path, tiny_model: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version published during an episode is loaded before the episode's next policy turn: the turns before
+    record the old version, the turns after the new one, and their behaviour log-probs are the new weights'."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trajlake.policies.hf import load_model, score_tokens
+    from trajlake.query import connect
+    from trajlake.rollout import runner
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+    from trajlake.rollout.versions import PolicyVersions
+
+    newer = tmp_path / "newer"
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), local_files_only=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    model.save_pretrained(str(newer))
+    for f in tiny_model.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            shutil.copy2(f, newer / f.name)
+    lake = tmp_path / "lake"
+    Lake.init(lake)
+    versions = PolicyVersions(lake, "v")
+    versions.publish("v-1", checkpoint=str(tiny_model))
+    boundaries: list[str] = []
+    original = runner._Worker.upgrade
+
+    def publish_during_the_episode(self: Any, policy: Any) -> None:
+        boundaries.append(policy.policy_version)
+        if len(boundaries) == 2:  # the learner publishes between the episode's 2nd and 3rd policy turns
+            versions.publish("v-2", checkpoint=str(newer))
+        original(self, policy)
+
+    monkeypatch.setattr(runner._Worker, "upgrade", publish_during_the_episode)
+    cfg = RolloutConfig(lake=str(lake), run_id="up", env="tool-lookup", policy=f"hf:{tiny_model}", split="train",
+                        seeds=(0,), policy_version="v-1", policy_name="v", turn_upgrades=True,
+                        task_ids=(TASKS[0],), policy_args={"max_new_tokens": "8"},
+                        env_kwargs={"budget": {"max_steps": 4}})
+    assert run_rollout(cfg).written == 1
+    con = connect(lake)
+    start, end = con.execute("select policy_version_start, policy_version_end from episodes").fetchone()
+    assert (start, end) == ("v-1", "v-2")
+    turns = con.execute("select actor, policy_version, token_ids, behavior_logprobs, loss_mask from turns "
+                        "order by turn_idx").fetchall()
+    policy = [t for t in turns if t[0] == "policy"]
+    assert [t[1] for t in policy] == ["v-1", "v-1", "v-2", "v-2"]  # switched at the boundary, never within a turn
+    # the turns after the switch were sampled by the new weights: their recorded log-probs are the new model's
+    old_model, _ = load_model(tiny_model)
+    new_model, _ = load_model(newer)
+    context: list[int] = []
+    for actor, version, ids, logprobs, mask in turns:
+        if actor == "policy":
+            chosen = [i for i, m in enumerate(mask) if m == 1]
+            recorded = [logprobs[i] for i in chosen]
+            by_new = score_tokens(new_model, context, ids)
+            by_old = score_tokens(old_model, context, ids)
+            mine, other = (by_new, by_old) if version == "v-2" else (by_old, by_new)
+            assert [mine[i] for i in chosen] == pytest.approx(recorded, abs=1e-4), version
+            assert [other[i] for i in chosen] != pytest.approx(recorded, abs=1e-4), version
+        context += list(ids)
+    assert json.loads(con.execute("select config from runs where run_id = 'up'").fetchone()[0])["turn_upgrades"]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_versions_keep_the_checkpoint_they_were_published_with(where: str, tmp_path: Path,
+                                                               request: pytest.FixtureRequest) -> None:
+    from trajlake.rollout.versions import PolicyVersions
+
+    root = str(tmp_path / "lake") if where == "local" else request.getfixturevalue("s3_lake_uri")
+    Lake.init(root)
+    versions = PolicyVersions(root, "p")
+    versions.publish("p-1")
+    versions.publish("p-2", checkpoint="/ckpt/2")
+    versions.publish("p-2", checkpoint="/elsewhere")  # already published: a no-op
+    versions.publish("p/3", checkpoint="/ckpt/3")
+    assert versions.all() == ["p-1", "p-2", "p/3"]
+    assert [versions.checkpoint(v) for v in ("p-1", "p-2", "p/3", "nope")] == [None, "/ckpt/2", "/ckpt/3", None]
+
+
+def test_a_partial_rollouts_old_prefix_is_state_not_trained_on(lake: Lake) -> None:
+    """An episode whose version switched at a turn boundary (policy turns v1, v2, v2): with partial_rollouts its
+    first policy turn is the old prefix (loss mask cleared, still in the context), the continuation is trained,
+    and max_staleness counts the continuation's version; an episode of one version is untouched."""
+    from trajlake.train.data import LakeTrajectories, pad_collate
+    from trajlake.train.loop import mask_prefixes, prefix_turns
+
+    rows, turns = [], []
+    for eid, versions in (("switched", ["x-1", "x-2", "x-2"]), ("sticky", ["x-2", "x-2", "x-2"])):
+        ep, tu = make_episode(eid, n_steps=3, policy_version_start=versions[0], policy_version_end=versions[-1])
+        policy_turns = [t for t in tu if t["actor"] == "policy"]
+        for t, v in zip(policy_turns, versions, strict=True):
+            t["policy_version"] = v
+        for t in tu:
+            t["tokenizer_id"] = "model|tok:aaaa|tmpl:bbbb"
+        rows.append(ep)
+        turns += tu
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_batch(rows, turns).raise_if_rejected()
+    episodes = select_episodes(lake, Selection())
+    assert prefix_turns(str(lake.location), episodes) == {"switched": 1, "sticky": 0}
+    batch = pad_collate(list(LakeTrajectories(lake, Selection(), episodes=episodes)))
+    masked, n = mask_prefixes(batch, {"switched": 1, "sticky": 0})
+    assert n == 2  # the two tokens of the switched episode's first policy turn
+    for b, eid in enumerate(batch["episode_id"]):
+        turn, before, after = batch["token_turn"][b], batch["loss_mask"][b], masked["loss_mask"][b]
+        cleared = (before == 1) & (after == 0)
+        assert bool((cleared == ((turn == 0) & (before == 1) & (eid == "switched"))).all()), eid
+    assert bool((masked["input_ids"] == batch["input_ids"]).all())  # the prefix stays as context
+    order = ["x-1", "x-2"]
+    by_start = Selection(max_staleness=0, policy_version_order=order)
+    assert select_episodes(lake, by_start)["episode_id"].to_pylist() == ["sticky"]
+    by_end = Selection(max_staleness=0, policy_version_order=order, staleness_version="end")
+    assert select_episodes(lake, by_end)["episode_id"].to_pylist() == ["sticky", "switched"]

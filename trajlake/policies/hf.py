@@ -128,6 +128,18 @@ class HFPolicy(LMPolicy):
         self.n_vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
         """Width of the model's logits (the masks' width)."""
 
+    def load_checkpoint(self, policy_version: str, path: str) -> None:
+        """Play on with the weights in ``path`` as ``policy_version`` (a turn-boundary upgrade,
+        ``RolloutConfig.turn_upgrades``): the next turn is decoded by them. The tokenizer and chat template must
+        be this policy's (a trainer's checkpoints carry the same files), else the episode's tokens would mix two
+        vocabularies."""
+        model, tok = load_model(path, self.settings.device, self.settings.dtype)
+        assert self.renderer is not None
+        if tok.get_vocab() != self.renderer.tokenizer.get_vocab():
+            raise TrajlakeError(f"hf:{path}: another tokenizer than hf:{self.path}'s; a version switch within an "
+                                f"episode needs the same one")
+        self.model, self.path, self.policy_version = model, path, policy_version
+
     def reset(self, task: Any, seed: int) -> None:
         super().reset(task, seed)
         torch = _torch()

@@ -103,9 +103,14 @@ def _hash_text(s: str) -> str:
 def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_version: str | None, seed: int,
                  attempt: int = 0, split: str = "unknown", faults: FaultInjector | None = None,
                  task_view: Callable[[str, str], TaskView] | None = None, sandbox: str | None = None,
-                 cost_model: CostModel | None = None, policy_lag: int | None = None) -> EpisodeRecord:
+                 cost_model: CostModel | None = None, policy_lag: int | None = None,
+                 at_turn_boundary: Callable[[Policy], None] | None = None) -> EpisodeRecord:
     """Play one episode and return its rows. ``task_view(task_id, task_version)`` gives the policy's view
-    (default: the environment's own, without privileged data); ``cost_model`` prices the turns."""
+    (default: the environment's own, without privileged data); ``cost_model`` prices the turns.
+    ``at_turn_boundary(policy)`` runs before every policy turn after the first (a turn boundary: the previous
+    observation is in, no token of the next action drawn yet) and may switch the policy to a newer version; each
+    policy turn records the version that produced it, and the episode its first and last
+    (``policy_version_start`` / ``_end``)."""
     faults = faults or FaultInjector()
     start = utcnow()
     r = env.reset(seed, task_version, task_id=task_id)
@@ -135,7 +140,12 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
     step_idx = 0
     last: StepResult | None = None
     statuses: list[str] = []
+    versions_played: list[str] = []
     while True:
+        if at_turn_boundary is not None and step_idx > 0:
+            at_turn_boundary(policy)
+        pv = policy.policy_version
+        versions_played.append(pv)
         t0 = utcnow()
         out = policy.act(observation)
         t1 = utcnow()
@@ -222,7 +232,8 @@ def play_episode(env: Env, policy: Policy, *, run_id: str, task_id: str, task_ve
     episode = build_episode({
         "episode_id": ep_id, "run_id": run_id, "task_id": r.task_id, "task_version": r.task_version, "split": split,
         "env_id": env.env_id, "env_version": env.env_version, "env_image_digest": env.image_digest, "env_seed": seed,
-        "attempt": attempt, "policy_version_start": pv, "policy_version_end": pv, "started_at": start,
+        "attempt": attempt, "policy_version_start": versions_played[0] if versions_played else pv,
+        "policy_version_end": pv, "started_at": start,
         "ended_at": end, "terminated": last.terminated, "truncated": last.truncated, "termination_reason": reason,
         "error_class": error_class, "success": success, "reward_total": float(sum(comps.values())),
         "reward_components": comps, "wall_seconds": (end - start).total_seconds(),
@@ -374,6 +385,13 @@ class RolloutConfig:
     """A kind never injected in this run (``--held-out-fault-kind``): training rollouts leave it out; the
     held-out evaluation run plays ``fault_kinds=(K,)``."""
     max_policy_lag: int | None = None
+    turn_upgrades: bool = False
+    """Turn-boundary upgrades: before each policy turn after an episode's first, a worker whose policy is behind
+    the newest published version that has a checkpoint (``PolicyVersions.publish(label, checkpoint=...)``) loads
+    it and plays the rest of the episode with it; never within a turn. Each policy turn records its version
+    (``turns.policy_version``), the episode its first and last. Needs a policy that can load a checkpoint (``hf:``)
+    and one episode at a time per worker (``batch_episodes`` = 1: a shared model would switch inside other
+    episodes' turns)."""
     commit_every_s: float = 30.0
     """A worker commits its finished episodes about this often (0: after every episode). A crash loses at most
     the uncommitted ones, which the resumed run plays again. Each commit adds a version to three Delta tables
@@ -453,6 +471,9 @@ class _Worker:
         # The episodes it plays at once (a batched policy's): each on a thread with an environment and a policy
         # of its own; the policies share one model, which decodes their turns together.
         self.batch = max(1, self.policy.batch_episodes)
+        if cfg.turn_upgrades and self.batch > 1:
+            raise TrajlakeError(f"turn_upgrades: batch_episodes = {self.batch} shares one model between episodes, "
+                                f"which would switch inside their turns; use batch_episodes = 1")
         self.slots: queue.SimpleQueue[tuple[Env, Policy, Callable[[str, str], TaskView]]] = queue.SimpleQueue()
         if self.batch == 1:
             self.slots.put((self.env, self.policy, self.task_view))
@@ -494,12 +515,28 @@ class _Worker:
             rec = play_episode(env, policy, run_id=self.cfg.run_id, task_id=item.task_id,
                                task_version=item.task_version, seed=item.seed, attempt=item.attempt,
                                split=self.cfg.split, faults=self.faults, task_view=task_view,
-                               cost_model=self.cfg.cost_model, policy_lag=lag)
+                               cost_model=self.cfg.cost_model, policy_lag=lag,
+                               at_turn_boundary=self.upgrade if self.cfg.turn_upgrades else None)
         finally:
             self.slots.put(slot)
         with self.lock:
             self._keep(rec)
         return rec.episode["episode_id"], bool(rec.episode["success"])
+
+    def upgrade(self, policy: Policy) -> None:
+        """At a turn boundary (``turn_upgrades``): load the newest published version that has a checkpoint, when
+        the policy is behind it."""
+        with self.lock:
+            latest = next((v for v in reversed(self.versions.all()) if self.versions.checkpoint(v)), None)
+            if latest is None or latest == policy.policy_version or self.versions.lag(policy.policy_version) == 0:
+                return
+            folder = self.versions.checkpoint(latest)
+        assert folder is not None
+        load = getattr(policy, "load_checkpoint", None)
+        if load is None:
+            raise TrajlakeError(f"turn_upgrades: policy {self.cfg.policy} cannot load a checkpoint between turns "
+                                f"(an hf: policy can)")
+        load(latest, folder)
 
     def _keep(self, rec: EpisodeRecord) -> None:
         self.pending.append(rec)
@@ -811,7 +848,8 @@ def _config_json(cfg: RolloutConfig) -> dict[str, Any]:
             **({"injection": cfg.env_kwargs["injection"]} if cfg.env_kwargs.get("injection") else {}),
             **({"fault_kinds": list(cfg.fault_kinds)} if tuple(cfg.fault_kinds) != DEFAULT_FAULT_KINDS else {}),
             **({"held_out_fault_kind": cfg.held_out_fault_kind} if cfg.held_out_fault_kind else {}),
-            **({"tags": dict(cfg.tags)} if cfg.tags else {})}
+            **({"tags": dict(cfg.tags)} if cfg.tags else {}),
+            **({"turn_upgrades": True} if cfg.turn_upgrades else {})}
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 The trainer publishes each new checkpoint's label with ``publish``; rollout workers read the list between
 episodes. A worker whose pinned version is more than ``max_policy_lag`` versions behind the latest moves to the
-latest before its next episode (never during one)."""
+latest before its next episode (never during one). A version published with its checkpoint folder
+(``publish(label, checkpoint=...)``) can also be loaded between two turns of an episode
+(``RolloutConfig.turn_upgrades``)."""
 
 from __future__ import annotations
 
@@ -73,24 +75,51 @@ class PolicyVersions:
         versions = self.all()
         return versions[-1] if versions else f"{self.policy}-v0"
 
-    def publish(self, label: str) -> None:
+    def checkpoint(self, label: str) -> str | None:
+        """The checkpoint folder ``label`` was published with (None: published without one, or not published)."""
+        if self.remote is not None:
+            for seq, v in self._remote_entries():
+                if v == label and seq > 0:
+                    data = json.loads(self.remote.read_bytes(*self._folder, f"{seq:012d}-{quote(label, safe='')}.json"))
+                    return data.get("checkpoint")
+            return None
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        return data.get("checkpoints", {}).get(label)
+
+    def publish(self, label: str, checkpoint: str | None = None) -> None:
+        """Append ``label`` (a no-op when it is already published); ``checkpoint``: the folder holding its weights,
+        recorded so a rollout worker can load it at a turn boundary."""
         if self.remote is not None:
             entries = self._remote_entries()
             if any(v == label for _, v in entries):
                 return
             seq = max((s for s, _ in entries), default=0) + 1
+            entry = {"policy": self.policy, "label": label, **({"checkpoint": checkpoint} if checkpoint else {})}
             # safe="" quotes "/" too: one object name per label, whatever the label holds
-            self.remote.write_bytes(json.dumps({"policy": self.policy, "label": label}).encode(),
-                                    *self._folder, f"{seq:012d}-{quote(label, safe='')}.json")
+            self.remote.write_bytes(json.dumps(entry).encode(), *self._folder,
+                                    f"{seq:012d}-{quote(label, safe='')}.json")
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "a+") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            versions = self.all()
+            try:
+                data = json.loads(self.path.read_text())
+            except FileNotFoundError:
+                data = {}
+            versions = [str(v) for v in data.get("versions", [])]
+            checkpoints = dict(data.get("checkpoints", {}))
             if label not in versions:
                 versions.append(label)
+                if checkpoint:
+                    checkpoints[label] = checkpoint
+            doc: dict[str, object] = {"policy": self.policy, "versions": versions}
+            if checkpoints:
+                doc["checkpoints"] = checkpoints
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"policy": self.policy, "versions": versions}))
+            tmp.write_text(json.dumps(doc))
             os.replace(tmp, self.path)
 
     def lag(self, label: str) -> int:

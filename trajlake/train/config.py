@@ -134,6 +134,18 @@ class StageConfig:
     episodes that start after the learner published a newer version). Not reproducible run to run (timing decides
     which version a rollout plays); ``fixed_staleness`` is the reproducible mode. One process only (not under
     ``torchrun``). False: the synchronous loop."""
+    turn_upgrades: bool = False
+    """rl, with ``async_rollouts``: an episode of the actor's rollouts may switch to a newer version at a turn
+    boundary (the runner's ``turn_upgrades``): when the learner publishes a version during an episode, the next
+    policy turn is played by it. Each policy turn records its version (``turns.policy_version``); the episode's
+    staleness is counted by its first (oldest) version, and each token's ratio against its own segment's
+    behaviour log-prob (docs/training.md, "Asynchrony")."""
+    partial_rollouts: bool = False
+    """rl, with ``turn_upgrades``: an episode whose version switched at a turn boundary is a partial rollout: the
+    turns before its last switch are the old prefix, treated as off-policy state (their tokens get loss mask 0:
+    context, not trained on, outside the ratios and the trajectory weight), and its staleness is counted by the
+    version that played the continuation (``policy_version_end``). False: every segment is trained, each token
+    against its own segment's behaviour log-prob."""
     fixed_staleness: int | None = None
     """rl: the deterministic staleness mode: iteration k plays its rollout with the version the learner had
     ``fixed_staleness`` updates before (the stage's first version while fewer exist) and trains only on that
@@ -443,6 +455,12 @@ def config_problems(cfg: TrainConfig) -> list[str]:
                            f"leave its episodes out; set max_staleness >= {s.fixed_staleness}")
             if s.async_rollouts:
                 out.append(f"{at}: fixed_staleness and async_rollouts are two modes; give one")
+        if s.partial_rollouts and not s.turn_upgrades:
+            out.append(f"{at}.partial_rollouts: only with turn_upgrades = true (no episode switches versions "
+                       f"otherwise)")
+        if s.turn_upgrades and not s.async_rollouts:
+            out.append(f"{at}.turn_upgrades: only with async_rollouts = true (no version is published during a "
+                       f"rollout otherwise)")
         age = s.max_env_age
         if age is not None:
             if age.seconds is not None and not (_finite(age.seconds) and age.seconds >= 0):

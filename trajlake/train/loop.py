@@ -361,7 +361,7 @@ def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResul
     versions = PolicyVersions(lake, cfg.name)
     current_version = f"{cfg.name}-base"
     if dist.main:
-        versions.publish(current_version)
+        versions.publish(current_version, checkpoint=str(model_path.resolve()))
     train_log = TrainLog.open(out_dir, dist.main)
     results: list[StageResult] = []
     for stage in cfg.stages:
@@ -510,7 +510,7 @@ def _save_and_publish(learner: Learner, folder: Path, version: str, versions: An
     digest = ""
     if dist.main:
         digest = learner.save(folder)
-        versions.publish(version)
+        versions.publish(version, checkpoint=str(folder.resolve()))
     _barrier(dist)
     return digest
 
@@ -539,7 +539,7 @@ def training_seed(base: int, policy_version: str) -> int:
 
 def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label: str, policy_folder: Path | None,
              version: str | None, log: Log, *, scripted: str | None = None, fault_rate: float | None = None,
-             training: bool = False, per_run_seeds: bool = False) -> None:
+             training: bool = False, per_run_seeds: bool = False, turn_upgrades: bool = False) -> None:
     """Play ``spec`` into the lake through the rollout runner: the checkpoint in ``policy_folder`` as an ``hf:``
     policy pinned to ``version``, or a scripted policy of the environment. ``training``: sampling seeds fresh
     for this version (``FRESH_SEEDS``), or for this version and run with ``per_run_seeds`` (``FRESH_RUN_SEEDS``: a
@@ -564,7 +564,7 @@ def _rollout(cfg: TrainConfig, spec: RolloutSpec, lake: str, run_id: str, label:
                        env_kwargs=dict(spec.env_args), cost_model=CostModel.for_run(args),
                        held_out_fault_kind=spec.held_out_fault_kind,
                        fault_kinds=tuple(spec.fault_kinds) or DEFAULT_FAULT_KINDS, sampling_seed_rule=rule,
-                       tags=dict(cfg.tags))
+                       tags=dict(cfg.tags), turn_upgrades=turn_upgrades)
     t0 = time.monotonic()
     summary = run_rollout(rc)
     if summary.failed_items:
@@ -784,7 +784,8 @@ class _Actor:
                     label, folder = choice
                 run = f"{self.cfg.run_prefix}{self.stage.name}-it{r}"
                 _rollout(self.cfg, self.stage.rollout, self.lake, run, self.stage.name, folder, label, self.log,
-                         fault_rate=_fault_rate(self.stage, r - 1), training=True, per_run_seeds=True)
+                         fault_rate=_fault_rate(self.stage, r - 1), training=True, per_run_seeds=True,
+                         turn_upgrades=self.stage.turn_upgrades)
                 with self.cond:
                     self.played[r] = label
                     # the next rollout's version is chosen in the same hand-over when it may start now, so it
@@ -864,6 +865,7 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
             runs.append(run)
             published = versions.all()
             selection = Selection(runs=[run] if lagged else list(runs), max_staleness=stage.max_staleness,
+                                  staleness_version="end" if stage.partial_rollouts else "start",
                                   policy_version_order=published, learner_version=learner_version,
                                   max_env_age=stage.max_env_age, now=dt.datetime.now(dt.UTC),
                                   current_env_version=env_now or None, as_of=_pin(dist, lake))
@@ -876,8 +878,10 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
             advantages, turn_advantages = _advantages(stage, episodes, credit,
                                                       placebo_seed=cfg.seed * 1_000_003 + it)
             ids = episodes.column("episode_id").to_pylist()
+            counted = "policy_version_end" if stage.partial_rollouts else "policy_version_start"
             staleness = {e: int(staleness_of(v, published, learner_version) or 0) for e, v in
-                         zip(ids, episodes.column("policy_version_start").to_pylist(), strict=True)}
+                         zip(ids, episodes.column(counted).to_pylist(), strict=True)}
+            prefixes = prefix_turns(lake, episodes) if stage.partial_rollouts else {}
             ages = _episode_ages(lake, stage, episodes, selection, env_now)
             dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, advantages=advantages,
                                        max_length=cfg.max_length, rank=dist.rank, world_size=dist.world,
@@ -890,11 +894,12 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
             for step in range(stage.steps):
                 _schedule(learner, stage, (it - 1) * stage.steps + step,
                           f"stage {stage.name} iteration {it} step {step}")
-                batch = next(batches)
+                batch, masked = mask_prefixes(next(batches), prefixes)
                 row = _rl_step(cfg, stage, learner, dist, batch, staleness, credit, turn_advantages)
                 row.update(_lag_and_age(batch, ages))
                 row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time(),
-                           excluded_env_errors=excluded, played_version=played)
+                           excluded_env_errors=excluded, played_version=played,
+                           prefix_tokens_masked=masked if stage.partial_rollouts else None)
                 train_log.add(row)
                 losses.append(row["loss"])
                 tokens += row["policy_tokens"]
@@ -918,6 +923,41 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
             actor.stop()
     return {"runs": runs, "steps": stage.steps * stage.iterations, "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None, "tokens": tokens}
+
+
+def prefix_turns(lake: str, episodes: pa.Table) -> dict[str, int]:
+    """Partial rollouts: per episode whose policy turns carry more than one version (``turns.policy_version``),
+    K0, the number of its policy turns before its last version's first turn (the old prefix); 0 for the others."""
+    ids = episodes.column("episode_id").to_pylist()
+    if not ids:
+        return {}
+    con = connect(lake)
+    con.execute("create temp table sel(episode_id varchar)")
+    con.executemany("insert into sel values (?)", [[i] for i in ids])
+    rows = con.execute("select episode_id, list(policy_version order by turn_idx) from turns join sel "
+                       "using (episode_id) where actor = 'policy' group by 1").fetchall()
+    out = dict.fromkeys(ids, 0)
+    for e, versions in rows:
+        last = versions[-1]
+        k0 = len(versions)
+        while k0 > 0 and versions[k0 - 1] == last:
+            k0 -= 1
+        out[e] = k0
+    return out
+
+
+def mask_prefixes(batch: dict[str, Any], prefixes: dict[str, int]) -> tuple[dict[str, Any], int]:
+    """The batch with the loss mask of every old-prefix token cleared (policy turns k < K0 of ``prefix_turns``):
+    those tokens stay in the context but leave the loss, its token-mean denominator, the ratios and the
+    trajectory weight. Returns the batch and how many loss tokens were cleared."""
+    if not batch or not any(prefixes.get(e, 0) for e in batch["episode_id"]):
+        return batch, 0
+    k0 = torch.tensor([prefixes.get(e, 0) for e in batch["episode_id"]], dtype=torch.long)
+    turn = batch["token_turn"]
+    keep = (turn >= k0[:, None]).to(batch["loss_mask"].dtype)
+    before = float(batch["loss_mask"].sum())
+    out = dict(batch, loss_mask=batch["loss_mask"] * keep)
+    return out, int(before - float(out["loss_mask"].sum()))
 
 
 @dataclass(frozen=True)

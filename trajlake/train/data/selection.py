@@ -21,9 +21,9 @@ EPISODE_COLUMNS: tuple[str, ...] = (
     "episode_id", "run_id", "task_id", "env_id", "env_version", "env_seed", "group_id", "attempt",
     "policy_version_start", "policy_lag", "success", "terminated", "truncated", "termination_reason",
     "reward_total", "reward_components", "cost_usd", "n_turns", "n_policy_tokens", "split", "error_class",
-    "ended_at")
+    "ended_at", "policy_version_end")
 """Columns of ``select_episodes``'s table (``split`` in addition to the ones the trainer uses; ``ended_at`` for the
-trajectory's age)."""
+trajectory's age, ``policy_version_end`` for a partial rollout's staleness)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,11 @@ class Selection:
     """Staleness bound: the episode's ``policy_version_start`` is at most this many versions behind
     ``learner_version`` in ``policy_version_order`` (the published versions, oldest first), and not ahead of it. An
     episode whose version is not in the order is left out (its staleness is unknown). An episode that switched
-    versions at a turn boundary is counted by its first (oldest) version. Needs ``policy_version_order``."""
+    versions at a turn boundary is counted by its first (oldest) version, or by its last with
+    ``staleness_version = "end"``. Needs ``policy_version_order``."""
+    staleness_version: str = "start"
+    """Which version of an episode ``max_staleness`` counts: ``start`` (``policy_version_start``, every segment
+    trained) or ``end`` (``policy_version_end``: a partial rollout whose old prefix is not trained on)."""
     policy_version_order: Sequence[str] | None = None
     """The published policy versions, oldest first (``PolicyVersions.all()``), for ``max_staleness``."""
     learner_version: str | None = None
@@ -155,6 +159,8 @@ def _check(s: Selection) -> None:
             raise TrajlakeError("Selection.max_staleness needs policy_version_order (the published versions)")
         if s.max_staleness < 0:
             raise TrajlakeError(f"Selection.max_staleness = {s.max_staleness}: must be >= 0")
+    if s.staleness_version not in ("start", "end"):
+        raise TrajlakeError(f"Selection.staleness_version = {s.staleness_version!r}: 'start' or 'end'")
     age = s.max_env_age
     if age is not None:
         if age.seconds is not None and not age.seconds >= 0:
@@ -170,8 +176,8 @@ def _age_mask(t: pa.Table, s: Selection, now: dt.datetime, env_order: dict[str, 
     conds: list[Any] = []
     if s.max_staleness is not None:
         assert s.policy_version_order is not None
-        stale = [staleness_of(v, s.policy_version_order, s.learner_version)
-                 for v in t["policy_version_start"].to_pylist()]
+        column = "policy_version_end" if s.staleness_version == "end" else "policy_version_start"
+        stale = [staleness_of(v, s.policy_version_order, s.learner_version) for v in t[column].to_pylist()]
         conds.append(pa.array([x is not None and 0 <= x <= s.max_staleness for x in stale], pa.bool_()))
     age = s.max_env_age
     if age is not None and age.seconds is not None:
