@@ -380,3 +380,13 @@ def test_a_partial_rollouts_old_prefix_is_state_not_trained_on(lake: Lake) -> No
     assert select_episodes(lake, by_start)["episode_id"].to_pylist() == ["sticky"]
     by_end = Selection(max_staleness=0, policy_version_order=order, staleness_version="end")
     assert select_episodes(lake, by_end)["episode_id"].to_pylist() == ["sticky", "switched"]
+
+
+def test_turn_upgrades_are_refused_for_a_policy_that_cannot_load_a_checkpoint(tmp_path: Path) -> None:
+    from trajlake.rollout.runner import RolloutConfig, _Worker
+
+    Lake.init(tmp_path / "lake")
+    cfg = RolloutConfig(lake=str(tmp_path / "lake"), run_id="r", env="tool-lookup", policy="oracle", split="train",
+                        seeds=(0,), turn_upgrades=True)
+    with pytest.raises(TrajlakeError, match="policy oracle cannot load a checkpoint"):
+        _Worker(cfg)

@@ -471,6 +471,9 @@ class _Worker:
         # The episodes it plays at once (a batched policy's): each on a thread with an environment and a policy
         # of its own; the policies share one model, which decodes their turns together.
         self.batch = max(1, self.policy.batch_episodes)
+        if cfg.turn_upgrades and not hasattr(self.policy, "load_checkpoint"):
+            raise TrajlakeError(f"turn_upgrades: policy {cfg.policy} cannot load a checkpoint between turns (an hf: "
+                                f"policy can)")
         if cfg.turn_upgrades and self.batch > 1:
             raise TrajlakeError(f"turn_upgrades: batch_episodes = {self.batch} shares one model between episodes, "
                                 f"which would switch inside their turns; use batch_episodes = 1")
