@@ -175,8 +175,10 @@ def _episodes(lake: Path) -> dict[str, list[tuple[str, int]]]:
 
 
 def test_fixed_staleness_trains_on_data_exactly_k_versions_old(tmp_path: Path, tiny_model: Path) -> None:
-    lake, log = _train(tmp_path, tiny_model, {"iterations": 3, "fixed_staleness": 1, "max_staleness": 1},
-                       tasks=TASKS[:1])
+    # with a TTL every episode passes (played minutes ago on the environment version now running), which the log
+    # shows as env_version_age_max 0
+    lake, log = _train(tmp_path, tiny_model, {"iterations": 3, "fixed_staleness": 1, "max_staleness": 1,
+                                              "max_env_age": {"seconds": 3600, "versions": 0}}, tasks=TASKS[:1])
     # iteration i plays the version of 1 update before (the stage's first while none exists)
     played = {1: "x-base", 2: "x-base", 3: "x-R1.1"}
     want_lag = {1: 0, 2: 1, 3: 1}
@@ -188,7 +190,8 @@ def test_fixed_staleness_trains_on_data_exactly_k_versions_old(tmp_path: Path, t
         assert len(rows) == 1 and rows[0]["played_version"] == played[i]
         # the learner trains on that rollout only: every episode exactly that many versions behind it
         assert rows[0]["staleness_max"] == rows[0]["staleness_mean"] == want_lag[i]
-        assert rows[0]["policy_lag_max"] == want_lag[i] and rows[0]["age_seconds_max"] > 0
+        assert rows[0]["policy_lag_max"] == want_lag[i] and 0 < rows[0]["age_seconds_max"] < 3600
+        assert rows[0]["env_version_age_max"] == 0 and rows[0]["policy_tokens"] > 0
     # each rollout sampled a stream of its own although x-base played two of them
     from trajlake.query import connect
 
