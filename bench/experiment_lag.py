@@ -74,8 +74,9 @@ def _config(setup: Setup, seed: int, out: Path, model: Path, stages: list[dict[s
             "task_reward": "success", "stages": stages}
 
 
-def _policy_args(setup: Setup) -> dict[str, str]:
-    return {"max_new_tokens": str(setup.max_new_tokens), "threads": "1"}
+def _policy_args(setup: Setup, seed: int) -> dict[str, str]:
+    # the training seed is also the base sampling seed (0 is the policy's default: seed 0's runs are unchanged)
+    return {"max_new_tokens": str(setup.max_new_tokens), "threads": "1", "seed": str(seed)}
 
 
 def _train(config: dict[str, Any], lake: Path, source: str, log: Any) -> float:
@@ -128,7 +129,7 @@ def r1(setup: Setup, seed: int, out: Path, model: Path, lag: int, log: Any) -> f
              "batch_size": setup.batch, "lr": setup.rl_lr, "max_staleness": lag, "fixed_staleness": lag,
              "process_reward": "lookup_progress", "process_weight": setup.process_weight,
              "rollout": {"split": "train", "seeds": "0", "attempts": setup.attempts, "tasks": tasks,
-                         "policy_args": _policy_args(setup)}}
+                         "policy_args": _policy_args(setup, seed)}}
     return _train(_config(setup, seed, out / "ckpt" / f"lag{lag}", model, [stage]), lake, f"lag/lag{lag}", log)
 
 
