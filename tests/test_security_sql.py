@@ -153,3 +153,35 @@ def test_reward_check_sql_runs_on_a_locked_connection(capsys, small_lake, tmp_pa
     code, out, err = run_cli(capsys, "--lake", str(small_lake.root), "reward-check", "--run", run, "--reward",
                              "SELECT traj_id, count(*) AS reward FROM trajectories GROUP BY traj_id", "--limit", "3")
     assert code == 0 and "wrong" in out.lower(), err
+
+
+def test_extension_signatures_are_checked_once_per_file_and_always_for_read_only(small_lake, tmp_path,
+                                                                                  monkeypatch) -> None:
+    """Checking an extension's signature hashes the file (delta's is 82 MB; ~0.4-2 s a connection). A writable
+    connection skips the check for a file this process already checked and that has not changed since; a
+    read-only one (untrusted SQL) checks every time; a file changed after its check is checked again, and a
+    tampered one refused."""
+    import shutil
+
+    import trajlake.query as q
+
+    real = q._delta_file()
+    copy = tmp_path / real.parent.name / real.name
+    copy.parent.mkdir()
+    shutil.copyfile(real, copy)
+    monkeypatch.setattr(q, "_delta_file", lambda: copy)
+
+    def unsigned_allowed(con: duckdb.DuckDBPyConnection) -> bool:
+        return bool(con.execute("SELECT current_setting('allow_unsigned_extensions')").fetchone()[0])
+
+    first, second, locked = connect(small_lake), connect(small_lake), connect(small_lake, read_only=True)
+    assert (unsigned_allowed(first), unsigned_allowed(second), unsigned_allowed(locked)) == (False, True, False)
+    assert second.execute("SELECT count(*) FROM episodes").fetchone() == first.execute(
+        "SELECT count(*) FROM episodes").fetchone()
+    with copy.open("r+b") as f:  # one byte of the signature (the file's last 256 bytes)
+        f.seek(-100, 2)
+        byte = f.read(1)
+        f.seek(-100, 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(duckdb.Error, match="signature"):
+        connect(small_lake)

@@ -13,6 +13,7 @@ statement (SELECT, EXPLAIN), classified by DuckDB's own parser. Python callers g
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import tempfile
@@ -54,52 +55,92 @@ def _extension_dir(lk: Lake) -> str:
         return str(alt)
 
 
-def _load_delta(con: duckdb.DuckDBPyConnection) -> None:
-    import duckdb_extension_delta
+#: Extension files DuckDB loaded with their signature checked in this process: path -> the file's identity then
+#: (:func:`_file_identity`). Checking a signature hashes the whole file (delta's is 82 MB): ~0.4 s a connection on
+#: an idle core, 1-2 s on a loaded one, paid by every :func:`connect`. A writable connection (whose caller runs
+#: its own code anyway) loads a file verified here, unchanged since, from the same path without the check; a
+#: read-only one (untrusted SQL) always checks.
+_VERIFIED_EXTENSIONS: dict[str, tuple[int, ...]] = {}
 
-    _load_bundled(con, "delta", pathlib.Path(duckdb_extension_delta.__file__).parent, "trajlake")
+
+def _file_identity(path: pathlib.Path) -> tuple[int, ...]:
+    """What changes when a file is replaced or written: device, inode, size, mtime and ctime (ns); ctime moves
+    on any write or utime, so a file cannot be swapped in looking like the verified one."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _load_bundled(con: duckdb.DuckDBPyConnection, name: str, package_dir: pathlib.Path, extra: str) -> None:
-    """Load a DuckDB extension shipped in its PyPI package (duckdb-extension-NAME, pinned to the DuckDB
-    version): never downloaded at run time."""
-    version = con.sql("PRAGMA version").fetchone()
-    assert version is not None
-    ext = package_dir / "extensions" / version[0] / f"{name}.duckdb_extension"
+def _is_verified(ext: pathlib.Path) -> bool:
+    try:
+        return _VERIFIED_EXTENSIONS.get(str(ext)) == _file_identity(ext)
+    except OSError:
+        return False
+
+
+@functools.cache
+def _duckdb_library_version() -> str:
+    """DuckDB's library version as its extension folders name it (``v1.5.5``)."""
+    row = duckdb.connect(":memory:").sql("PRAGMA version").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _bundled_file(name: str, package_dir: pathlib.Path, extra: str) -> pathlib.Path:
+    """The extension file of duckdb-extension-NAME for this DuckDB (the package is pinned to its version)."""
+    version = _duckdb_library_version()
+    ext = package_dir / "extensions" / version / f"{name}.duckdb_extension"
     if not ext.exists():
         raise TrajlakeError(
-            f"DuckDB {version[0]} has no bundled {name} extension at {ext}; install duckdb and "
+            f"DuckDB {version} has no bundled {name} extension at {ext}; install duckdb and "
             f"duckdb-extension-{name} of the same version (pip install '{extra}')")
+    return ext
+
+
+def _delta_file() -> pathlib.Path:
+    import duckdb_extension_delta
+
+    return _bundled_file("delta", pathlib.Path(duckdb_extension_delta.__file__).parent, "trajlake")
+
+
+def _store_extension_file(lk: Lake) -> pathlib.Path:
+    """The extension an object-store lake's connection needs: duckdb-extension-azure or -httpfs, dependencies
+    of trajlake pinned to the DuckDB version."""
+    import importlib
+
+    name = "azure" if lk.storage.kind == "azure" else "httpfs"
     try:
-        con.execute(f"LOAD {name}")
-    except duckdb.Error:
-        con.execute(f"INSTALL '{ext}'")
-        con.execute(f"LOAD {name}")
+        package = importlib.import_module(f"duckdb_extension_{name}")
+    except ImportError as e:
+        raise TrajlakeError(f"{lk.location}: querying this lake needs duckdb-extension-{name}: "
+                            f"pip install 'trajlake'") from e
+    return _bundled_file(name, pathlib.Path(str(package.__file__)).parent, "trajlake")
+
+
+def _load_delta(con: duckdb.DuckDBPyConnection) -> None:
+    _load_bundled(con, _delta_file())
+
+
+def _load_bundled(con: duckdb.DuckDBPyConnection, ext: pathlib.Path) -> None:
+    """Load an extension file shipped in its PyPI package (never downloaded at run time), by its path: never a
+    same-named file in the extension folder. Remembered as verified when the connection checked its signature."""
+    identity = _file_identity(ext)
+    con.execute(f"LOAD {sql_literal(str(ext))}")
+    row = con.execute("SELECT current_setting('allow_unsigned_extensions')").fetchone()
+    if row is not None and row[0] is False:
+        _VERIFIED_EXTENSIONS[str(ext)] = identity
 
 
 def _attach_object_store(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
     """The store's extension (from its PyPI package) and a secret made from the lake's settings."""
+    _load_bundled(con, _store_extension_file(lk))
     if lk.storage.kind == "azure":
         _attach_azure(con, lk)
     else:
         _attach_s3(con, lk)
 
 
-def _bundled_extension(con: duckdb.DuckDBPyConnection, lk: Lake, name: str) -> None:
-    """Load duckdb-extension-NAME, a dependency of trajlake pinned to the DuckDB version."""
-    import importlib
-
-    try:
-        package = importlib.import_module(f"duckdb_extension_{name}")
-    except ImportError as e:
-        raise TrajlakeError(f"{lk.location}: querying this lake needs duckdb-extension-{name}: "
-                            f"pip install 'trajlake'") from e
-    _load_bundled(con, name, pathlib.Path(str(package.__file__)).parent, "trajlake")
-
-
 def _attach_s3(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
-    """httpfs (from duckdb-extension-httpfs) and an S3 secret from the lake's AWS_* settings."""
-    _bundled_extension(con, lk, "httpfs")
+    """An S3 secret (httpfs is loaded) from the lake's AWS_* settings."""
     opts = lk.storage.storage_options or {}
     parts = ["TYPE s3"]
     for key, name in (("AWS_ACCESS_KEY_ID", "KEY_ID"), ("AWS_SECRET_ACCESS_KEY", "SECRET"),
@@ -116,11 +157,10 @@ def _attach_s3(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
 
 
 def _attach_azure(con: duckdb.DuckDBPyConnection, lk: Lake) -> None:
-    """azure (from duckdb-extension-azure) and an azure secret: a connection string from the lake's AZURE_*
-    settings, else the credential chain (managed identity, az login, the AZURE_CLIENT_* variables)."""
+    """An azure secret (the azure extension is loaded): a connection string from the lake's AZURE_* settings,
+    else the credential chain (managed identity, az login, the AZURE_CLIENT_* variables)."""
     az = lk.storage.azure
     assert az is not None
-    _bundled_extension(con, lk, "azure")
     if az.account == EMULATOR_ACCOUNT:
         # the delta extension sends the well-known emulator account to object_store's emulator mode, which
         # takes its URL from this variable only (default http://127.0.0.1:10000)
@@ -184,9 +224,13 @@ def connect(lake: LakeArg, as_of: str | dict[str, int] | None = None, *,
     :func:`run_read_only`, which accepts read statements only."""
     lk = as_lake(lake)
     versions = lk.resolve_as_of(as_of) or lk.versions()
+    extensions = [_delta_file()] if lk.is_local else [_store_extension_file(lk), _delta_file()]
     config: dict[str, Any] = {
         "autoinstall_known_extensions": False,
         "autoload_known_extensions": False,
+        # the signatures of these files were checked by an earlier connection of this process (see
+        # _VERIFIED_EXTENSIONS); never for read_only, whose SQL may come from someone else
+        "allow_unsigned_extensions": not read_only and all(_is_verified(e) for e in extensions),
         "extension_directory": _extension_dir(lk),
         # spill files of large queries go next to the extensions, never into the caller's working directory
         "temp_directory": str(pathlib.Path(_extension_dir(lk)).parent / "duckdb_tmp"),
