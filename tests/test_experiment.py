@@ -159,7 +159,9 @@ def test_capped_metrics_by_hand() -> None:
 
 # -- end to end ---------------------------------------------------------------------------------------------------
 def _tiny_config(tmp: Path, **top: object) -> Path:
-    """The smoke config shrunk to minutes: fewer tasks, steps and episodes, same arms and hypotheses."""
+    """The smoke config shrunk to minutes: fewer tasks, steps and episodes, same arms and hypotheses. Rollouts
+    play in the experiment's own process (``workers = 1`` unless given): two spawned workers per rollout started
+    Python, torch and the model twice for 6-24 tiny episodes, ~25 times over the matrix."""
     data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
     text = SMOKE.read_text(encoding="utf-8")
     for key, value in {"eval_tasks = 24": "eval_tasks = 6", "tasks = 64": "tasks = 16", "steps = 60": "steps = 8",
@@ -167,7 +169,8 @@ def _tiny_config(tmp: Path, **top: object) -> Path:
                        "trajectories = 100": "trajectories = 20"}.items():
         assert key in text, key
         text = text.replace(key, value)
-    for key, value in top.items():
+    for key, value in {"workers": 1, **top}.items():
+        assert f"{key} = {json.dumps(data[key])}" in text, key
         text = text.replace(f"{key} = {json.dumps(data[key])}", f"{key} = {json.dumps(value)}")
     path = tmp / "experiment-tiny.toml"
     path.write_text(text, encoding="utf-8")
