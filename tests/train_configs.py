@@ -1,5 +1,5 @@
 """Tiny trainer configs for the tests: built as data and written as TOML by one writer, instead of a hand-written
-template in each test file (tests/test_train_loop.py, tests/test_s3_commands.py, tests/test_train_config.py)."""
+template in each test file (tests/test_train_loop.py, tests/test_s3_quickstart_train.py, tests/test_train_config.py)."""
 
 from __future__ import annotations
 
