@@ -235,6 +235,16 @@ def test_nothing_written_in_training_is_readable_in_another_episode_or_in_evalua
             finally:
                 env.close()
             assert report.ok is ok and (ok or report.first_divergence == 1)  # step 1: the write
+        # `trajlake replay` and replay suites build the environment with the run's recorded arguments
+        from trajlake import open_lake
+        from trajlake.rollout.replay import replay_episode, replay_rows, run_env_kwargs, run_episodes
+        from trajlake.rollout.suites import compare_rows, episodes_env_kwargs, run_for_pinning
+
+        assert replay_episode(lake, ep["episode_id"]).ok
+        assert all(o.ok for o in replay_rows(run_episodes(lake, "train"), run_env_kwargs(con, ["train"])))
+        assert not all(o.ok for o in replay_rows(run_episodes(lake, "train")))  # default arguments: drift
+        _, triples = run_for_pinning(open_lake(lake), "eval", None)
+        assert [o.drift for o in compare_rows(triples, episodes_env_kwargs(open_lake(lake), triples))] == [None] * 2
     finally:
         registry.unregister("tool-lookup-memory-probe")
 

@@ -309,7 +309,14 @@ def replay(ctx: typer.Context,
     input. One of --episode, --run, --from, --suite. --run/--from/--episode insist on the recorded environment
     version and compare state hashes; --suite (and --pin-suite) replay on the current environment code and
     compare status, observation, rewards, state hash and ending turn by turn."""
-    from trajlake.rollout.replay import bundle_episodes, replay_episode, replay_rows, run_episodes
+    from trajlake.query import connect
+    from trajlake.rollout.replay import (
+        bundle_episodes,
+        replay_episode,
+        replay_rows,
+        run_env_kwargs,
+        run_episodes,
+    )
 
     if sum(x is not None for x in (episode, run, from_dir, suite)) != 1:
         raise TrajlakeError("replay: give exactly one of --episode ID, --run ID, --from DIR, --suite NAME")
@@ -335,12 +342,15 @@ def replay(ctx: typer.Context,
     if suite is not None or pin_suite is not None:
         _replay_suite(open_lake_of(ctx, lake), suite, run, pin_suite, episodes, as_of, fmt)
         return
+    kwargs: dict[str, dict[str, Any]] = {}
     if from_dir is not None:
-        pairs = bundle_episodes(from_dir)
+        pairs = bundle_episodes(from_dir)  # a bundle holds no runs table: default environment arguments
     else:
-        pairs = run_episodes(open_lake_of(ctx, lake), str(run), as_of)
+        the_lake = open_lake_of(ctx, lake)
+        pairs = run_episodes(the_lake, str(run), as_of)
+        kwargs = run_env_kwargs(connect(the_lake, as_of), [str(run)])
     rows: list[list[Any]] = []
-    for o in replay_rows(pairs):
+    for o in replay_rows(pairs, kwargs):
         rows.append([o.episode_id, "matched" if o.ok else "drifted", o.report.steps_replayed, o.where or None,
                      o.digest_matches, None if o.ok else o.report.message, o.recorded_env_version,
                      o.env_version_now])
@@ -366,6 +376,7 @@ def _replay_suite(lk: Lake, suite: str | None, run: str | None, pin: str | None,
         ROW_COLUMNS,
         check_suite_name,
         compare_rows,
+        episodes_env_kwargs,
         load_suite,
         pin_suite,
         read_suite,
@@ -392,7 +403,7 @@ def _replay_suite(lk: Lake, suite: str | None, run: str | None, pin: str | None,
             raise TrajlakeError("replay: --episodes is empty")
         versions, triples = run_for_pinning(lk, str(run), ids)
     outcomes = []
-    for o in compare_rows(triples):
+    for o in compare_rows(triples, episodes_env_kwargs(lk, triples)):
         outcomes.append(o)
         if fmt is None or fmt == Format.table:
             typer.echo(o.message(), err=not o.ok)  # progress, episode by episode

@@ -6,7 +6,8 @@ code, compared turn by turn) are in ``trajlake.rollout.suites``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,26 +60,61 @@ def replay_episode(lake: LakeArg, episode_id: str, as_of: str | None = None
                    ) -> ReplayOutcome:
     """Re-run a stored episode in a fresh instance of its environment and compare every state hash."""
     episode, turns = load_episode(lake, episode_id, as_of)
-    return next(replay_rows([(episode, turns)]))
+    return next(replay_rows([(episode, turns)], run_env_kwargs(connect(lake, as_of), [episode["run_id"]])))
 
 
-def replay_rows(episodes: Iterable[tuple[dict[str, Any], list[dict[str, Any]]]]) -> Iterator[ReplayOutcome]:
-    """Replay (episode row, its turns) pairs, one environment instance per ``env_id`` (``replay`` resets it to
-    each episode's task and seed); yields each outcome as it is known."""
-    envs: dict[str, Env] = {}
+def run_env_kwargs(con: Any, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The environment arguments each run was played with (``env_kwargs`` of its ``runs.config``: memory, ask-user
+    variants, injections, budgets), by run id; runs without any are left out. A replay must build the environment
+    the episode was played in: with default arguments a run with memory drifts at its first memory call."""
+    ids = sorted(set(run_ids))
+    if not ids:
+        return {}
+    rows = con.execute(f"select run_id, config from runs where run_id in ({', '.join('?' for _ in ids)})",
+                       ids).fetchall()
+    out: dict[str, dict[str, Any]] = {}
+    for run_id, config in rows:
+        kwargs = (json.loads(config) if isinstance(config, str) else dict(config or {})).get("env_kwargs")
+        if kwargs:
+            out[str(run_id)] = dict(kwargs)
+    return out
+
+
+class EnvPool:
+    """One environment instance per (``env_id``, environment arguments), made on first use; ``replay`` resets an
+    instance to each episode's task and seed."""
+
+    def __init__(self) -> None:
+        self._envs: dict[tuple[str, str], Env] = {}
+
+    def get(self, env_id: str, kwargs: Mapping[str, Any] | None = None) -> Env:
+        key = (env_id, json.dumps(dict(kwargs or {}), sort_keys=True, default=str))
+        env = self._envs.get(key)
+        if env is None:
+            env = self._envs[key] = make(env_id, split=None, **dict(kwargs or {}))
+        return env
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+
+
+def replay_rows(episodes: Iterable[tuple[dict[str, Any], list[dict[str, Any]]]],
+                env_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> Iterator[ReplayOutcome]:
+    """Replay (episode row, its turns) pairs in the environment each was played in (``env_kwargs``: the runs'
+    environment arguments by run id, see :func:`run_env_kwargs`; default arguments for a run not in it); yields
+    each outcome as it is known."""
+    pool = EnvPool()
     try:
         for episode, turns in episodes:
             log, turn_of_step = replay_log_from_rows(episode, turns)
-            env = envs.get(episode["env_id"])
-            if env is None:
-                env = envs[episode["env_id"]] = make(episode["env_id"], split=None)
+            env = pool.get(episode["env_id"], (env_kwargs or {}).get(episode["run_id"]))
             report = env.replay(log)
             yield ReplayOutcome(episode["episode_id"], report, env.image_digest == episode["env_image_digest"],
                                 episode["env_image_digest"], _where(report, turn_of_step),
                                 episode.get("env_version"), getattr(env, "env_version", None))
     finally:
-        for env in envs.values():
-            env.close()
+        pool.close()
 
 
 def _where(report: ReplayReport, turn_of_step: list[int]) -> str:
@@ -153,4 +189,5 @@ def bundle_episodes(folder: str | Path) -> Iterator[tuple[dict[str, Any], list[d
                     f"--from {root}: no episodes to replay")
 
 
-__all__ = ["ReplayOutcome", "bundle_episodes", "load_episode", "replay_episode", "replay_rows", "run_episodes"]
+__all__ = ["EnvPool", "ReplayOutcome", "bundle_episodes", "load_episode", "replay_episode", "replay_rows",
+           "run_env_kwargs", "run_episodes"]

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajlake.envs.core import Env
-from trajlake.envs.registry import make
 from trajlake.errors import TrajlakeError, one_line
 from trajlake.lake.store import META_DIR, Lake
 from trajlake.query import connect
+from trajlake.rollout.replay import EnvPool, run_env_kwargs
 from trajlake.rollout.runner import replay_log_from_rows
 from trajlake.schemas.vocab import TerminationReason
 
@@ -243,20 +243,29 @@ def compare_episode(env: Env, pinned: PinnedEpisode, episode: dict[str, Any],
     return SuiteOutcome(pinned, now, steps, None)
 
 
-def compare_rows(episodes: Iterable[tuple[PinnedEpisode, dict[str, Any], list[dict[str, Any]]]]
-                 ) -> Iterator[SuiteOutcome]:
-    """Compare (pinned, episode row, turns) triples, one environment instance per ``env_id`` (the current
-    registered code); yields each outcome as it is known."""
-    envs: dict[str, Env] = {}
+def episodes_env_kwargs(lake: Lake, episodes: Iterable[tuple[PinnedEpisode, dict[str, Any], list[dict[str, Any]]]]
+                        ) -> dict[str, dict[str, Any]]:
+    """The environment arguments of the runs the episodes belong to (``runs.config``, read at the lake's current
+    versions: a run's config never changes), by run id."""
+    con = connect(lake)
+    try:
+        return run_env_kwargs(con, [episode["run_id"] for _, episode, _ in episodes])
+    finally:
+        con.close()
+
+
+def compare_rows(episodes: Iterable[tuple[PinnedEpisode, dict[str, Any], list[dict[str, Any]]]],
+                 env_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> Iterator[SuiteOutcome]:
+    """Compare (pinned, episode row, turns) triples on the current registered code, each in an environment made
+    with its run's arguments (``env_kwargs`` by run id, :func:`trajlake.rollout.replay.run_env_kwargs`); yields
+    each outcome as it is known."""
+    pool = EnvPool()
     try:
         for pinned, episode, turns in episodes:
-            env = envs.get(pinned.env_id)
-            if env is None:
-                env = envs[pinned.env_id] = make(pinned.env_id, split=None)
+            env = pool.get(pinned.env_id, (env_kwargs or {}).get(episode["run_id"]))
             yield compare_episode(env, pinned, episode, turns)
     finally:
-        for env in envs.values():
-            env.close()
+        pool.close()
 
 
 # -- reading episodes --------------------------------------------------------------------------------------------
@@ -447,7 +456,7 @@ def list_suites(lake: Lake) -> list[str]:
 def replay_suite(lake: Lake, name: str) -> tuple[SuiteRead, list[SuiteOutcome]]:
     """Load the suite ``name``, read its episodes and replay them all on the current environment code."""
     read = read_suite(lake, load_suite(lake, name))
-    return read, list(compare_rows(read.episodes))
+    return read, list(compare_rows(read.episodes, episodes_env_kwargs(lake, read.episodes)))
 
 
 def suite_evidence(read: SuiteRead, outcomes: Sequence[SuiteOutcome]) -> dict[str, Any]:
@@ -460,5 +469,5 @@ def suite_evidence(read: SuiteRead, outcomes: Sequence[SuiteOutcome]) -> dict[st
 
 
 __all__ = ["ROW_COLUMNS", "SUITES_DIR", "SUITE_FORMAT", "Drift", "PinnedEpisode", "ReplaySuite", "SuiteOutcome",
-           "SuiteRead", "check_suite_name", "compare_episode", "compare_rows", "list_suites", "load_suite",
-           "pin_suite", "read_suite", "replay_suite", "run_for_pinning", "suite_evidence", "suite_exists"]
+           "SuiteRead", "check_suite_name", "compare_episode", "compare_rows", "episodes_env_kwargs", "list_suites",
+           "load_suite", "pin_suite", "read_suite", "replay_suite", "run_for_pinning", "suite_evidence", "suite_exists"]
