@@ -138,12 +138,14 @@ def scaling(model_dir: Path, episodes: int) -> dict[int, tuple[float, float]]:
     return out
 
 
-def batching(model_dir: Path, batch: int, episodes: int, max_steps: int | None = None
+def batching(model_dir: Path, batch: int, episodes: int, max_steps: int | None = None, trim_headroom: int = 0
              ) -> dict[int, tuple[float, float]]:
     """(episodes per wall second, episodes per CPU second of this process) of one in-process worker playing
     ``episodes`` Mini SWE dev episodes one at a time (key 1) and ``batch`` at a time (key ``batch``), whole run (the
     model loaded in both); ``max_steps``: a budget of that many steps instead of the tasks' own. On a shared machine
-    the CPU seconds (all threads of the process) say what the work costs whatever else runs."""
+    the CPU seconds (all threads of the process) say what the work costs whatever else runs. ``trim_headroom``:
+    the policy argument of that name in both arms (a trim frees that many tokens more, so the next turns extend
+    the cached context)."""
     from trajlake.envs import list_tasks
 
     dev = [t["task_id"] for t in list_tasks("mini-swe", "dev")]
@@ -156,7 +158,8 @@ def batching(model_dir: Path, batch: int, episodes: int, max_steps: int | None =
             cfg = RolloutConfig(lake=lake, run_id=f"b{n}", env="mini-swe", policy=f"hf:{model_dir}", split="dev",
                                 seeds=tuple(range(n_seeds)), workers=1, task_ids=tasks,
                                 env_kwargs={"budget": {"max_steps": max_steps}} if max_steps else {},
-                                policy_args={"max_new_tokens": "16", "threads": "1", "batch_episodes": str(n)})
+                                policy_args={"max_new_tokens": "16", "threads": "1", "batch_episodes": str(n),
+                                             "trim_headroom": str(trim_headroom)})
             t, c = time.perf_counter(), time.process_time()
             s = run_rollout(cfg)
             dt, dc = time.perf_counter() - t, time.process_time() - c
@@ -178,6 +181,9 @@ def main() -> None:
     ap.add_argument("--batch-max-steps", type=int, default=0,
                     help="with --batch-episodes: the same comparison again with a budget of this many steps (short "
                          "episodes whose contexts stay within the window, so that no turn is trimmed)")
+    ap.add_argument("--trim-headroom", type=int, default=0,
+                    help="with --batch-episodes: the same comparison again with --policy-arg trim_headroom=T in both "
+                         "arms (a trim frees T tokens more, so the turns after it extend the cached context)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-lm-"))
     try:
@@ -209,6 +215,12 @@ def main() -> None:
                 b = batching(model, n, 2 * n, a.batch_max_steps)
                 print(f"same with a budget of {a.batch_max_steps} steps: one at a time {b[1][0]:.3f} episodes/s, {n} "
                       f"at a time {b[n][0]:.3f} episodes/s: {b[n][0] / b[1][0]:.2f}x; per CPU second "
+                      f"{b[n][1] / b[1][1]:.2f}x")
+                print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+            if a.trim_headroom:
+                b = batching(model, n, 2 * n, trim_headroom=a.trim_headroom)
+                print(f"same with trim_headroom={a.trim_headroom}: one at a time {b[1][0]:.3f} episodes/s, {n} at a "
+                      f"time {b[n][0]:.3f} episodes/s: {b[n][0] / b[1][0]:.2f}x; per CPU second "
                       f"{b[n][1] / b[1][1]:.2f}x")
                 print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     finally:

@@ -94,13 +94,18 @@ def test_batched_greedy_episodes_record_as_unbatched(tiny: Path, tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_batched_sampled_episodes_draw_their_own_streams(tiny: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("headroom", [0, 40])
+def test_batched_sampled_episodes_draw_their_own_streams(tiny: Path, tmp_path: Path, headroom: int) -> None:
     # A window of about two pairs: later turns are trimmed (drop_oldest), so their contexts no longer extend the
-    # cached ones and the engine runs them whole.
-    settings = LMSettings(temperature=1.0, top_p=0.9, seed=5, max_new_tokens=10, max_context=_window(tiny))
+    # cached ones and the engine runs them whole; trim_headroom trims deeper, and the turns after extend again.
+    settings = LMSettings(temperature=1.0, top_p=0.9, seed=5, max_new_tokens=10, max_context=_window(tiny),
+                          trim_headroom=headroom)
     alone, together, views = _both(tiny, settings, tmp_path)
     _assert_same(alone, together, views)
     assert any(t.get("context_dropped_hash") for r in alone for t in r.turns), "some contexts were trimmed"
+    engine = views[0].engine
+    policy_turns = sum(t["actor"] == "policy" for r in together for t in r.turns)
+    assert engine.turns == policy_turns and 0 < engine.turns_cached < policy_turns
     # distinct episodes sampled distinct streams (no generator shared between them)
     firsts = {tuple(r.turns[1]["token_ids"]) for r in alone}
     assert len(firsts) == len(alone)

@@ -9,7 +9,8 @@ request joins it at the next step (continuous batching).
 
 The engine keeps one KV cache per episode. A new turn's context is the previous one plus the generated tokens
 plus the new observation, so only the tokens the cache does not hold yet are run (alone: rows of different
-lengths); a context that is not an extension of the cached one (``drop_oldest`` trimming) is run whole. The
+lengths); a context that is not an extension of the cached one (``drop_oldest`` trimming) is run whole
+(``--policy-arg trim_headroom=T`` trims T tokens deeper, so the turns after a trim extend the cache again). The
 decoding steps then run all rows together: their caches left-padded to one length, an attention mask over the
 padding, each row's own positions.
 
@@ -90,6 +91,13 @@ class BatchEngine:
         """Batched decoding steps run (each one forward pass)."""
         self.row_steps = 0
         """Tokens those steps decoded (``row_steps / steps`` is the mean batch)."""
+        self.turns = 0
+        """Turns started (each one prefill of its context's new tokens)."""
+        self.turns_cached = 0
+        """Turns whose context extended the episode's cache, so only the new tokens ran (the others ran whole:
+        first turns and trimmed contexts)."""
+        self.prefill_tokens = 0
+        """Context tokens run by those prefills."""
 
     def decode(self, episode: BatchedEpisodePolicy, context: list[int], turn: TurnDecoder) -> None:
         """Run ``turn`` to its end on ``context`` (blocks the calling episode's thread)."""
@@ -150,10 +158,14 @@ class BatchEngine:
         try:
             cached, ep.cached = ep.cached, None
             device = self.model.device
+            self.turns += 1
             if cached is not None and len(cached.ids) < len(ctx) and ctx[:len(cached.ids)] == cached.ids:
+                self.turns_cached += 1
+                self.prefill_tokens += len(ctx) - len(cached.ids)
                 logits, cache = forward_step(self.model, torch.tensor([ctx[len(cached.ids):]], device=device),
                                              cached.cache)
             else:  # the first turn, or a trimmed context: run it whole
+                self.prefill_tokens += len(ctx)
                 logits, cache = forward_step(self.model, torch.tensor([ctx], device=device))
             tok = req.turn.sample(logits)
         except Exception as e:

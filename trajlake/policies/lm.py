@@ -210,8 +210,12 @@ class LMPolicy(Policy):
 
         if strategy in ("drop_oldest", "summarize"):
             # Drop whole replies with the turns up to the next reply, oldest first; the newest reply and
-            # observation always stay. A forced trim (fault context_trim) drops all it can.
-            while forced or (budget is not None and ctx.length(summary()) > budget):
+            # observation always stay. A forced trim (fault context_trim) drops all it can. A trim frees
+            # trim_headroom tokens more than needed, so that the next turns extend this context (a reusable cache).
+            limit = budget
+            if budget is not None and ctx.length(summary()) > budget:
+                limit = budget - self.settings.trim_headroom
+            while forced or (limit is not None and ctx.length(summary()) > limit):
                 nxt = ctx.next_drop()
                 if nxt is None:
                     break

@@ -31,6 +31,12 @@ class LMSettings:
     keeping the task prompt), ``summarize`` (drop them likewise and put a summary of them, written by
     ``summarizer``, after the task prompt; recorded as a ``summarizer`` turn with loss mask 0) or ``none`` (fail
     the episode)."""
+    trim_headroom: int = 0
+    """drop_oldest / summarize: tokens to free beyond what the next reply needs once the context must be trimmed
+    (dropping whole turns until the context fits with this many to spare). 0 trims to the limit, so a long episode
+    trims again on almost every turn and each turn's context differs from the previous one's at its start; with
+    headroom the next turns extend the kept context until it fills up again, which lets a batched policy
+    (``batch_episodes``) reuse its key/value cache. The model then sees fewer old turns right after each trim."""
     summarizer: str = "extractive"
     """summarize: the summariser (``trajlake.policies.summarize``); its version (``extractive-v1``) is recorded
     on the summary turns as ``turns.summary_version``."""
@@ -113,6 +119,8 @@ class LMSettings:
             from trajlake.policies.summarize import make_summarizer
 
             make_summarizer(s.summarizer)
+        if s.trim_headroom < 0:
+            raise TrajlakeError(f"--policy-arg trim_headroom must be >= 0 (tokens), not {s.trim_headroom}")
         if s.summary_max_tokens < 1:
             raise TrajlakeError("--policy-arg summary_max_tokens must be >= 1")
         if s.batch_episodes < 1:
