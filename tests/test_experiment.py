@@ -35,6 +35,11 @@ def test_shipped_configs_parse() -> None:
         cfg = load_experiment(ROOT / "configs" / f"experiment-{name}.toml")
         assert cfg.hypotheses, name
         assert {h.hypothesis for h in cfg.hypotheses} == {"H1", "H2", "H3", "H4"}, name
+    quick = load_experiment(ROOT / "configs" / "experiment-positive-control-quick.toml")
+    full = load_experiment(ROOT / "configs" / "experiment-positive-control.toml")
+    assert quick.all_arms() == ["B1", "R1", "AA", "PLACEBO"] and {h.hypothesis for h in quick.hypotheses} == {"H4"}
+    assert (quick.model, quick.b1, quick.rl) == (full.model, full.b1, full.rl)  # the same design, fewer arms
+    assert full.b1.data_policy == "oracle-shortcut"
 
 
 def test_smoke_config_names_all_six_arms_and_derives_b1m() -> None:
@@ -65,6 +70,7 @@ def test_control_arms_are_planned_after_what_they_need() -> None:
     ({"colour": "red"}, "unknown key(s) colour"),
     ({"seeds": "two"}, "seeds: expected int"),
     ({"policy_args": {"grammar": "none"}}, "policy_args: --policy-arg grammar must be one of"),
+    ({"b1": {"data_policy": "teacher"}}, "b1.data_policy = 'teacher': not a scripted policy of tool-lookup"),
     ({"hypotheses": [{"id": "H1a", "hypothesis": "H1", "claim": "x", "metric": "success", "baseline": "B7",
                       "candidate": "R1"}]}, "unknown arm 'B7'"),
     ({"hypotheses": [{"id": "H3", "hypothesis": "H3", "claim": "x", "metric": "recovery_held_out",
@@ -76,6 +82,21 @@ def test_bad_config_is_one_clear_error(change: dict[str, object], message: str) 
     with pytest.raises(ConfigError, match=r"experiment-smoke\.toml") as e:
         parse_experiment(data, str(SMOKE))
     assert message in str(e.value)
+
+
+def test_b1_learns_from_the_configured_demonstrator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[b1] data_policy`` reaches B1's training stage (the positive control's fourth design: oracle-shortcut)."""
+    from trajlake.experiment.run import Experiment
+
+    stages: list[dict[str, object]] = []
+    monkeypatch.setattr(Experiment, "_train", lambda self, seed, arm, attempt, model, stage: stages.append(stage)
+                        or {"tokens": 1, "steps": 1, "runs": []})
+    for data_policy in ("oracle", "oracle-shortcut"):
+        data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+        data["b1"] = {**data.get("b1", {}), "data_policy": data_policy}
+        (tmp_path / data_policy).mkdir()
+        Experiment(parse_experiment(data, "x"), tmp_path / data_policy, lambda line: None).b1(0)
+    assert [s["data_policy"] for s in stages] == ["oracle", "oracle-shortcut"]
 
 
 # -- verdicts against hand-computed rows --------------------------------------------------------------------------

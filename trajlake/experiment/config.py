@@ -36,10 +36,13 @@ Matching = Literal["none", "training_compute", "total_cost", "steps", "cost"]
 
 @dataclass(frozen=True)
 class SftSettings:
-    """``[b1]``: the supervised stage (B1) on the oracle's episodes of train tasks."""
+    """``[b1]``: the supervised stage (B1) on a scripted demonstrator's episodes of train tasks."""
 
     tasks: int = 200
-    """The oracle plays the first this many train tasks (families taken in turn) for B1's data."""
+    """The demonstrator plays the first this many train tasks (families taken in turn) for B1's data."""
+    data_policy: str = "oracle"
+    """The scripted policy whose episodes B1 learns from (one of the environment's policies, e.g. tool-lookup's
+    ``oracle-shortcut``: the positive control's fourth design); recorded in B1's stage config."""
     steps: int = 100
     batch_size: int = 8
     lr: float = 3e-3
@@ -240,8 +243,18 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
         out.append("decision: alpha and power must lie in (0, 1)")
     if cfg.trajectories < 0:
         out.append("trajectories: not negative")
+    from trajlake.envs import policy_names
     from trajlake.errors import TrajlakeError
     from trajlake.policies.settings import LMSettings
+
+    try:
+        scripted = policy_names(cfg.env)
+    except TrajlakeError as e:
+        out.append(f"env = {cfg.env!r}: {e}")
+    else:
+        if "B1" in runs and cfg.b1.data_policy not in scripted:
+            out.append(f"b1.data_policy = {cfg.b1.data_policy!r}: not a scripted policy of {cfg.env} "
+                       f"({', '.join(scripted) or 'none'})")
 
     try:  # the hf: policy's settings, checked before hours of training (B0's single-turn keys are its own)
         LMSettings.from_args(cfg.policy_args)

@@ -230,7 +230,7 @@ class Experiment:
         model["seed"] = seed  # each training seed its own initialisation (and tokenizer corpus order)
         if cfg.model.path is not None:
             model["path"] = str(self.base_model())
-        stage = {"name": "B1", "kind": "sft", "data_policy": "oracle", "steps": cfg.b1.steps,
+        stage = {"name": "B1", "kind": "sft", "data_policy": cfg.b1.data_policy, "steps": cfg.b1.steps,
                  "batch_size": cfg.b1.batch_size, "lr": cfg.b1.lr, "warmup_steps": cfg.b1.warmup_steps,
                  "lr_schedule": cfg.b1.lr_schedule, "min_lr_ratio": cfg.b1.min_lr_ratio,
                  "data": {"split": "train", "seeds": "0", "tasks": data_tasks, "workers": cfg.workers,
