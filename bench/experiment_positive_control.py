@@ -1,48 +1,56 @@
 """The positive control (issue 24, section 3): does trajlake's trainer make an agent better, under controls?
 
-    python bench/experiment_positive_control.py --seeds 3 --out bench/out/positive_control [--arms LIST]
+    python bench/experiment_positive_control.py --seeds 3 --out bench/out/positive_control [--arms LIST] [--setup FILE]
 
-On the ``tool-lookup`` environment (docs/tool_lookup.md: the agent must look values up through a tool and read
-the observation to succeed), per training seed, every arm trained and evaluated with ``trajlake train`` into one
-lake and compared with the paired, task-clustered ``trajlake eval`` on the hidden split, common sampling seeds:
+A thin wrapper over ``trajlake experiment run`` (docs/experiment.md), so that the experiment has one schema and
+one report: it writes the experiment config of this design (``DIR/experiment.toml``: the Setup below, overridden
+by ``--setup FILE.toml``, and the arms asked for), runs it into ``DIR/experiment`` (that folder's lake,
+checkpoints, state and bundle: report.md, summary.json with the matrix and the pooled controls, model card,
+trajectories), and then judges the positive control's own criterion, which is per seed where the experiment's
+controls are pooled. On the ``tool-lookup`` environment (docs/tool_lookup.md: the agent must look values up
+through a tool and read the observation to succeed), every arm is evaluated on the hidden split with common
+sampling seeds and compared with the paired, task-clustered ``trajlake eval``:
 
-- ``b1``: B1, supervised on the oracle's episodes of train tasks for a fixed number of steps (all train phrasings
-  of every kind but the last ``rl_phrasings``);
+- ``b1``: B1, supervised on ``data_policy``'s episodes of train tasks for a fixed number of steps (all train
+  phrasings of every kind but the last ``rl_phrasings``);
 - ``r1``: R1, RLOO on terminal reward from B1 (fresh sampling streams per iteration), playing tasks of the train
   phrasings B1 never saw;
 - ``aa``: A/A, B1's checkpoint evaluated again with another sampling seed (the interval must include 0);
 - ``placebo``: R1 with the returns shuffled within each group (the interval against B1 must include 0);
-- ``matched``: matched compute, B1 trained on for as many policy tokens as R1's updates used;
+- ``matched``: matched compute (the experiment's B1M), B1 trained on for as many policy tokens as R1's updates used;
 - ``mask``: the mask ablation, R1 with its loss on the tool-observation tokens too (pitfall of 19.6).
 
 The criterion, written before any run: on each seed, R1 - B1 > 0 with its 95% interval above 0, and the A/A and
-placebo intervals include 0. ``DIR/summary.json`` (rewritten after every seed, so a stopped run keeps the seeds it
-finished) holds per seed the hidden success of every arm, each paired difference with its interval and whether
-B1 is in the design's band (``b1_in_band``); ``DIR/report.md`` the table, the criterion's verdict and the learning curves
-(``DIR/curves-seed<S>.svg``: the success of each RL arm's training rollouts per iteration). A seed whose
-evaluation runs are already in its lake is not trained again (a killed experiment resumes).
+placebo intervals include 0. ``DIR/summary.json`` holds per seed the hidden success of every arm, each paired
+difference with its interval and whether B1 is in the design's band (``b1_in_band``); ``DIR/report.md`` the table,
+the criterion's verdict and the learning curves (``DIR/curves-seed<S>.svg``: the success of each RL arm's training
+rollouts per iteration). Run again, the command resumes the experiment where it stopped and does nothing twice;
+the experiment refuses to resume with other settings (``--seeds``, ``--arms``, ``--setup``) in the same DIR.
+
+Results of the four designs in docs/training.md before 2026-12-03 came from this script's earlier, standalone
+form (one lake per seed; ``git show c7e56b9:bench/experiment_positive_control.py``); the same design through the
+experiment trains the same stages under other run and version names, so its figures are not bit-identical.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("b1", "r1", "aa", "placebo", "matched", "mask")
-#: The arm's final evaluation run and what it is compared with: summary key -> (baseline run, candidate run).
-COMPARISONS = {"r1_minus_b1": ("B1", "r1-R1"), "aa": ("B1", "B1-aa"), "placebo_minus_b1": ("B1", "placebo-R1"),
-               "matched_minus_b1": ("B1", "matched-B1M"), "mask_ablation_minus_r1": ("r1-R1", "mask-R1")}
-ARM_RUNS = {"b1": "B1", "r1": "r1-R1", "aa": "B1-aa", "placebo": "placebo-R1", "matched": "matched-B1M",
-            "mask": "mask-R1"}
+#: Each comparison of the criterion and the report: summary key -> (baseline arm, candidate arm).
+COMPARISONS = {"r1_minus_b1": ("b1", "r1"), "aa": ("b1", "aa"), "placebo_minus_b1": ("b1", "placebo"),
+               "matched_minus_b1": ("b1", "matched"), "mask_ablation_minus_r1": ("r1", "mask")}
+#: The experiment's arm of each (its evaluation runs are ``s<seed>-<ARM>-<split>``).
+ARM_RUNS = {"b1": "B1", "r1": "R1", "aa": "AA", "placebo": "PLACEBO", "matched": "B1M", "mask": "MASK"}
 ARM_LABELS = {"b1": "B1", "r1": "R1", "aa": "A/A", "placebo": "placebo", "matched": "matched", "mask": "mask"}
 
 
@@ -111,6 +119,8 @@ class Setup:
     eval_sampling_seed: int = 0
     aa_sampling_seed: int = 1
     workers: int = 2
+    policy_args: dict[str, str] = dataclasses.field(default_factory=dict)
+    """More ``--policy-arg`` settings of every rollout (e.g. ``batch_episodes = "8"``)."""
 
     @property
     def sft_final_lr(self) -> float:
@@ -118,96 +128,59 @@ class Setup:
         return self.sft_lr * (1.0 if self.sft_lr_schedule == "constant" else self.sft_min_lr_ratio)
 
 
-def interleaved_train_tasks(env: str, families: Sequence[str] | None = None) -> list[str]:
-    """The train split's task ids (of ``families`` only, when given), template families taken in turn (the first
-    id of every family, then the second of every family, ...), so that every prefix -- B1's data, then held-out
-    ones -- holds every family alike. (The split lists ids family by family.)"""
-    from trajlake.envs import list_tasks
-
-    by_family: dict[str, list[str]] = {}
-    for t in list_tasks(env, "train"):
-        family = t["task_id"].rsplit("/", 1)[0]
-        if families is None or family.split("/", 1)[1] in families:
-            by_family.setdefault(family, []).append(t["task_id"])
-    rounds = max(len(ids) for ids in by_family.values())
-    return [ids[i] for i in range(rounds) for _, ids in sorted(by_family.items()) if i < len(ids)]
-
-
-def split_train_families(env: str, rl_phrasings: int) -> tuple[list[str], list[str]]:
-    """The train template families (``kind/pN``) of B1's data and of R1's tasks: per kind, the last
-    ``rl_phrasings`` train phrasings (highest N) go to R1, the others to B1."""
-    from trajlake.envs import list_tasks
-
-    by_kind: dict[str, set[int]] = {}
-    for t in list_tasks(env, "train"):
-        kind, phrasing = t["task_id"].rsplit("/", 1)[0].split("/", 1)[1].split("/p")
-        by_kind.setdefault(kind, set()).add(int(phrasing))
-    b1, rl = [], []
-    for kind, phrasings in sorted(by_kind.items()):
-        order = sorted(phrasings)
-        if not 0 <= rl_phrasings < len(order):
-            raise ValueError(f"rl_phrasings = {rl_phrasings}: kind {kind} has {len(order)} train phrasings")
-        cut = len(order) - rl_phrasings
-        b1 += [f"{kind}/p{i}" for i in order[:cut]]
-        rl += [f"{kind}/p{i}" for i in order[cut:]]
-    return b1, rl
+def experiment_config(setup: Setup, arms: Sequence[str], seeds: int) -> dict[str, Any]:
+    """The ``trajlake experiment`` config of this design (TOML data): Setup's settings, the arms asked for, and
+    H1a when the matched arm runs (the experiment derives B1M from a hypothesis that names it). The experiment
+    checks it as it checks any config."""
+    s = setup
+    run = [ARM_RUNS[a] for a in arms if a != "matched"]
+    hypotheses = [{"id": "H1a", "hypothesis": "H1", "metric": "success", "baseline": "B1M", "candidate": "R1",
+                   "matching": "training_compute",
+                   "claim": "at matched training compute, R1's hidden success exceeds B1's (B1M: B1 trained on for "
+                            "R1's policy tokens)"}] if "matched" in arms else []
+    return {
+        "name": "positive-control", "env": s.env, "seeds": seeds, "arms": run, "eval_splits": [s.eval_split],
+        "eval_tasks": 0, "eval_seeds": s.eval_seeds, "sampling_seed": s.eval_sampling_seed,
+        "aa_sampling_seed": s.aa_sampling_seed, "workers": s.workers, "device": "cpu", "temperature": s.temperature,
+        "max_length": s.max_positions, "trajectories": 100,
+        "policy_args": {"max_new_tokens": str(s.max_new_tokens), **s.policy_args},
+        "model": {"build_tiny": True, "hidden_size": s.hidden_size, "layers": s.layers, "heads": s.heads,
+                  "kv_heads": s.kv_heads, "max_positions": s.max_positions, "vocab_size": s.vocab_size,
+                  "corpus_tasks": s.corpus_tasks, "tokenizer_env": s.env},
+        "b1": {"data_policy": s.data_policy, "tasks": s.sft_tasks, "steps": s.sft_steps, "batch_size": s.sft_batch,
+               "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "lr_schedule": s.sft_lr_schedule,
+               "min_lr_ratio": s.sft_min_lr_ratio},
+        "rl": {"algo": "rloo", "holdout_phrasings": s.rl_phrasings, "tasks": s.rl_tasks, "attempts": s.attempts,
+               "iterations": s.rl_iterations, "steps": s.rl_steps, "batch_size": s.rl_batch, "lr": s.rl_lr,
+               "warmup_steps": s.rl_warmup_steps, "max_staleness": s.max_staleness},
+        "hypotheses": hypotheses,
+    }
 
 
-def task_pools(setup: Setup) -> tuple[list[str], list[str]]:
-    """B1's and R1's train tasks, each pool's families interleaved: B1's data is the first ``sft_tasks`` of the
-    first, R1 plays the first ``rl_tasks`` of the second (the train phrasings B1 never saw)."""
-    b1_families, rl_families = split_train_families(setup.env, setup.rl_phrasings)
-    return interleaved_train_tasks(setup.env, b1_families), interleaved_train_tasks(setup.env, rl_families)
+def to_toml(data: dict[str, Any]) -> str:
+    """TOML of :func:`experiment_config`'s data: scalars, lists and string maps inline, dicts of settings as
+    tables, lists of dicts as arrays of tables (strings as JSON strings, which TOML reads alike)."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float, str)):
+            return json.dumps(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        raise TypeError(f"no TOML for {type(v).__name__}")
 
-
-def _train_config(setup: Setup, seed: int, name: str, out: Path, model: Path, stages: list[dict[str, Any]],
-                  run_prefix: str = "") -> dict[str, Any]:
-    return {"name": name, "env": setup.env, "seed": seed, "device": "cpu", "temperature": setup.temperature,
-            "max_length": setup.max_positions, "out_dir": str(out), "run_prefix": run_prefix,
-            "model": {"path": str(model)}, "stages": stages}
-
-
-def _policy_args(setup: Setup, seed: int | None = None) -> dict[str, str]:
-    # one torch thread per rollout worker: the workers share the machine's cores
-    args = {"max_new_tokens": str(setup.max_new_tokens), "threads": "1"}
-    return {**args, "seed": str(setup.eval_sampling_seed if seed is None else seed)}
-
-
-def _eval_spec(setup: Setup) -> dict[str, Any]:
-    return {"split": setup.eval_split, "seeds": setup.eval_seeds, "workers": setup.workers,
-            "policy_args": _policy_args(setup)}
-
-
-def _rl_stage(setup: Setup, rl_tasks: Sequence[str], **control: bool) -> dict[str, Any]:
-    if setup.rl_tasks > len(rl_tasks):
-        raise ValueError(f"rl_tasks = {setup.rl_tasks}: R1's train families have only {len(rl_tasks)} tasks")
-    return {"name": "R1", "kind": "rl", "algo": "rloo", "iterations": setup.rl_iterations, "steps": setup.rl_steps,
-            "batch_size": setup.rl_batch, "lr": setup.rl_lr, "warmup_steps": setup.rl_warmup_steps,
-            "max_staleness": setup.max_staleness, **control,
-            "rollout": {"split": "train", "seeds": "0", "attempts": setup.attempts, "workers": setup.workers,
-                        "tasks": list(rl_tasks[:setup.rl_tasks]),
-                        "policy_args": {k: v for k, v in _policy_args(setup).items() if k != "seed"}},
-            "eval": _eval_spec(setup)}
-
-
-def play_checkpoint(setup: Setup, lake: Path, run_id: str, checkpoint: Path, *, split: str, policy_version: str,
-                    policy_name: str, label: str, task_ids: Sequence[str] = (),
-                    sampling_seed: int | None = None) -> None:
-    """Evaluate a saved checkpoint outside the trainer (run ``run_id`` in ``lake``): the experiment's sampling
-    settings, and common sampling seeds (``setup.eval_sampling_seed`` unless ``sampling_seed``)."""
-    from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
-    from trajlake.train.loop import COMMON_SEEDS
-
-    rule = COMMON_SEEDS if sampling_seed is None else COMMON_SEEDS.replace(
-        "policy_args.seed", f"policy_args.seed = {sampling_seed}")
-    summary = run_rollout(RolloutConfig(
-        lake=str(lake), run_id=run_id, env=setup.env, policy=f"hf:{checkpoint}", split=split,
-        task_ids=tuple(task_ids), seeds=parse_seeds(setup.eval_seeds),
-        workers=setup.workers, policy_version=policy_version, policy_name=policy_name, label=label,
-        commit_every_s=0.0, policy_args={"temperature": str(setup.temperature), **_policy_args(setup, sampling_seed)},
-        sampling_seed_rule=rule))
-    if summary.failed_items:
-        raise RuntimeError(f"{run_id}: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
+    tables = {k: v for k, v in data.items() if k in ("model", "b1", "rl", "decision")}
+    arrays = {k: v for k, v in data.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
+    lines = [f"{k} = {value(v)}" for k, v in data.items() if k not in tables and k not in arrays
+             and not (isinstance(v, list) and not v and k == "hypotheses")]
+    for name, table in tables.items():
+        lines += ["", f"[{name}]"] + [f"{k} = {value(v)}" for k, v in table.items()]
+    for name, items in arrays.items():
+        for item in items:
+            lines += ["", f"[[{name}]]"] + [f"{k} = {value(v)}" for k, v in item.items()]
+    return "\n".join(lines) + "\n"
 
 
 def compare_success(lake: Path, baseline: str, candidate: str) -> dict[str, Any]:
@@ -220,158 +193,44 @@ def compare_success(lake: Path, baseline: str, candidate: str) -> dict[str, Any]
             "n_pairs": cmp["n_pairs"], "n_tasks": cmp["n_tasks"], "baseline": baseline, "candidate": candidate}
 
 
-def has_run(lake: Path, run_id: str) -> bool:
-    """Whether ``lake`` holds episodes of ``run_id`` (False when there is no lake yet)."""
-    from trajlake.errors import LakeNotFoundError
+def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> dict[str, Any]:
+    """One training seed's figures from the experiment folder: the hidden success of every arm, each paired
+    comparison of COMPARISONS, the RL arms' learning curves and the seconds each arm's stages took."""
+    from trajlake.evaluators.report import build_report
+
+    from trajlake.experiment.run import State
     from trajlake.query import connect
 
-    try:
-        con = connect(lake)
-    except LakeNotFoundError:
-        return False
-    row = con.execute("select count(*) from episodes where run_id = ?", [run_id]).fetchone()
-    return row is not None and bool(row[0])
+    lake, split = folder / "lake", setup.eval_split
+    state = State.load(folder)
 
+    def eval_run(arm: str) -> str:
+        return f"s{seed}-{ARM_RUNS[arm]}-{split}"
 
-class Seed:
-    """One training seed's lake, checkpoints and arms."""
-
-    def __init__(self, setup: Setup, seed: int, folder: Path, log: Callable[[str], None]):
-        self.setup, self.seed, self.folder, self.log = setup, seed, folder, log
-        self.lake = folder / "lake"
-        self.base = folder / "base"
-        self.timings: dict[str, float] = {}
-
-    # -- what is in the lake -----------------------------------------------------------------------------------
-    def has_run(self, run_id: str) -> bool:
-        return has_run(self.lake, run_id)
-
-    def b1_tasks(self) -> list[str]:
-        """B1's train families' tasks, interleaved: B1's data is the first ``sft_tasks``."""
-        return self._pools[0]
-
-    def rl_tasks(self) -> list[str]:
-        """R1's train families' tasks, interleaved (phrasings B1 never saw)."""
-        return self._pools[1]
-
-    @functools.cached_property
-    def _pools(self) -> tuple[list[str], list[str]]:
-        return task_pools(self.setup)
-
-    # -- the arms ----------------------------------------------------------------------------------------------
-    def _train(self, arm: str, config: dict[str, Any]) -> None:
-        from trajlake.train.config import parse_config
-        from trajlake.train.loop import train
-
-        t0 = time.monotonic()
-        train(parse_config(config, f"{self.folder.name}/{arm}"), self.lake, log=self.log)
-        self.timings[arm] = time.monotonic() - t0
-
-    def base_model(self) -> Path:
-        from trajlake.policies.tiny import build_tiny_model
-
-        if not (self.base / "config.json").is_file():
-            s = self.setup
-            build_tiny_model(self.base, vocab_size=s.vocab_size, hidden_size=s.hidden_size, layers=s.layers,
-                             heads=s.heads, kv_heads=s.kv_heads,
-                             max_positions=s.max_positions, seed=self.seed, env=s.env, corpus_tasks=s.corpus_tasks)
-        return self.base
-
-    def b1(self) -> None:
-        s = self.setup
-        tasks = self.b1_tasks()
-        if s.sft_tasks > len(tasks):
-            raise ValueError(f"sft_tasks = {s.sft_tasks}: B1's train families have only {len(tasks)} tasks")
-        stage = {"name": "B1", "kind": "sft", "data_policy": s.data_policy, "steps": s.sft_steps, "batch_size": s.sft_batch,
-                 "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "lr_schedule": s.sft_lr_schedule,
-                 "min_lr_ratio": s.sft_min_lr_ratio,
-                 "data": {"split": "train", "seeds": "0", "tasks": tasks[:s.sft_tasks],
-                          "workers": s.workers},
-                 "eval": _eval_spec(s)}
-        self._train("b1", _train_config(s, self.seed, f"pc{self.seed}", self.folder / "ckpt" / "b1",
-                                        self.base_model(), [stage]))
-
-    def rl(self, arm: str, **control: bool) -> None:
-        s = self.setup
-        self._train(arm, _train_config(s, self.seed, f"pc{self.seed}-{arm}", self.folder / "ckpt" / arm,
-                                       self.folder / "ckpt" / "b1" / "B1", [_rl_stage(s, self.rl_tasks(), **control)],
-                                       run_prefix=f"{arm}-"))
-
-    def aa(self) -> None:
-        """B1's checkpoint on the evaluation split again, with another sampling seed (run ``B1-aa``)."""
-        s = self.setup
-        t0 = time.monotonic()
-        play_checkpoint(s, self.lake, "B1-aa", self.folder / "ckpt" / "b1" / "B1", split=s.eval_split,
-                        policy_version=f"pc{self.seed}-B1", policy_name=f"pc{self.seed}", label="AA",
-                        sampling_seed=s.aa_sampling_seed)
-        self.timings["aa"] = time.monotonic() - t0
-
-    def matched(self) -> None:
-        """B1 trained on from its checkpoint, on B1's data, for as many policy tokens as R1's updates used."""
-        s = self.setup
-        r1_tokens = self.stage_record("r1-R1.train")["tokens"]
-        b1 = self.stage_record("B1.train")
-        per_step = b1["tokens"] / max(1, b1["steps"])
-        steps = max(1, round(r1_tokens / per_step))
-        self.log(f"matched compute: R1 used {r1_tokens} policy tokens = {steps} B1 steps of ~{per_step:.0f}")
-        stage = {"name": "B1M", "kind": "sft", "data_policy": None, "data_runs": ["B1-data"], "steps": steps,
-                 "batch_size": s.sft_batch, "lr": s.sft_final_lr, "warmup_steps": s.warmup_steps,
-                 "eval": _eval_spec(s)}
-        self._train("matched", _train_config(s, self.seed, f"pc{self.seed}-matched", self.folder / "ckpt" / "matched",
-                                             self.folder / "ckpt" / "b1" / "B1", [stage], run_prefix="matched-"))
-
-    def stage_record(self, run_id: str) -> dict[str, Any]:
-        """The ``runs.config`` the trainer registered for a stage (its steps, tokens, losses)."""
-        from trajlake.query import connect
-
-        row = connect(self.lake).execute("select config from runs where run_id = ?", [run_id]).fetchone()
-        if row is None:
-            raise RuntimeError(f"{self.lake}: no run {run_id} (train its arm first)")
-        return dict(json.loads(row[0]))
-
-    def run(self, arms: Sequence[str]) -> None:
-        steps: list[tuple[str, Callable[[], None]]] = [
-            ("b1", self.b1), ("aa", self.aa), ("r1", lambda: self.rl("r1")),
-            ("placebo", lambda: self.rl("placebo", placebo_shuffle_rewards=True)),
-            ("mask", lambda: self.rl("mask", loss_on_observations=True)), ("matched", self.matched)]
-        for arm, play in steps:
-            if arm not in arms:
-                continue
-            if self.has_run(ARM_RUNS[arm]):
-                self.log(f"seed {self.seed}: {arm} already in the lake, not trained again")
-                continue
-            self.log(f"seed {self.seed}: arm {arm}")
-            play()
-
-    # -- results -----------------------------------------------------------------------------------------------
-    def results(self, arms: Sequence[str]) -> dict[str, Any]:
-        from trajlake.evaluators.report import build_report
-
-        runs = [ARM_RUNS[a] for a in arms]
-        report = build_report(self.lake, runs=runs)
-        out: dict[str, Any] = {"seed": self.seed, "success": {}, "lake_versions": report.get("lake_versions")}
-        for arm in arms:
-            metric = report["runs"][ARM_RUNS[arm]]["metrics"]["success"]
-            out["success"][ARM_LABELS[arm]] = metric["estimate"]
-        for key, (base, cand) in COMPARISONS.items():
-            if base in runs and cand in runs:
-                out[key] = compare_success(self.lake, base, cand)
-        out["curves"] = self.curves(arms)
-        out["seconds"] = {k: round(v, 1) for k, v in self.timings.items()}
-        return out
-
-    def curves(self, arms: Sequence[str]) -> dict[str, list[tuple[int, float]]]:
-        """Success of each RL arm's training rollouts per iteration (iteration k plays version k - 1)."""
-        from trajlake.query import connect
-
-        con = connect(self.lake)
-        out: dict[str, list[tuple[int, float]]] = {}
-        for arm in (a for a in arms if a in ("r1", "placebo", "mask")):
-            rows = con.execute("select run_id, avg(coalesce(success, false)::double) from episodes where run_id like ? "
-                               "group by 1", [f"{arm}-R1-it%"]).fetchall()
-            pts = sorted((int(r.rsplit("-it", 1)[1]), float(v)) for r, v in rows)
-            out[ARM_LABELS[arm]] = pts
-        return out
+    runs = [eval_run(a) for a in arms]
+    report = build_report(lake, runs=runs)
+    out: dict[str, Any] = {"seed": seed, "success": {}, "lake_versions": report.get("lake_versions")}
+    for arm in arms:
+        out["success"][ARM_LABELS[arm]] = report["runs"][eval_run(arm)]["metrics"]["success"]["estimate"]
+    for key, (base, cand) in COMPARISONS.items():
+        if base in arms and cand in arms:
+            out[key] = compare_success(lake, eval_run(base), eval_run(cand))
+    con = connect(lake)
+    out["curves"] = {}
+    for arm in (a for a in arms if a in ("r1", "placebo", "mask")):
+        train_runs = [r for r in (state.done(f"s{seed}/{ARM_RUNS[arm]}/train") or {}).get("runs", []) if "-it" in r]
+        rows = con.execute("select run_id, avg(coalesce(success, false)::double) from episodes where run_id in "
+                           f"({', '.join('?' for _ in train_runs)}) group by 1", train_runs).fetchall() if train_runs \
+            else []
+        out["curves"][ARM_LABELS[arm]] = sorted((int(r.rsplit("-it", 1)[1]), float(v)) for r, v in rows)
+    seconds: dict[str, float] = {}
+    for key, entry in state.stages.items():
+        s, arm, _ = key.split("/", 2)
+        label = next((a for a in arms if ARM_RUNS[a] == arm), None)
+        if s == f"s{seed}" and label is not None and "seconds" in entry:
+            seconds[label] = round(seconds.get(label, 0.0) + float(entry["seconds"]), 1)
+    out["seconds"] = seconds
+    return out
 
 
 def verdict(seeds: Sequence[dict[str, Any]]) -> tuple[bool | None, list[str]]:
@@ -457,11 +316,10 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trajlake.experiment.run import run_experiment
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
-    ap.add_argument("--only-seed", type=int, action="append", default=None,
-                    help="run only this training seed (repeatable; e.g. one process per seed, then a last run with "
-                         "--seeds N finds every arm in the lakes and writes the summary of all)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "positive_control"))
     ap.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {','.join(ARMS)}")
     ap.add_argument("--setup", help="a TOML file overriding the settings (Setup's fields)")
@@ -470,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(arms) - set(ARMS))
     if unknown or not arms:
         ap.error(f"--arms: unknown arm(s) {', '.join(unknown) or '(none given)'}; arms: {', '.join(ARMS)}")
-    needs = {"aa": "b1", "r1": "b1", "placebo": "b1", "mask": "b1", "matched": "r1"}
+    needs = {"aa": "b1", "r1": "b1", "placebo": "b1", "mask": "r1", "matched": "r1"}
     for arm in arms:
         if needs.get(arm) and needs[arm] not in arms:
             ap.error(f"--arms: {arm} needs {needs[arm]}")
@@ -479,23 +337,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.setup:
         with open(args.setup, "rb") as f:
             setup = dataclasses.replace(setup, **tomllib.load(f))
-    out = Path(args.out).resolve()  # the train configs' folders: relative ones would be read against the config
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    config = out / "experiment.toml"
+    config.write_text(to_toml(experiment_config(setup, arms, args.seeds)), encoding="utf-8")
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     command = " ".join(["python", "bench/experiment_positive_control.py", *(argv if argv is not None else sys.argv[1:])])
-    results = []
-    for seed in (args.only_seed if args.only_seed is not None else range(args.seeds)):
-        t0 = time.monotonic()
-        run = Seed(setup, seed, out / f"seed{seed}", log)
-        run.run(arms)
-        results.append(run.results(arms))
-        log(f"seed {seed}: done in {(time.monotonic() - t0) / 60:.1f} min")
-        # after every seed, so that a stopped experiment keeps the seeds it finished
-        write_outputs(out, setup, arms, results, command,
-                      seeds_planned=len(args.only_seed) if args.only_seed is not None else args.seeds)
+    t0 = time.monotonic()
+    folder = run_experiment(config, out / "experiment", log=log, command=command)
+    log(f"experiment done in {(time.monotonic() - t0) / 60:.1f} min")
+    results = [seed_results(folder, setup, arms, seed) for seed in range(args.seeds)]
+    write_outputs(out, setup, arms, results, command, seeds_planned=args.seeds)
     print(json.dumps({s["seed"]: {k: s[k] for k in ("success", *COMPARISONS) if k in s} for s in results}, indent=1))
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,7 +47,8 @@ def test_the_criterion_needs_r1_above_b1_and_both_controls_at_zero(experiment: M
 
 def test_arms_must_come_with_what_they_compare_against(experiment: ModuleType, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    for arms, needle in (("r1", "r1 needs b1"), ("b1,matched", "matched needs r1"), ("b1,dpo", "unknown arm(s) dpo")):
+    for arms, needle in (("r1", "r1 needs b1"), ("b1,matched", "matched needs r1"), ("b1,mask", "mask needs r1"),
+                         ("b1,dpo", "unknown arm(s) dpo")):
         with pytest.raises(SystemExit):
             experiment.main(["--seeds", "1", "--out", str(tmp_path), "--arms", arms])
         assert needle in capsys.readouterr().err
@@ -64,37 +66,99 @@ def test_the_report_states_the_verdict_the_table_and_the_curves(experiment: Modu
     assert json.loads(md.split("```json")[1].split("```")[0])["env"] == "tool-lookup"
 
 
+def test_the_design_runs_as_an_experiment_config(experiment: ModuleType) -> None:
+    """The wrapper's config is the Setup's design in the experiment's terms, and the experiment parses it."""
+    from trajlake.experiment.config import parse_experiment
+
+    setup = experiment.Setup(data_policy="oracle-shortcut", policy_args={"batch_episodes": "8"})
+    cfg = parse_experiment(tomllib.loads(experiment.to_toml(experiment.experiment_config(
+        setup, list(experiment.ARMS), 3))), "x")
+    assert cfg.all_arms() == ["B1", "R1", "B1M", "AA", "PLACEBO", "MASK"] and cfg.seeds == 3
+    assert [h.id for h in cfg.hypotheses] == ["H1a"]  # names B1M, so the experiment trains the matched arm
+    assert (cfg.b1.data_policy, cfg.b1.tasks, cfg.b1.steps, cfg.b1.lr) == ("oracle-shortcut", 1000, 2000, 1e-2)
+    assert (cfg.rl.holdout_phrasings, cfg.rl.tasks, cfg.rl.iterations, cfg.rl.lr) == (4, 64, 10, 3e-4)
+    assert (cfg.model.heads, cfg.model.kv_heads, cfg.model.vocab_size) == (8, 8, 1024)
+    assert cfg.policy_args == {"max_new_tokens": "48", "batch_episodes": "8"} and cfg.eval_splits == ("hidden",)
+    few = parse_experiment(tomllib.loads(experiment.to_toml(experiment.experiment_config(setup, ["b1", "r1"], 1))),
+                           "x")
+    assert few.all_arms() == ["B1", "R1"] and few.hypotheses == ()
+
+
 def test_every_prefix_of_the_train_tasks_holds_every_family_alike(experiment: ModuleType) -> None:
     """B1's data and the held-out tasks are consecutive slices of B1's order, R1's tasks a prefix of its own: each
     must hold every template family of its pool (the split's own order put only code and pair phrasings in the
-    first 1,000 tasks)."""
+    first 1,000 tasks). The experiment's task pools, as the wrapper's config sets them."""
     from collections import Counter
 
     from trajlake.envs import list_tasks
 
+    from trajlake.experiment.config import parse_experiment
+    from trajlake.experiment.run import interleaved_tasks, phrasing_families, task_pools
+
     setup = experiment.Setup()
-    order = experiment.interleaved_train_tasks("tool-lookup")
+    cfg = parse_experiment(tomllib.loads(experiment.to_toml(experiment.experiment_config(setup, ["b1", "r1"], 1))),
+                           "x")
+    order = interleaved_tasks("tool-lookup", "train")
     assert sorted(order) == sorted(t["task_id"] for t in list_tasks("tool-lookup", "train"))
-    b1, rl = experiment.split_train_families("tool-lookup", setup.rl_phrasings)
+    b1, rl = phrasing_families("tool-lookup", setup.rl_phrasings)
     rp = setup.rl_phrasings
-    assert len(b1) == 3 * (10 - rp) and len(rl) == 3 * rp and not set(b1) & set(rl)
-    seed = experiment.Seed(setup, 0, Path("unused"), print)
-    b1_order, rl_order = seed.b1_tasks(), seed.rl_tasks()
+    assert len(b1) == 3 * (10 - rp) and len(rl) == 3 * rp and not b1 & rl
+    b1_order, rl_order = interleaved_tasks("tool-lookup", "train", b1), interleaved_tasks("tool-lookup", "train", rl)
     assert not set(b1_order) & set(rl_order) and len(b1_order) + len(rl_order) == len(order)
-    for tasks, families, slices in ((b1_order, b1, ((0, setup.sft_tasks), (setup.sft_tasks, setup.sft_tasks + 200))), (rl_order, rl, ((0, 64),))):
+    assert task_pools(cfg) == (b1_order[:setup.sft_tasks], rl_order[:setup.rl_tasks])
+    for tasks, families, slices in ((b1_order, b1, ((0, setup.sft_tasks), (setup.sft_tasks, setup.sft_tasks + 200))),
+                                    (rl_order, rl, ((0, 64),))):
         for start, stop in slices:
-            counts = Counter(t.split("/", 1)[1].rsplit("/", 1)[0] for t in tasks[start:stop])
-            assert set(counts) == set(families) and max(counts.values()) - min(counts.values()) <= 1, (start, counts)
+            counts = Counter(t.rsplit("/", 1)[0] for t in tasks[start:stop])
+            assert set(counts) == families and max(counts.values()) - min(counts.values()) <= 1, (start, counts)
 
 
-def test_r1_plays_the_last_train_phrasings_of_every_kind(experiment: ModuleType) -> None:
-    b1, rl = experiment.split_train_families("tool-lookup", 2)
-    assert rl == ["code/p10", "code/p11", "pair/p10", "pair/p11", "two_hop/p10", "two_hop/p11"]
-    assert "code/p9" in b1 and "code/p4" not in b1 and "code/p5" not in b1  # dev and hidden are not train
-    assert experiment.split_train_families("tool-lookup", 0)[1] == []
-    with pytest.raises(ValueError, match="rl_phrasings = 10: kind code has 10 train phrasings"):
-        experiment.split_train_families("tool-lookup", 10)
+def test_r1_plays_the_last_train_phrasings_of_every_kind() -> None:
+    from trajlake.errors import TrajlakeError
+    from trajlake.experiment.run import phrasing_families
 
+    b1, rl = phrasing_families("tool-lookup", 2)
+    assert sorted(rl) == [f"tool-lookup/{k}/p{n}" for k in ("code", "pair", "two_hop") for n in (10, 11)]
+    assert "tool-lookup/code/p9" in b1 and "tool-lookup/code/p4" not in b1  # dev and hidden are not train
+    assert "tool-lookup/code/p5" not in b1
+    with pytest.raises(TrajlakeError, match=r"rl\.holdout_phrasings = 10: kind tool-lookup/code has 10 train"):
+        phrasing_families("tool-lookup", 10)
+
+
+def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_path: Path) -> None:
+    """Per seed, from the experiment's lake and state: success per arm, the paired differences, the training
+    curves and the seconds per arm, against hand-counted episodes."""
+    from tests.conftest import make_episode
+    from trajlake import LakeWriter, open_lake
+    from trajlake.experiment.run import State
+
+    # 20 hidden tasks; B1 solves tasks 0-4, R1 tasks 0-9, A/A tasks 0-4 and 19, the placebo tasks 0-3
+    solved = {"B1": range(5), "R1": range(10), "AA": [*range(5), 19], "PLACEBO": range(4)}
+    lake = open_lake(tmp_path / "lake", create=True)
+    with LakeWriter(lake, handle_signals=False) as w:
+        for arm, tasks in solved.items():
+            for i in range(20):
+                ep, turns = make_episode(f"{arm}-{i}", f"s0-{arm}-hidden", split="hidden", task_id=f"t{i}",
+                                         group_id=f"t{i}:v1:0:1", success=i in tasks)
+                w.write_batch([ep], turns).raise_if_rejected()
+        for it, wins in ((1, 1), (2, 3)):  # R1's training rollouts: 1 then 3 of 4 successful
+            for i in range(4):
+                ep, turns = make_episode(f"it{it}-{i}", f"s0-R1-it{it}", split="train", task_id=f"t{i}",
+                                         group_id=f"t{i}:v1:0:{it}", success=i < wins)
+                w.write_batch([ep], turns).raise_if_rejected()
+    state = State(tmp_path / "state.json")
+    state.stages = {"s0/B1/train": {"status": "done", "seconds": 60.0, "runs": ["s0-B1-data"]},
+                    "s0/B1/eval:hidden": {"status": "done", "seconds": 5.0},
+                    "s0/R1/train": {"status": "done", "seconds": 100.0, "runs": ["s0-R1-it1", "s0-R1-it2"]},
+                    "s1/R1/train": {"status": "done", "seconds": 999.0}}
+    state.save()
+    got = experiment.seed_results(tmp_path, experiment.Setup(), ["b1", "r1", "aa", "placebo"], 0)
+    assert got["success"] == {"B1": 0.25, "R1": 0.5, "A/A": 0.3, "placebo": 0.2}
+    assert got["r1_minus_b1"]["estimate"] == pytest.approx(0.25) and got["r1_minus_b1"]["n_pairs"] == 20
+    assert got["aa"]["estimate"] == pytest.approx(0.05) and got["placebo_minus_b1"]["estimate"] == pytest.approx(-0.05)
+    assert got["r1_minus_b1"]["baseline"] == "s0-B1-hidden" and got["r1_minus_b1"]["candidate"] == "s0-R1-hidden"
+    assert "matched_minus_b1" not in got and got["curves"] == {"R1": [(1, 0.25), (2, 0.75)], "placebo": []}
+    assert got["seconds"] == {"b1": 65.0, "r1": 100.0}
 
 
 def test_outputs_after_each_seed_say_what_is_done_and_whether_b1_is_in_its_band(experiment: ModuleType,

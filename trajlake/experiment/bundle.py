@@ -468,7 +468,7 @@ def model_card(summary: dict[str, Any], cfg: ExperimentConfig, lake: Path) -> st
              f"and in summary.json's `training`. Not a general-purpose model: it was trained only on this "
              f"environment's train split.", "",
              "## Data and lake versions", "",
-             f"Lake: `{lake}` read at `{summary['as_of']}`. B1's data: the environment's oracle on {cfg.b1.tasks} "
+             f"Lake: `{lake}` read at `{summary['as_of']}`. B1's data: the environment's `{cfg.b1.data_policy}` policy on {cfg.b1.tasks} "
              f"train tasks; the RL arms play {cfg.rl.tasks} other train tasks ({cfg.rl.attempts} attempts each, "
              f"{cfg.rl.iterations} iterations). Contamination scan of the training runs against "
              f"{', '.join(cfg.eval_splits)}: contamination.json.", "",
