@@ -339,8 +339,13 @@ def main(argv: list[str] | None = None) -> int:
             setup = dataclasses.replace(setup, **tomllib.load(f))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    config = out / "experiment.toml"
-    config.write_text(to_toml(experiment_config(setup, arms, args.seeds)), encoding="utf-8")
+    config, text = out / "experiment.toml", to_toml(experiment_config(setup, arms, args.seeds))
+    earlier = out / "experiment" / "experiment.toml"  # the experiment keeps a copy of the config it runs
+    if earlier.is_file() and earlier.read_text(encoding="utf-8") != text:
+        print(f"{out}: holds the experiment of other settings ({earlier}: --seeds, --arms or --setup differ); run "
+              f"it with those or choose another --out", file=sys.stderr)
+        return 1
+    config.write_text(text, encoding="utf-8")
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

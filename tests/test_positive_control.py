@@ -54,6 +54,17 @@ def test_arms_must_come_with_what_they_compare_against(experiment: ModuleType, t
         assert needle in capsys.readouterr().err
 
 
+def test_other_settings_in_the_same_folder_are_one_line_and_nothing_runs(experiment: ModuleType, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "experiment").mkdir()
+    earlier = experiment.to_toml(experiment.experiment_config(experiment.Setup(), ["b1"], 1))
+    (tmp_path / "experiment" / "experiment.toml").write_text(earlier, encoding="utf-8")
+    assert experiment.main(["--seeds", "2", "--out", str(tmp_path), "--arms", "b1"]) == 1
+    err = capsys.readouterr().err
+    assert "holds the experiment of other settings" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "experiment.toml").exists() and not (tmp_path / "experiment" / "lake").exists()
+
+
 def test_the_report_states_the_verdict_the_table_and_the_curves(experiment: ModuleType, tmp_path: Path) -> None:
     seed = {"seed": 0, "success": {"B1": 0.4, "R1": 0.6, "A/A": 0.41}, "r1_minus_b1": diff(0.2, 0.1, 0.3),
             "aa": diff(0.01, -0.05, 0.07), "curves": {"R1": [(1, 0.3), (2, 0.45), (3, 0.5)]}, "seconds": {"b1": 60}}
