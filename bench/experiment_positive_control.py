@@ -122,11 +122,6 @@ class Setup:
     policy_args: dict[str, str] = dataclasses.field(default_factory=dict)
     """More ``--policy-arg`` settings of every rollout (e.g. ``batch_episodes = "8"``)."""
 
-    @property
-    def sft_final_lr(self) -> float:
-        """The learning rate B1's schedule ends at (where the matched arm goes on)."""
-        return self.sft_lr * (1.0 if self.sft_lr_schedule == "constant" else self.sft_min_lr_ratio)
-
 
 def experiment_config(setup: Setup, arms: Sequence[str], seeds: int) -> dict[str, Any]:
     """The ``trajlake experiment`` config of this design (TOML data): Setup's settings, the arms asked for, and
@@ -153,7 +148,7 @@ def experiment_config(setup: Setup, arms: Sequence[str], seeds: int) -> dict[str
         "rl": {"algo": "rloo", "holdout_phrasings": s.rl_phrasings, "tasks": s.rl_tasks, "attempts": s.attempts,
                "iterations": s.rl_iterations, "steps": s.rl_steps, "batch_size": s.rl_batch, "lr": s.rl_lr,
                "warmup_steps": s.rl_warmup_steps, "max_staleness": s.max_staleness},
-        "hypotheses": hypotheses,
+        **({"hypotheses": hypotheses} if hypotheses else {}),
     }
 
 
@@ -173,8 +168,7 @@ def to_toml(data: dict[str, Any]) -> str:
 
     tables = {k: v for k, v in data.items() if k in ("model", "b1", "rl", "decision")}
     arrays = {k: v for k, v in data.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
-    lines = [f"{k} = {value(v)}" for k, v in data.items() if k not in tables and k not in arrays
-             and not (isinstance(v, list) and not v and k == "hypotheses")]
+    lines = [f"{k} = {value(v)}" for k, v in data.items() if k not in tables and k not in arrays]
     for name, table in tables.items():
         lines += ["", f"[{name}]"] + [f"{k} = {value(v)}" for k, v in table.items()]
     for name, items in arrays.items():
@@ -198,6 +192,7 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
     comparison of COMPARISONS, the RL arms' learning curves and the seconds each arm's stages took."""
     from trajlake.evaluators.report import build_report
 
+    from trajlake.experiment.bundle import Runs, curves
     from trajlake.experiment.run import State
     from trajlake.query import connect
 
@@ -215,14 +210,11 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
     for key, (base, cand) in COMPARISONS.items():
         if base in arms and cand in arms:
             out[key] = compare_success(lake, eval_run(base), eval_run(cand))
-    con = connect(lake)
-    out["curves"] = {}
-    for arm in (a for a in arms if a in ("r1", "placebo", "mask")):
-        train_runs = [r for r in (state.done(f"s{seed}/{ARM_RUNS[arm]}/train") or {}).get("runs", []) if "-it" in r]
-        rows = con.execute("select run_id, avg(coalesce(success, false)::double) from episodes where run_id in "
-                           f"({', '.join('?' for _ in train_runs)}) group by 1", train_runs).fetchall() if train_runs \
-            else []
-        out["curves"][ARM_LABELS[arm]] = sorted((int(r.rsplit("-it", 1)[1]), float(v)) for r, v in rows)
+    rl_arms = [a for a in arms if a in ("r1", "placebo", "mask")]
+    trained = {(seed, ARM_RUNS[a]): entry for a in rl_arms
+               if (entry := state.done(f"s{seed}/{ARM_RUNS[a]}/train")) is not None}
+    learning = curves(connect(lake), Runs(eval={}, fault={}, train=trained, unfinished=[]))
+    out["curves"] = {ARM_LABELS[a]: learning.get(f"{ARM_RUNS[a]} s{seed}", []) for a in rl_arms}
     seconds: dict[str, float] = {}
     for key, entry in state.stages.items():
         s, arm, _ = key.split("/", 2)
