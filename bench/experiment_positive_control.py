@@ -1,6 +1,7 @@
 """The positive control (issue 24, section 3): does trajlake's trainer make an agent better, under controls?
 
     python bench/experiment_positive_control.py --seeds 3 --out bench/out/positive_control [--arms LIST] [--setup FILE]
+    python bench/experiment_positive_control.py --judge EXPERIMENT_DIR --out DIR    # judge a folder already run
 
 A thin wrapper over ``trajlake experiment run`` (docs/experiment.md), so that the experiment has one schema and
 one report: it writes the experiment config of this design (``DIR/experiment.toml``: the Setup below, overridden
@@ -26,6 +27,9 @@ difference with its interval and whether B1 is in the design's band (``b1_in_ban
 the criterion's verdict and the learning curves (``DIR/curves-seed<S>.svg``: the success of each RL arm's training
 rollouts per iteration). Run again, the command resumes the experiment where it stopped and does nothing twice;
 the experiment refuses to resume with other settings (``--seeds``, ``--arms``, ``--setup``) in the same DIR.
+``--judge EXPERIMENT_DIR`` trains nothing: it judges the same criterion on a folder of ``trajlake experiment run``
+(for example of ``configs/experiment-positive-control.toml``, which adds B0, B2, R2 and R3 to these arms), with the
+arms, seeds and settings of that folder's experiment.toml, and writes ``DIR/summary.json`` and ``DIR/report.md``.
 
 Results of the four designs in docs/training.md before 2026-12-03 came from this script's earlier, standalone
 form (one lake per seed; ``git show c7e56b9:bench/experiment_positive_control.py``); the same design through the
@@ -42,7 +46,10 @@ import time
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trajlake.experiment.config import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("b1", "r1", "aa", "placebo", "matched", "mask")
@@ -307,6 +314,53 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
     (out / "report.md").write_text("\n".join(md), encoding="utf-8")
 
 
+def setup_from_config(cfg: ExperimentConfig) -> Setup:
+    """The Setup an experiment config runs (the inverse of :func:`experiment_config` on the fields it writes), so
+    that a folder run from ``configs/experiment-positive-control.toml`` is judged and reported with its own
+    settings."""
+    m, b1, rl = cfg.model, cfg.b1, cfg.rl
+    return dataclasses.replace(
+        Setup(), env=cfg.env, hidden_size=m.hidden_size, layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
+        max_positions=m.max_positions, vocab_size=m.vocab_size, corpus_tasks=m.corpus_tasks, sft_tasks=b1.tasks,
+        data_policy=b1.data_policy, sft_steps=b1.steps, sft_batch=b1.batch_size, sft_lr=b1.lr,
+        sft_lr_schedule=b1.lr_schedule, sft_min_lr_ratio=b1.min_lr_ratio, warmup_steps=b1.warmup_steps,
+        rl_phrasings=rl.holdout_phrasings, rl_tasks=rl.tasks, attempts=rl.attempts, rl_iterations=rl.iterations,
+        rl_steps=rl.steps, rl_batch=rl.batch_size, rl_lr=rl.lr, rl_warmup_steps=rl.warmup_steps,
+        max_staleness=rl.max_staleness, temperature=cfg.temperature,
+        max_new_tokens=int(cfg.policy_args.get("max_new_tokens", Setup.max_new_tokens)),
+        eval_seeds=cfg.eval_seeds, eval_sampling_seed=cfg.sampling_seed, aa_sampling_seed=cfg.aa_sampling_seed,
+        workers=cfg.workers, policy_args={k: v for k, v in cfg.policy_args.items() if k != "max_new_tokens"})
+
+
+def judge(folder: Path, out: Path, command: str) -> int:
+    """Judge the criterion on an experiment folder already run (by ``trajlake experiment run``, with any config
+    that evaluates B1 and R1 on hidden): its arms, seeds and settings come from the folder's experiment.toml; the
+    seeds whose every arm is evaluated are judged (the others are reported as not done)."""
+    from trajlake.experiment.config import load_experiment
+    from trajlake.experiment.run import State
+
+    config = folder / "experiment.toml"
+    if not config.is_file():
+        print(f"{folder}: no experiment.toml (not a trajlake experiment folder)", file=sys.stderr)
+        return 1
+    cfg = load_experiment(config)
+    setup = setup_from_config(cfg)
+    ran = set(cfg.all_arms())
+    arms = [a for a in ARMS if ARM_RUNS[a] in ran]
+    if "b1" not in arms or "r1" not in arms or setup.eval_split not in cfg.eval_splits:
+        print(f"{config}: the criterion needs arms B1 and R1 evaluated on {setup.eval_split} (arms "
+              f"{', '.join(sorted(ran))}; eval_splits {', '.join(cfg.eval_splits)})", file=sys.stderr)
+        return 1
+    state = State.load(folder)
+    done = [seed for seed in range(cfg.seeds)
+            if all(state.done(f"s{seed}/{ARM_RUNS[a]}/eval:{setup.eval_split}") for a in arms)]
+    out.mkdir(parents=True, exist_ok=True)
+    results = [seed_results(folder, setup, arms, seed) for seed in done]
+    write_outputs(out, setup, arms, results, command, seeds_planned=cfg.seeds)
+    print(json.dumps({s["seed"]: {k: s[k] for k in ("success", *COMPARISONS) if k in s} for s in results}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from trajlake.experiment.run import run_experiment
 
@@ -315,7 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "positive_control"))
     ap.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {','.join(ARMS)}")
     ap.add_argument("--setup", help="a TOML file overriding the settings (Setup's fields)")
+    ap.add_argument("--judge", metavar="EXPERIMENT_DIR",
+                    help="run nothing: judge the criterion on a folder of `trajlake experiment run` (e.g. of "
+                         "configs/experiment-positive-control.toml), its arms, seeds and settings from its "
+                         "experiment.toml; writes --out's summary.json and report.md")
     args = ap.parse_args(argv)
+    command = " ".join(["python", "bench/experiment_positive_control.py", *(argv if argv is not None else sys.argv[1:])])
+    if args.judge:
+        return judge(Path(args.judge).resolve(), Path(args.out).resolve(), command)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = sorted(set(arms) - set(ARMS))
     if unknown or not arms:
@@ -342,7 +403,6 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    command = " ".join(["python", "bench/experiment_positive_control.py", *(argv if argv is not None else sys.argv[1:])])
     t0 = time.monotonic()
     folder = run_experiment(config, out / "experiment", log=log, command=command)
     log(f"experiment done in {(time.monotonic() - t0) / 60:.1f} min")

@@ -136,16 +136,14 @@ def test_r1_plays_the_last_train_phrasings_of_every_kind() -> None:
         phrasing_families("tool-lookup", 10)
 
 
-def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_path: Path) -> None:
-    """Per seed, from the experiment's lake and state: success per arm, the paired differences, the training
-    curves and the seconds per arm, against hand-counted episodes."""
+def write_seed0_lake(folder: Path) -> None:
+    """A hand-made experiment lake of seed 0: 20 hidden tasks; B1 solves tasks 0-4, R1 tasks 0-9, A/A tasks 0-4
+    and 19, the placebo tasks 0-3; R1's training rollouts solve 1 then 3 of 4."""
     from tests.conftest import make_episode
     from trajlake import LakeWriter, open_lake
-    from trajlake.experiment.run import State
 
-    # 20 hidden tasks; B1 solves tasks 0-4, R1 tasks 0-9, A/A tasks 0-4 and 19, the placebo tasks 0-3
     solved = {"B1": range(5), "R1": range(10), "AA": [*range(5), 19], "PLACEBO": range(4)}
-    lake = open_lake(tmp_path / "lake", create=True)
+    lake = open_lake(folder / "lake", create=True)
     with LakeWriter(lake, handle_signals=False) as w:
         for arm, tasks in solved.items():
             for i in range(20):
@@ -157,6 +155,14 @@ def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_pat
                 ep, turns = make_episode(f"it{it}-{i}", f"s0-R1-it{it}", split="train", task_id=f"t{i}",
                                          group_id=f"t{i}:v1:0:{it}", success=i < wins)
                 w.write_batch([ep], turns).raise_if_rejected()
+
+
+def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_path: Path) -> None:
+    """Per seed, from the experiment's lake and state: success per arm, the paired differences, the training
+    curves and the seconds per arm, against hand-counted episodes."""
+    from trajlake.experiment.run import State
+
+    write_seed0_lake(tmp_path)
     state = State(tmp_path / "state.json")
     state.stages = {"s0/B1/train": {"status": "done", "seconds": 60.0, "runs": ["s0-B1-data"]},
                     "s0/B1/eval:hidden": {"status": "done", "seconds": 5.0},
@@ -170,6 +176,45 @@ def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_pat
     assert got["r1_minus_b1"]["baseline"] == "s0-B1-hidden" and got["r1_minus_b1"]["candidate"] == "s0-R1-hidden"
     assert "matched_minus_b1" not in got and got["curves"] == {"R1": [(1, 0.25), (2, 0.75)], "placebo": []}
     assert got["seconds"] == {"b1": 65.0, "r1": 100.0}
+
+
+def test_a_config_gives_back_the_setup_that_wrote_it(experiment: ModuleType) -> None:
+    """--judge reports a folder with the settings its config ran: setup_from_config inverts experiment_config."""
+    from trajlake.experiment.config import parse_experiment
+
+    setup = experiment.Setup(data_policy="oracle-shortcut", sft_steps=4000, rl_lr=1e-4, hidden_size=96,
+                             eval_sampling_seed=3, aa_sampling_seed=7, max_new_tokens=40,
+                             policy_args={"batch_episodes": "8"})
+    cfg = parse_experiment(tomllib.loads(experiment.to_toml(experiment.experiment_config(
+        setup, list(experiment.ARMS), 3))), "x")
+    assert experiment.setup_from_config(cfg) == setup
+
+
+def test_judge_reads_a_folder_the_experiment_ran_and_judges_its_finished_seeds(experiment: ModuleType,
+                                                                              tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """--judge runs nothing: arms, seeds and settings come from the folder's experiment.toml; only seeds whose
+    every arm is evaluated are judged, so a folder still running gives an incomplete verdict."""
+    from trajlake.experiment.run import State
+
+    folder, out = tmp_path / "exp", tmp_path / "judged"
+    write_seed0_lake(folder)
+    setup = experiment.Setup(data_policy="oracle-shortcut", sft_steps=4000)
+    (folder / "experiment.toml").write_text(experiment.to_toml(experiment.experiment_config(
+        setup, ["b1", "r1", "aa", "placebo"], 2)))
+    state = State(folder / "state.json")
+    state.stages = {f"s0/{arm}/eval:hidden": {"status": "done", "seconds": 1.0} for arm in ("B1", "R1", "AA", "PLACEBO")}
+    state.stages["s1/B1/eval:hidden"] = {"status": "done", "seconds": 1.0}  # seed 1's other arms not evaluated yet
+    state.save()
+    assert experiment.main(["--judge", str(folder), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["arms"] == ["b1", "r1", "aa", "placebo"] and (summary["seeds_done"], summary["seeds_planned"]) == (1, 2)
+    assert summary["setup"]["sft_steps"] == 4000 and summary["setup"]["data_policy"] == "oracle-shortcut"
+    assert summary["seeds"][0]["r1_minus_b1"]["estimate"] == pytest.approx(0.25) and summary["criterion_met"] is None
+    assert "**Verdict: incomplete** (1 of 2 seeds done)" in (out / "report.md").read_text()
+    capsys.readouterr()
+    assert experiment.main(["--judge", str(tmp_path / "nothing"), "--out", str(out)]) == 1
+    assert "no experiment.toml" in capsys.readouterr().err
 
 
 def test_outputs_after_each_seed_say_what_is_done_and_whether_b1_is_in_its_band(experiment: ModuleType,
