@@ -99,6 +99,34 @@ def test_b1_learns_from_the_configured_demonstrator(tmp_path: Path, monkeypatch:
     assert [s["data_policy"] for s in stages] == ["oracle", "oracle-shortcut"]
 
 
+def test_b0_plays_unbatched_when_the_experiment_batches_its_hf_arms(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``policy_args.batch_episodes`` batches the hf: arms; B0's single-turn policy refuses the key, so its
+    evaluation leaves it out (the positive-control config stopped at B0 before this); the other arms keep it."""
+    from trajlake.experiment.run import Experiment
+    from trajlake.policies import check_policy_spec
+    from trajlake.rollout import runner
+
+    seen: dict[str, dict[str, str]] = {}
+
+    def fake_rollout(config: runner.RolloutConfig) -> object:
+        if config.policy.startswith("single-turn:"):  # the check the real rollout makes first (no model here)
+            check_policy_spec(config.env, config.policy, config.policy_args)
+        seen[config.run_id] = dict(config.policy_args)
+        return type("Summary", (), {"failed_items": [], "written": 1, "skipped_existing": 0, "successes": 0})()
+
+    monkeypatch.setattr(runner, "run_rollout", fake_rollout)
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data["policy_args"] = {**data.get("policy_args", {}), "batch_episodes": "8"}
+    exp = Experiment(parse_experiment(data, "x"), tmp_path, lambda line: None)
+    (tmp_path / "b1").mkdir()
+    (tmp_path / "b1" / "config.json").write_text("{}")  # a model folder, as far as the spec check looks
+    exp.state.stages["s0/B1/train"] = {"status": "done", "checkpoint": str(tmp_path / "b1"), "policy_version": "v"}
+    exp.evaluate(0, "B0", "hidden")
+    exp.evaluate(0, "B1", "hidden")
+    assert "batch_episodes" not in seen["s0-B0-hidden"] and seen["s0-B1-hidden"]["batch_episodes"] == "8"
+
+
 # -- verdicts against hand-computed rows --------------------------------------------------------------------------
 def test_decide_follows_the_rule() -> None:
     kw = {"alpha": 0.05, "min_effect": 0.05}

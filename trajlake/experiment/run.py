@@ -298,6 +298,10 @@ class Experiment:
         cfg = self.cfg
         args = {"temperature": str(cfg.temperature), **self._rollout_args(), "seed": str(cfg.sampling_seed),
                 **(extra_args or {})}
+        if policy.startswith("single-turn:") and "batch_episodes" not in (extra_args or {}):
+            # the experiment's batch_episodes batches the hf: arms' multi-turn engine; B0's single answer per
+            # episode plays unbatched (single-turn refuses the key)
+            args.pop("batch_episodes", None)
         summary = run_rollout(RolloutConfig(
             lake=str(self.lake), run_id=run_id, env=cfg.env, policy=policy, split=split,
             task_ids=tuple(eval_tasks(cfg, split)), seeds=parse_seeds(cfg.eval_seeds), workers=cfg.workers,
