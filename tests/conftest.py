@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,6 +33,21 @@ if "torch" in sys.modules:  # a plugin imported it first: its thread pool is alr
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def load_bench(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module, loaded once per process and registered in ``sys.modules`` (its dataclasses
+    look their module up there)."""
+    module_name = f"bench_script_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).resolve().parent.parent / "bench"
+                                                  / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_episode(episode_id: str = "ep-1", run_id: str = "run-1", n_steps: int = 2, **overrides: Any

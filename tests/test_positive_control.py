@@ -3,9 +3,7 @@ the arms it accepts and the report it writes, on hand-made results (no training 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -18,13 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def experiment() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("experiment_positive_control",
-                                                  ROOT / "bench" / "experiment_positive_control.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from tests.conftest import load_bench
+
+    return load_bench("experiment_positive_control")
 
 
 def diff(estimate: float, low: float, high: float) -> dict[str, Any]:

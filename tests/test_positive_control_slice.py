@@ -12,10 +12,8 @@ episodes at a time, so the figures are reproducible to float rounding, not bit f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,18 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("TRAJLAKE_POSITIVE_CONTROL_SLICE") != "1",
-                       reason="opt-in (~11 minutes of training): TRAJLAKE_POSITIVE_CONTROL_SLICE=1"),
+                       reason="opt-in (~14 minutes of training): TRAJLAKE_POSITIVE_CONTROL_SLICE=1"),
 ]
 
 
 def test_r1_beats_b1_on_hidden_and_the_aa_control_includes_zero(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location("experiment_positive_control_slice",
-                                                  ROOT / "bench" / "experiment_positive_control.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    from tests.conftest import load_bench
+
+    module = load_bench("experiment_positive_control")
 
     out = tmp_path / "pc"
     assert module.main(["--seeds", "1", "--arms", "b1,r1,aa", "--setup",

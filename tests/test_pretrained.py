@@ -139,11 +139,9 @@ def test_a_failed_build_leaves_nothing_and_foreign_folders_are_refused(stubbed: 
 # -- bench/bench_train.py --model (the CPU path, on the tiny model) --------------------------------------------------
 
 def _bench_train() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "bench_train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from tests.conftest import load_bench
+
+    return load_bench("bench_train")
 
 
 def test_bench_train_times_a_model_folder_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
