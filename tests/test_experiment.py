@@ -115,6 +115,12 @@ def test_b0_plays_unbatched_when_the_experiment_batches_its_hf_arms(tmp_path: Pa
         seen[config.run_id] = dict(config.policy_args)
         return type("Summary", (), {"failed_items": [], "written": 1, "skipped_existing": 0, "successes": 0})()
 
+    # Modules that bind run_rollout when first imported must be imported before the patch: imported under it
+    # (evaluate imports the trainer), they kept the fake for the rest of the process, and every later training
+    # rollout in that test process "wrote 1 episode, 0 successful" (test_train_smoke, test_s3_quickstart_train).
+    import trajlake.rollout.quickstart
+    import trajlake.train.loop
+
     monkeypatch.setattr(runner, "run_rollout", fake_rollout)
     data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
     data["policy_args"] = {**data.get("policy_args", {}), "batch_episodes": "8"}
@@ -125,6 +131,7 @@ def test_b0_plays_unbatched_when_the_experiment_batches_its_hf_arms(tmp_path: Pa
     exp.evaluate(0, "B0", "hidden")
     exp.evaluate(0, "B1", "hidden")
     assert "batch_episodes" not in seen["s0-B0-hidden"] and seen["s0-B1-hidden"]["batch_episodes"] == "8"
+    assert trajlake.train.loop.run_rollout is trajlake.rollout.quickstart.run_rollout is not fake_rollout
 
 
 # -- verdicts against hand-computed rows --------------------------------------------------------------------------
