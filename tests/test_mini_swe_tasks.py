@@ -31,7 +31,7 @@ from trajlake.envs.mini_swe.library import (
     parse_python,
 )
 from trajlake.envs.mini_swe.mutate import MUTATORS, mutate_library
-from trajlake.envs.mini_swe.patching import PatchError, apply_diff, make_diff, reverse_diff
+from trajlake.envs.mini_swe.patching import PatchError, apply_diff, make_diff, parse_patch, reverse_diff
 from trajlake.envs.mini_swe.sandbox import bwrap_available
 
 from trajlake.rollout.runner import play_episode
@@ -325,12 +325,26 @@ def _mutated_problem(task: dict[str, Any], root: Path) -> str | None:
     return None
 
 
-def _oracle_problem(env: Any, oracle: Any, view: Any, task: dict[str, Any]) -> str | None:
+def _oracle_problem(env: Any, oracle: Any, view: Any, task: dict[str, Any], lines: Counter[str]) -> str | None:
     """What is wrong with the oracle's episode on the task, played through the env (reset, the oracle's tool
     calls, submit, graded in a sandbox): it must resolve it (a task whose oracle fails would be ENV_BUG and must
-    not ship)."""
-    ep = play_episode(env, oracle, run_id="all", task_id=task["task_id"], task_version=task["task_version"],
-                      seed=0, task_view=view).episode
+    not ship), each of its edits minimal-span (a part of its hunk of the fix, never more lines; ``lines`` counts
+    the hunks' and the edits' lines)."""
+    rec = play_episode(env, oracle, run_id="all", task_id=task["task_id"], task_version=task["task_version"],
+                       seed=0, task_view=view)
+    ep = rec.episode
+    hunks = [(fp.path, h) for fp in parse_patch(task["fix_diff"]) for h in fp.hunks]
+    calls = [json.loads(t["raw_content"]) for t in rec.turns if t["actor"] == "policy"]
+    edits = [c["args"] for c in calls if c["tool"] == "edit"]
+    if len(edits) != len(hunks):
+        return f"{task['task_id']}: {len(edits)} edit(s) for {len(hunks)} hunk(s)"
+    for args, (path, h) in zip(edits, hunks, strict=True):
+        old, new = "".join(h.old_lines), "".join(h.new_lines)
+        if args["path"] != path or args["old"] not in old or args["new"] not in new or \
+                args["old"].count("\n") > len(h.old_lines):
+            return f"{task['task_id']}: edit {args} is not a part of its hunk {old!r} -> {new!r}"
+        lines["hunks"] += len(h.old_lines) + len(h.new_lines)
+        lines["edits"] += args["old"].count("\n") + args["new"].count("\n")
     if (ep["success"] and ep["error_class"] is None and ep["terminated"] and ep["termination_reason"] == "success"
             and ep["reward_components"]["resolved"] == 1.0 and ep["sandbox"] in ("bwrap", "rlimit")):
         return None
@@ -343,7 +357,7 @@ def test_every_task_fails_mutated_and_resolves_with_oracle(tmp_path: Path) -> No
     """Every shipped task: the mutated workspace fails as its task says, and the oracle policy resolves it through
     the env. (One test for both: each grades every task, which is most of the suite's env time.)"""
 
-    def check_share(share: int) -> tuple[int, list[str]]:
+    def check_share(share: int) -> tuple[int, list[str], Counter[str]]:
         # each thread its own env (an env plays one episode at a time); the time goes to the graders' pytest
         # processes, so two shares use both cores
         env = make_env("mini-swe", split=None)
@@ -351,20 +365,23 @@ def test_every_task_fails_mutated_and_resolves_with_oracle(tmp_path: Path) -> No
             oracle = make_policy("mini-swe", "oracle", "oracle-v1")
             view = task_view_fn(env, oracle=True)
             assert sorted(t["task_id"] for t in env.tasks) == sorted(BY_ID)
-            problems = []
+            problems, lines = [], Counter[str]()
             for task in TASKS[share::2]:
-                problems += [p for p in (_mutated_problem(task, tmp_path), _oracle_problem(env, oracle, view, task))
-                             if p]
-            return len(env.tasks), problems
+                problems += [p for p in (_mutated_problem(task, tmp_path),
+                                         _oracle_problem(env, oracle, view, task, lines)) if p]
+            return len(env.tasks), problems, lines
         finally:
             env.close()
 
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        (n_tasks, even), (_, odd) = pool.map(check_share, (0, 1))
+        (n_tasks, even, lines), (_, odd, odd_lines) = pool.map(check_share, (0, 1))
+    lines += odd_lines
     print(f"checked {n_tasks} tasks in {time.monotonic() - start:.1f}s")
     assert n_tasks == len(TASKS) == 80
     assert not even + odd, "\n".join(even + odd)
+    # minimal-span: the oracle's edits hold well under half the lines of the fix's hunks (each with its context)
+    assert lines["edits"] < lines["hunks"] / 2, lines
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from trajlake.errors import PatchError
 
-__all__ = ["FilePatch", "PatchError", "apply_diff", "apply_patch", "make_diff", "parse_patch", "reverse_diff"]
+__all__ = ["FilePatch", "PatchError", "apply_diff", "apply_patch", "make_diff", "minimal_edit", "parse_patch",
+           "reverse_diff"]
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 MAX_OFFSET = 200
@@ -48,6 +49,40 @@ class FilePatch:
         """Path of the patched file relative to the tree root (``a/``/``b/`` prefixes removed)."""
         name = self.new_path if self.new_path != "/dev/null" else self.old_path
         return name[2:] if name.startswith(("a/", "b/")) else name
+
+
+def minimal_edit(content: str, old: str, new: str) -> tuple[str, str]:
+    """The shortest whole-line ``(old, new)`` pair that does in ``content`` what replacing ``old`` by ``new`` does.
+
+    ``old`` and ``new`` are a hunk's old and new text (changed lines and their context). The lines both share at
+    the start and at the end are dropped, then context lines are put back one at a time (before, after, before,
+    ...) until the old text occurs exactly once in ``content`` (an edit tool's rule) and replacing it by the new
+    text changes the file exactly as the whole hunk does. ``(old, new)`` unchanged when ``old`` does not occur
+    exactly once in ``content``."""
+    if content.count(old) != 1:
+        return old, new
+    o, n = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    lo = 0
+    while lo < min(len(o), len(n)) and o[lo] == n[lo]:
+        lo += 1
+    shared_tail = 0
+    while shared_tail < min(len(o), len(n)) - lo and o[-1 - shared_tail] == n[-1 - shared_tail]:
+        shared_tail += 1
+    hi = len(o) - shared_tail  # old lines [lo, hi) become new lines [lo, len(n) - (len(o) - hi))
+    target = content.replace(old, new, 1)
+    before = True
+    while True:
+        candidate, replacement = "".join(o[lo:hi]), "".join(n[lo:len(n) - (len(o) - hi)])
+        # the tool's rule (one non-overlapping occurrence) and the same result: a shorter text can occur once
+        # without overlap yet start before its place in the hunk ("b\nb\n" in "b\nb\nb\n")
+        if candidate and content.count(candidate) == 1 and \
+                content.replace(candidate, replacement, 1) == target:
+            return candidate, replacement
+        if (before and lo > 0) or hi == len(o):
+            lo -= 1
+        else:
+            hi += 1
+        before = not before
 
 
 def make_diff(old: str, new: str, path: str, context: int = 3) -> str:

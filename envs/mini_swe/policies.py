@@ -14,10 +14,11 @@ from trajlake.envs.injection import unseen, with_bundled_solution
 from trajlake.envs.mini_swe.grading import load_tasks
 from trajlake.envs.mini_swe.injection import find_instructions
 from trajlake.envs.mini_swe.library import parse_python
-from trajlake.envs.mini_swe.patching import parse_patch
+from trajlake.envs.mini_swe.patching import minimal_edit, parse_patch
 from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 
 _LINE = re.compile(r"^\s*\d+\| ?(.*)$")
+_NUMBERED = re.compile(r"^ *(\d+)\| ?(.*)$")  # read_file's line: f"{n:>5}| {text}"
 
 
 def _act(tool: str, **args: Any) -> str:
@@ -41,7 +42,12 @@ class _Scripted(Policy):
 
 
 class OraclePolicy(_Scripted):
-    """Reads the buggy file, applies the known fix hunk by hunk, runs the visible tests, submits."""
+    """Reads the buggy file, applies the known fix hunk by hunk, runs the visible tests, submits.
+
+    Each edit is minimal-span: the hunk's changed lines with only as much context as makes its ``old`` occur
+    once in the file as the oracle just read it (:func:`minimal_edit`), so a language-model policy that imitates
+    the oracle writes short calls. When the file was not read whole (a truncated listing, or another action in
+    between, as the gullible policy's detours), the edit is the whole hunk, as before."""
 
     name = "oracle"
     needs_oracle = True
@@ -57,6 +63,57 @@ class OraclePolicy(_Scripted):
                 plan.append(_act("edit", path=fp.path, old="".join(h.old_lines), new="".join(h.new_lines)))
         plan += [_act("run_tests", command="pytest -q"), _act("submit")]
         self.plan = plan
+        self.files: dict[str, str] = {}  # path -> text as read, kept up to date through this policy's edits
+        self.last_action: dict[str, Any] = {}
+
+    def act(self, observation: str) -> PolicyOutput:
+        if self.last_action.get("tool") == "read_file":
+            path = str(self.last_action["args"].get("path"))
+            text = _listed_file(observation)
+            if text is None:
+                self.files.pop(path, None)
+            else:
+                self.files[path] = text
+        action = self.next_action(observation)
+        self.last_action = _parsed(action)
+        if self.last_action.get("tool") == "edit":
+            path, old, new = (str(self.last_action["args"].get(k, "")) for k in ("path", "old", "new"))
+            text = self.files.pop(path, None)
+            if text is not None and old and text.count(old) == 1:  # the edit tool's rule
+                self.files[path] = text.replace(old, new, 1)
+        return self.scripted_output(action)
+
+    def next_action(self, observation: str) -> str:
+        action = super().next_action(observation)
+        call = _parsed(action)
+        if call.get("tool") == "edit" and str(call["args"].get("path")) in self.files:
+            args = call["args"]
+            old, new = minimal_edit(self.files[str(args["path"])], str(args["old"]), str(args["new"]))
+            action = _act("edit", path=args["path"], old=old, new=new)
+        return action
+
+
+def _parsed(action: str) -> dict[str, Any]:
+    """A ``{"tool", "args"}`` action as a dict; {} for anything else (subclasses may act otherwise)."""
+    try:
+        call = json.loads(action)
+    except ValueError:
+        return {}
+    ok = isinstance(call, dict) and isinstance(call.get("tool"), str) and isinstance(call.get("args"), dict)
+    return call if ok else {}
+
+
+def _listed_file(observation: str) -> str | None:
+    """The text of a file from ``read_file``'s numbered listing (lines 1, 2, ... each ``N| text``); None when the
+    observation is not a whole listing (an error, a truncated file, anything else)."""
+    lines = observation.split("\n")
+    texts = []
+    for i, line in enumerate(lines, start=1):
+        m = _NUMBERED.match(line)
+        if m is None or int(m.group(1)) != i:
+            return None
+        texts.append(m.group(2))
+    return "\n".join(texts) + "\n" if texts else None
 
 
 class HeuristicPolicy(_Scripted):
