@@ -167,6 +167,49 @@ def test_masks_force_the_wrapper_and_the_end_of_turn(tok: Any) -> None:
         replay_masks(m, [tok.eos_token_id])
 
 
+def test_a_tokenizer_with_the_wrapper_as_its_own_tokens_samples_under_the_grammar(tmp_path: Path) -> None:
+    """The environment tokenizers (``build_tiny_model(env=...)``) have ``<tool_call>`` and ``</tool_call>`` as
+    added tokens. llguidance took them for special tokens matching no text: its first mask offered the tag, then
+    consuming it failed, and every episode of a Mini SWE rollout under the grammar failed at its first token.
+    Now the tag tokens are in the masks wherever the grammar accepts their text, the oracle's calls as this
+    tokenizer writes them are accepted token by token, and a model plays whole episodes under the grammar with
+    recorded forced tokens that replaying the masks finds again."""
+    from trajlake.envs.tool_lookup.env import TOOL_DOCS as LOOKUP_DOCS
+    from trajlake.envs.tool_lookup.env import ToolLookupEnv
+    from transformers import AutoTokenizer
+
+    from trajlake.policies.tiny import build_tiny_model
+    from trajlake.render.toolcall import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
+    folder = build_tiny_model(tmp_path / "model", env="tool-lookup", corpus_tasks=8, max_positions=1024)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    open_id, close_id = tok.convert_tokens_to_ids([TOOL_CALL_OPEN, TOOL_CALL_CLOSE])
+    ids = tok(format_call("submit", {"answer": "17"}), add_special_tokens=False)["input_ids"]
+    assert (ids[0], ids[-1]) == (open_id, close_id)  # the tags as single tokens, which the mask must offer
+    m = TokenMasker(tool_call_grammar(LOOKUP_DOCS).text, tok, len(tok))
+    assert m.allowed()[open_id]
+    for call in (format_call("lookup", {"name": "Lesi"}), format_call("submit", {"answer": "17"}),
+                 format_call("submit", {"answer": "a <tool_call> in an argument"})):
+        assert _accepts(m, tok, call), call
+    env = ToolLookupEnv("train", budget=Budget(max_steps=3))
+    policy = HFPolicy("v1", str(folder), LMSettings(temperature=1.0, max_new_tokens=48, grammar="tools",
+                                                    grammar_max_chars=8, seed=0))
+    try:
+        task = env.list_tasks()[0]
+        rec = play_episode(env, policy, run_id="t", task_id=task["task_id"], task_version=None, seed=0,
+                           split="train")
+    finally:
+        env.close()
+    assert policy.grammar is not None
+    sampled = TokenMasker(policy.grammar.text, tok, len(tok))
+    turns = [t for t in rec.turns if t["actor"] == "policy"]
+    assert turns and all(t["token_ids"][0] in (open_id, tok.convert_tokens_to_ids("<")) for t in turns)
+    for t in turns:
+        assert parse_tool_call(tok.decode(t["token_ids"][:-1])).ok
+        forced = forced_flags(replay_masks(sampled, t["token_ids"]))
+        assert (forced == (np.asarray(t["loss_mask"]) == 0)).all()
+
+
 def test_policy_args_for_the_grammar_are_checked(tiny: Path) -> None:
     assert LMSettings.from_args({"grammar": "tools", "grammar_max_chars": "32"}).grammar_max_chars == 32
     for bad in ({"grammar": "json"}, {"grammar_max_chars": "0"}, {"server_logprobs": "logits"}):

@@ -143,14 +143,33 @@ beside the tokenizer, not on it, so a tokenizer pickled into a dataloader worker
 
 
 def _ll_tokenizer(tokenizer: Any) -> Any:
-    """llguidance's view of a Hugging Face fast tokenizer, built once per tokenizer object (~ms to 1 s)."""
+    """llguidance's view of a Hugging Face fast tokenizer, built once per tokenizer object (~ms to 1 s).
+
+    The tool-call wrapper's tags, where the tokenizer has them as added tokens (the tiny environment tokenizers
+    do: ``trajlake.policies.tiny.ENV_SPECIAL_TOKENS``), become ordinary tokens of the text they stand for: the
+    grammar's literal ``<tool_call>`` is that text, and llguidance (1.9) takes any added token for a special
+    token that matches no text (its mask offered it, then consuming it failed: a Mini SWE rollout under the
+    grammar failed on every episode at its first token). :class:`TokenMasker` offers them in its masks."""
     cached = _LL_TOKENIZERS.get(id(tokenizer))
     if cached is None:
         llg = _llguidance()
         try:
-            cached = _LL_TOKENIZERS[id(tokenizer)] = (tokenizer, llg.hf.from_tokenizer(tokenizer))
+            backend = tokenizer.backend_tokenizer
+        except AttributeError:
+            raise GrammarError("grammar-constrained decoding needs a fast tokenizer") from None
+        spec = json.loads(backend.to_str())
+        vocab = (spec.get("model") or {}).get("vocab")
+        if isinstance(vocab, dict):  # BPE / WordPiece: a wrapper tag becomes an ordinary token of its text
+            tags = [a for a in spec.get("added_tokens") or [] if a.get("content") in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)]
+            for tag in tags:
+                vocab[tag["content"]] = tag["id"]  # ASCII: its byte-level form is itself
+            spec["added_tokens"] = [a for a in spec.get("added_tokens") or [] if a not in tags]
+        spec["padding"] = spec["truncation"] = None
+        try:
+            ll = llg.LLTokenizer(json.dumps(spec), eos_token=tokenizer.eos_token_id)
         except ValueError as e:
-            raise GrammarError(f"grammar-constrained decoding needs a fast tokenizer: {e}") from None
+            raise GrammarError(f"grammar-constrained decoding cannot use this tokenizer: {e}") from None
+        cached = _LL_TOKENIZERS[id(tokenizer)] = (tokenizer, ll)
     return cached[1]
 
 
@@ -166,6 +185,10 @@ class TokenMasker:
         self._matcher = llg.LLMatcher(self._tok, llg.LLMatcher.grammar_from_lark(grammar_text), log_level=0)
         if self._matcher.is_error():
             raise GrammarError(f"the grammar does not compile: {self._matcher.get_error()}")
+        # the wrapper tags a tokenizer has as single tokens: llguidance's mask, which follows the canonical
+        # tokenization of forced text, leaves them out (it spells the tag); offered here wherever it accepts them
+        added = {t.content: i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
+        self._tags = [added[t] for t in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE) if added.get(t, vocab_size) < vocab_size]
 
     def reset(self) -> None:
         """Back to the start of the grammar (a new policy turn)."""
@@ -182,6 +205,9 @@ class TokenMasker:
         out[:m] = bits[:m]
         if self.vocab_size % 8:  # ids past the logits' width: never allowed
             out[-1] &= np.uint8((1 << (self.vocab_size % 8)) - 1)
+        for tag in self._tags:
+            if self._matcher.validate_tokens([tag]) == 1:
+                out[tag // 8] |= np.uint8(1 << (tag % 8))
         return out
 
     def allowed(self) -> npt.NDArray[np.bool_]:
