@@ -8,8 +8,10 @@ hidden-split evaluation runs (several environment seeds) as Markdown and JSON. I
 again, exactly as their evaluation runs did (policy, settings, sampling-seed rule), on the train tasks R1 was
 rewarded on (``--train-seeds`` environment seeds): runs ``B1-train`` and ``R1-train``, compared in
 ``report-train.md``/``.json`` (R1's own tasks: where RL can show an effect that does not need transfer). Prints
-the headline numbers and the training log's summary. Everything is seeded; a rerun on the same machine plays the
-same episodes.
+the headline numbers and the training log's summary. Everything is seeded, but B1's sample order follows the
+order in which the lake's files return the data rollout's episodes, which depends on when its commits fell: two
+runs of the same config gave B1 losses 6.221 -> 1.131 and 6.229 -> 1.344 (docs/training.md, "Mini SWE, second
+design").
 """
 
 from __future__ import annotations
