@@ -20,8 +20,8 @@ _LINE = st.sampled_from(["a\n", "b\n", "c\n", "return x\n", "    return x\n", "\
 
 @st.composite
 def _file_and_hunk(draw: st.DrawFn) -> tuple[str, str, str]:
-    """A file, and a hunk in it (old: some of its lines, with context; new: old with its middle replaced) whose
-    old text occurs exactly once in the file."""
+    """A file, and a hunk in it (old: some of its lines, with context; new: old with its middle replaced); its old
+    text may occur more than once in the file (then no edit can be made shorter)."""
     lines = draw(st.lists(_LINE, min_size=1, max_size=30))
     start = draw(st.integers(0, len(lines) - 1))
     stop = draw(st.integers(start + 1, len(lines)))
