@@ -60,19 +60,18 @@ def _call_of(obj: Any) -> tuple[str, dict[str, Any]] | str:
     return name, args
 
 
-def _call_through_close_tags(text: str, start: int) -> str | None:
-    """The JSON object that starts after the opening tag at ``start`` when it runs past the first closing tag (a
-    string argument with ``</tool_call>`` in it, which ``format_call`` writes and the grammar allows) and is
-    followed by a closing tag; None otherwise (the first block is the call, or there is no such object)."""
+def _call_through_close_tags(text: str, start: int) -> Any:
+    """The JSON value that starts after the opening tag at ``start``, when it runs past the first closing tag (a
+    string argument with ``</tool_call>`` in it, which ``format_call`` writes and the grammar allows) and a closing
+    tag follows it; None otherwise."""
     rest = text[start:]
-    lead = len(rest) - len(rest.lstrip())
     try:
-        _, end = json.JSONDecoder().raw_decode(rest, lead)
+        obj, end = json.JSONDecoder().raw_decode(rest, len(rest) - len(rest.lstrip()))
     except (ValueError, RecursionError):
         return None
     if TOOL_CALL_CLOSE not in rest[:end] or not rest[end:].lstrip().startswith(TOOL_CALL_CLOSE):
         return None
-    return rest[lead:end]
+    return obj
 
 
 def parse_tool_call(text: str) -> ParsedCall:
@@ -80,9 +79,6 @@ def parse_tool_call(text: str) -> ParsedCall:
     m = _BLOCK.search(text)
     if m is not None:
         body = m.group(1).strip()
-        whole = _call_through_close_tags(text, m.start(1))
-        if whole is not None:  # an argument holds the closing tag's text: the block is longer than its first close
-            body = whole
     elif TOOL_CALL_OPEN in text:
         return ParsedCall(text, None, f"{TOOL_CALL_OPEN} without {TOOL_CALL_CLOSE}")
     else:
@@ -90,8 +86,11 @@ def parse_tool_call(text: str) -> ParsedCall:
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
-        return ParsedCall(text, None, "no tool call: expected " + TOOL_CALL_OPEN + "{\"name\": ..., \"arguments\": "
-                          "{...}}" + TOOL_CALL_CLOSE)
+        # the first block is not JSON: an argument may hold the closing tag's text, the block run past it
+        obj = _call_through_close_tags(text, m.start(1)) if m is not None else None
+        if obj is None:
+            return ParsedCall(text, None, "no tool call: expected " + TOOL_CALL_OPEN + "{\"name\": ..., "
+                              "\"arguments\": {...}}" + TOOL_CALL_CLOSE)
     call = _call_of(obj)
     if isinstance(call, str):
         return ParsedCall(text, None, call)
