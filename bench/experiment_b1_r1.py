@@ -53,7 +53,7 @@ def _play_on_train_tasks(lake: Path, config: Path, seeds: str) -> None:
         rc = RolloutConfig(lake=str(lake), run_id=f"{stage}-train", env=run["env"], policy=run["policy"],
                            split="train", seeds=parse_seeds(seeds), policy_version=run["policy_version"],
                            policy_args=dict(run.get("policy_args", {})), env_kwargs=dict(run["env_kwargs"]),
-                           cost_model=CostModel.for_run(run.get("policy_args", {})), task_ids=tasks,
+                           cost_model=CostModel(**run["cost_model"]), task_ids=tasks,
                            policy_name=name, sampling_seed_rule=run.get("sampling_seed_rule"))
         t0 = time.monotonic()
         summary = run_rollout(rc)
