@@ -357,7 +357,8 @@ def test_samples_are_shuffled_per_epoch_seeded_and_each_epoch_covers_every_sampl
 
     def epochs(data: list[int], seed: int | None, n: int = 3) -> list[list[int]]:
         rng = random.Random(seed) if seed is not None else None
-        return [list(e) for e in itertools.islice(loop._epoch_samples(data, rng), n)]  # type: ignore[arg-type]
+        samples = [{"episode_id": f"e{i:02d}", "i": i} for i in data]
+        return [[s["i"] for s in e] for e in itertools.islice(loop._epoch_samples(samples, rng), n)]
 
     data = list(range(10))
     assert epochs(data, None) == [data] * 3
@@ -367,6 +368,27 @@ def test_samples_are_shuffled_per_epoch_seeded_and_each_epoch_covers_every_sampl
     monkeypatch.setattr(loop, "CACHED_SAMPLES", 4)  # too many to cache: the shuffle buffer
     streamed = epochs(data, 7)
     assert all(sorted(e) == data for e in streamed) and streamed[0] != data
+
+
+def test_shuffled_epochs_do_not_depend_on_the_order_the_lake_returns_samples_in() -> None:
+    """The same seed gives the same epochs whatever order the lake's files hand the episodes over in (it depends
+    on how the commits that wrote them fell in time); each episode's pieces come in their own order."""
+    import itertools
+    import random
+
+    from trajlake.train import loop
+
+    def in_file_order(episodes: list[int]) -> list[dict[str, object]]:
+        return [{"episode_id": f"ep-{e}", "piece": p} for e in episodes for p in range(3)]
+
+    def epochs(samples: list[dict[str, object]]) -> list[list[tuple[object, object]]]:
+        return [[(s["episode_id"], s["piece"]) for s in e]
+                for e in itertools.islice(loop._epoch_samples(samples, random.Random(3)), 3)]
+
+    first = epochs(in_file_order([0, 1, 2, 3, 4, 5, 6]))
+    assert epochs(in_file_order([6, 5, 4, 3, 2, 1, 0])) == first
+    assert epochs(in_file_order([3, 0, 6, 1, 5, 2, 4])) == first
+    assert all(sorted(e) == sorted(first[0]) for e in first) and len({tuple(e) for e in first}) == 3
 
 
 # -- issue 25, R2: the process reward credited at the turn where it is earned ----------------------------------------

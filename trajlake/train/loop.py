@@ -692,13 +692,17 @@ CACHED_SAMPLES = 50_000
 
 def _epoch_samples(dataset: Any, rng: random.Random | None) -> Iterator[Iterator[dict[str, Any]]]:
     """The dataset's samples, epoch after epoch. Without ``rng``: in the lake's order, read each epoch. With it:
-    shuffled; a shard of at most ``CACHED_SAMPLES`` samples is read once and permuted anew each epoch, a larger one
-    streamed through a shuffle buffer (consecutive episodes of a lake come from one run, one task family)."""
+    shuffled; a shard of at most ``CACHED_SAMPLES`` samples is read once, put in episode-id order (the lake's file
+    order depends on how the commits that wrote it fell in time, so the same seed would otherwise give another
+    order from one run to the next) and permuted anew each epoch; a larger one is streamed through a shuffle
+    buffer in the lake's order (consecutive episodes of a lake come from one run, one task family)."""
     if rng is None:
         while True:
             yield iter(dataset)
     first = list(itertools.islice(iter(dataset), CACHED_SAMPLES + 1))
     cache = first if len(first) <= CACHED_SAMPLES else None
+    if cache is not None:
+        cache.sort(key=lambda sample: sample["episode_id"])  # stable: an episode's pieces keep their order
     while True:
         if cache is not None:
             rng.shuffle(cache)
