@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -581,3 +582,80 @@ def test_r2_potential_shaping_trains_on_tool_lookup_and_is_recorded(tmp_path: Pa
     assert config["stage"]["process_shaping"] == "potential" and config["stage"]["process_reward"] == "lookup_progress"
     log = [r for r in pq.read_table(tmp_path / "out" / "train_log.parquet").to_pylist() if r["stage"] == "R2"]
     assert len(log) == 1 and math.isfinite(log[0]["loss"]) and log[0]["policy_tokens"] > 0
+
+
+# -- the KL penalty to the stage's start (ref_kl_coef) ----------------------------------------------------------------
+
+def test_ref_kl_penalty_is_computed_against_the_stage_start_and_logged(tmp_path: Path) -> None:
+    """An RL stage with ``ref_kl_coef`` keeps the policy it started from as pi_ref: its first step sees a policy
+    equal to it (kl_ref exactly 0), and every later step that follows an update sees it (the last iteration's
+    first step included: pi_ref is not refrozen per iteration); without the key nothing is logged."""
+    from typer.testing import CliRunner
+
+    from trajlake.cli import app
+    from trajlake.policies.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", max_positions=1024, env="tool-lookup", corpus_tasks=8)
+    stage = {"kind": "rl", "algo": "rloo", "iterations": 3, "steps": 1, "batch_size": 4, "lr": 1e-2,
+             "rollout": rollout(DP_TASKS[:2], attempts=2, max_new_tokens=16, max_steps=3,
+                                policy_args={"price_in": "1", "price_out": "100"})}
+    cfg = write_config(tmp_path / "kl.toml", tiny_config("kl", [  # the token cost makes the advantages non-zero
+        {"name": "R1", **stage, "ref_kl_coef": 0.5}, {"name": "R1b", **stage}],
+        model=model, out=tmp_path / "out", env="tool-lookup", max_length=1024, lambda_cost=1.0))
+    res = CliRunner().invoke(app, ["train", "--config", str(cfg), "--lake", str(tmp_path / "lake")])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    log = pq.read_table(tmp_path / "out" / "train_log.parquet").to_pylist()
+    kl = [r["kl_ref"] for r in log if r["stage"] == "R1"]
+    grads = [r["grad_norm"] for r in log if r["stage"] == "R1"]
+    # one step per iteration: each step's pi differs from pi_ref exactly when an earlier step moved the weights
+    assert len(kl) == 3 and kl[0] == 0.0 and grads[-2] > 0, (kl, grads)
+    assert all((k > 0) == any(g > 0 for g in grads[:i]) for i, k in enumerate(kl)), (kl, grads)
+    assert all(r["kl_ref"] is None for r in log if r["stage"] == "R1b")
+    con = connect(tmp_path / "lake")
+    config = json.loads(con.execute("select config from runs where run_id = 'R1.train'").fetchone()[0])
+    assert config["stage"]["ref_kl_coef"] == 0.5
+
+
+def test_ref_kl_adds_beta_times_k2_to_the_loss_of_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_rl_step`` adds ref_kl_coef * mean((log pi - log pi_ref)^2 / 2) over the policy tokens, by hand: the
+    reference is 0.3 nats below the policy on every policy token."""
+    import torch
+
+    from trajlake.train import loop
+    from trajlake.train.config import TrainConfig
+
+    losses: list[float] = []
+
+    class Learner(_FakeLearner):
+        reference = object()
+
+        def reference_logprobs(self, batch: dict[str, Any], temperature: float) -> Any:
+            return batch["behavior_logprobs"] - 0.3
+
+        def step(self, loss: Any, grad_clip: float) -> float:
+            losses.append(float(loss.detach()))
+            return 0.0
+
+    monkeypatch.setattr(loop, "policy_objective", lambda *a: (torch.zeros(()), {}))
+    batch = _r2_batch(["a", "b"], 2)
+    batch["advantage"] = torch.zeros(2)
+    stats = loop._rl_step(TrainConfig(name="x"), _r2_stage(algo="rloo", ref_kl_coef=0.4), Learner(), loop.Dist(),
+                          batch, dict.fromkeys(batch["episode_id"], 0), None)  # type: ignore[arg-type]
+    assert stats["kl_ref"] == pytest.approx(0.5 * 0.3 ** 2)
+    assert losses == [pytest.approx(0.4 * 0.5 * 0.3 ** 2)]
+
+
+def test_ref_kl_coef_must_be_a_finite_number_on_an_rl_stage() -> None:
+    from trajlake.errors import ConfigError
+    from trajlake.train.config import parse_config
+
+    def stage(kind: str, coef: float) -> dict[str, Any]:
+        extra = {"data_policy": "oracle"} if kind == "sft" else {"rollout": rollout(TWO_TASKS, attempts=2)}
+        return {"name": "S", "kind": kind, "ref_kl_coef": coef, **extra}
+
+    for kind, coef, message in (("rl", -0.1, "stages[0] (S).ref_kl_coef = -0.1: must be a finite number >= 0"),
+                                ("rl", math.nan, "stages[0] (S).ref_kl_coef = nan: must be a finite number >= 0"),
+                                ("sft", 0.1, "stages[0] (S).ref_kl_coef: only an rl stage")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_config(tiny_config("x", [stage(kind, coef)]))
+    assert parse_config(tiny_config("x", [stage("rl", 0.05)])).stages[0].ref_kl_coef == 0.05

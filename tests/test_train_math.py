@@ -814,3 +814,24 @@ def test_turn_rloo_baseline_does_not_depend_on_the_episodes_own_actions(
     a2 = M.turn_group_advantages(g2, lengths, groups, "rloo")
     k = lengths[i]
     close(a2[i, :k] - a1[i, :k], g2[i, :k] - g1[i, :k], 1e-9)
+
+
+def test_kl_to_reference_is_k2_with_the_score_function_gradient() -> None:
+    """k2 by hand: the token mean over the mask of (log pi - log pi_ref)^2 / 2, its gradient (log pi - log pi_ref)
+    / n on the policy tokens and 0 elsewhere (a NaN reference off the mask changes nothing); 0 where they agree."""
+    import torch
+
+    from trajlake.train.math import kl_to_reference
+
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -2.0, float("nan")], [-0.2, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    kl = kl_to_reference(logp, ref, mask)
+    assert float(kl) == pytest.approx((0.5 * 0.5 ** 2 + 0.0 + 0.5 * 2.0 ** 2 + 0.0) / 4)
+    kl.backward()
+    assert logp.grad is not None
+    assert logp.grad.flatten().tolist() == pytest.approx([0.5 / 4, 0.0, 0.0, 0.0, -2.0 / 4, 0.0])
+    same = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    zero = kl_to_reference(same, same.detach().clone(), torch.ones(1, 2))
+    zero.backward()
+    assert float(zero) == 0.0 and same.grad is not None and same.grad.abs().sum() == 0.0

@@ -9,6 +9,7 @@ file and the key."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -71,6 +72,9 @@ class RlSettings:
     lr: float = 3e-4
     warmup_steps: int = 0
     max_staleness: int = 0
+    ref_kl_coef: float = 0.0
+    """Weight of every RL arm's KL penalty to B1 (``ref_kl_coef`` of the stage, docs/training.md): the same for
+    R1, R2, R3, the placebo and the mask ablation. 0: none."""
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,8 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
         out.append("decision: alpha and power must lie in (0, 1)")
     if cfg.trajectories < 0:
         out.append("trajectories: not negative")
+    if not math.isfinite(cfg.rl.ref_kl_coef) or cfg.rl.ref_kl_coef < 0:
+        out.append(f"rl.ref_kl_coef = {cfg.rl.ref_kl_coef}: must be a finite number >= 0")
     from trajlake.envs import policy_names
     from trajlake.errors import TrajlakeError
     from trajlake.policies.settings import LMSettings

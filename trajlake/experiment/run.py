@@ -245,7 +245,8 @@ class Experiment:
                                    "env_args": dict(cfg.env_args)}
         stage: dict[str, Any] = {"name": arm, "kind": "rl", "algo": rl.algo, "iterations": rl.iterations,
                                  "steps": rl.steps, "batch_size": rl.batch_size, "lr": rl.lr,
-                                 "warmup_steps": rl.warmup_steps, "max_staleness": rl.max_staleness}
+                                 "warmup_steps": rl.warmup_steps, "max_staleness": rl.max_staleness,
+                                 "ref_kl_coef": rl.ref_kl_coef}
         if arm == "R2":
             stage.update(process_reward=cfg.r2.process_reward, process_weight=cfg.r2.process_weight,
                          process_shaping=cfg.r2.process_shaping)

@@ -168,6 +168,11 @@ class StageConfig:
     fault_rate_schedule: tuple[float, ...] = ()
     """rl (R3): the fault curriculum: iteration i plays with fault rate ``fault_rate_schedule[min(i, n-1)]``
     (rising rates); empty: ``rollout.fault_rate`` throughout."""
+    ref_kl_coef: float = 0.0
+    """rl: weight beta of a KL penalty to the stage's starting policy pi_ref (B1 for R1): beta times the token mean
+    over the policy tokens of k2 = (log pi - log pi_ref)^2 / 2, whose gradient on the policy's own samples is that
+    of KL(pi || pi_ref) (docs/training.md, "The loss"). It holds the policy near where the stage began unless the
+    reward pays for moving; logged as ``kl_ref``. 0: none (no reference copy is kept)."""
     # -- controls of an experiment (never for a real run) -------------------------------------------------------
     placebo_shuffle_rewards: bool = False
     """rl, placebo control: shuffle the returns among the members of each group before the advantages (seeded by
@@ -443,6 +448,10 @@ def config_problems(cfg: TrainConfig) -> list[str]:
             out.append(f"{at}.lr = {s.lr}: must be a finite number > 0")
         if s.warmup_steps < 0:
             out.append(f"{at}.warmup_steps = {s.warmup_steps}: must be >= 0")
+        if not _finite(s.ref_kl_coef) or s.ref_kl_coef < 0:
+            out.append(f"{at}.ref_kl_coef = {s.ref_kl_coef}: must be a finite number >= 0")
+        elif s.ref_kl_coef and s.kind != "rl":
+            out.append(f"{at}.ref_kl_coef: only an rl stage has a KL penalty to its start (this one is {s.kind})")
         if not (_finite(s.min_lr_ratio) and 0 <= s.min_lr_ratio <= 1):
             out.append(f"{at}.min_lr_ratio = {s.min_lr_ratio}: must lie in [0, 1]")
         if s.max_staleness < 0:

@@ -154,6 +154,9 @@ class Learner:
         self.proximal: Any = None
         """A frozen copy of the model at the start of the RL iteration (decoupled PPO's pi_prox), when stale
         episodes need its log-probs."""
+        self.reference: Any = None
+        """A frozen copy of the model at the start of the RL stage (pi_ref of ``ref_kl_coef``), when the stage
+        has a KL penalty to it."""
         self.tokens_trained_through = 0
         """Tokens (attention mask 1) of this rank's training forward passes, each followed by a backward: the
         basis of the stage's FLOP estimate (``training_compute``)."""
@@ -172,18 +175,33 @@ class Learner:
             group["lr"] = lr
         self.lr = lr
 
+    def _frozen_copy(self) -> Any:
+        frozen = copy.deepcopy(self.model).eval()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        return frozen
+
     def freeze_proximal(self) -> None:
         """Keep a copy of the current weights as the proximal policy of this RL iteration."""
-        self.proximal = copy.deepcopy(self.model).eval()
-        for p in self.proximal.parameters():
-            p.requires_grad_(False)
+        self.proximal = self._frozen_copy()
+
+    def freeze_reference(self) -> None:
+        """Keep a copy of the current weights (the RL stage's start) as the reference policy of its KL penalty."""
+        self.reference = self._frozen_copy()
 
     def proximal_logprobs(self, batch: dict[str, Any], temperature: float) -> Any:
         """Token log-probs of the batch under the proximal policy (no gradient)."""
+        return self._frozen_logprobs(self.proximal, batch, temperature)
+
+    def reference_logprobs(self, batch: dict[str, Any], temperature: float) -> Any:
+        """Token log-probs of the batch under the reference policy (no gradient), under the same grammar masks."""
+        return self._frozen_logprobs(self.reference, batch, temperature)
+
+    def _frozen_logprobs(self, model: Any, batch: dict[str, Any], temperature: float) -> Any:
         ids = batch["input_ids"].to(self.device)
         attn = batch["attention_mask"].to(self.device)
         with torch.no_grad(), self._autocast():
-            logits = self.proximal(input_ids=ids, attention_mask=attn).logits.float()
+            logits = model(input_ids=ids, attention_mask=attn).logits.float()
         return self._logprobs(logits, ids, temperature, batch.get("grammar_masks"))
 
     def _logprobs(self, logits: Any, ids: Any, temperature: float, masks: Any) -> Any:
@@ -853,6 +871,8 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
     lagged = stage.fixed_staleness is not None
     actor = _Actor(cfg, stage, lake, stage_versions[0], log) if stage.async_rollouts and dist.main else None
     env_now = _current_env_version(cfg.env) if stage.max_env_age is not None else {}
+    if stage.ref_kl_coef:
+        learner.freeze_reference()  # pi_ref: the stage's starting checkpoint (B1 for R1)
     try:
         for it in range(1, stage.iterations + 1):
             run = f"{cfg.run_prefix}{stage.name}-it{it}"
@@ -1201,7 +1221,7 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     if not batch:
         loss = learner.zero_loss()
         grad_norm = learner.step(loss, cfg.grad_clip)
-        return {"loss": _all_sum(dist, 0.0), "kl": None, "entropy": None, "lr": learner.lr, "grad_norm": grad_norm,
+        return {"loss": _all_sum(dist, 0.0), "kl": None, "kl_ref": None, "entropy": None, "lr": learner.lr, "grad_norm": grad_norm,
                 "policy_tokens": int(n_tokens), "ratio_mean": None, "ratio_max": None, "log_ratio_var": None,
                 "staleness_mean": None, "staleness_max": None}
     dev = learner.device
@@ -1234,12 +1254,17 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     kl = tm.kl_to_behavior(out["logp"], old, mask)
     if cfg.kl_coef:
         loss = loss + cfg.kl_coef * kl
+    kl_ref = None
+    if stage.ref_kl_coef:  # the KL penalty to the stage's start (docs/training.md, "The loss")
+        kl_ref = tm.kl_to_reference(out["logp"], learner.reference_logprobs(batch, cfg.temperature), mask)
+        loss = loss + stage.ref_kl_coef * kl_ref
     if value_loss is not None:
         loss = loss + cfg.value_coef * value_loss
     grad_norm = learner.step(loss, cfg.grad_clip)
     diag = tm.ratio_diagnostics(seq_log_ratio, lengths, max_weight=cfg.is_max_weight)
     return {"loss": _all_sum(dist, float(loss.detach())),
-            "kl": float(kl.detach()), "entropy": float(tm.masked_mean(out["entropy"].detach(), mask)),
+            "kl": float(kl.detach()), "kl_ref": None if kl_ref is None else float(kl_ref.detach()),
+            "entropy": float(tm.masked_mean(out["entropy"].detach(), mask)),
             "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
             "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
             "log_ratio_var": diag.get("log_ratio_var"), "log_ratio_var_slope": diag.get("log_ratio_var_slope"),

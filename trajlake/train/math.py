@@ -658,6 +658,16 @@ def kl_to_behavior(logp_new: Tensor, logp_old: Tensor, mask: Tensor, kind: Liter
     return masked_mean(per_token, mask, "token-mean")
 
 
+def kl_to_reference(logp_new: Tensor, logp_ref: Tensor, mask: Tensor) -> Tensor:
+    """Masked token mean of k2 = (log pi_new - log pi_ref)^2 / 2, the KL penalty to a reference policy.
+
+    On tokens the policy itself sampled, its gradient (log pi_new - log pi_ref) * grad log pi_new is the
+    per-token score-function gradient of KL(pi_new || pi_ref) (k3 as a loss has a biased gradient, pitfall 15);
+    k2 is 0, with gradient 0, where the two policies agree. ``logp_ref`` carries no gradient."""
+    delta = _masked(logp_new - logp_ref.detach().to(logp_new.dtype), mask)
+    return masked_mean(0.5 * delta.square(), mask, "token-mean")
+
+
 def value_loss(values: Tensor, returns: Tensor, mask_or_turn_mask: Tensor, clip: float | None = None,
                old_values: Tensor | None = None) -> Tensor:
     """Critic regression 0.5 * (V - G)^2, masked token (or turn) mean.
