@@ -8,9 +8,12 @@ Floats may be ``nan`` in the dict; :func:`to_json` writes them as ``null``.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -203,10 +206,6 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
     settings = settings or Settings()
     if (baseline is None) != (candidate is None):
         raise TrajlakeError("--baseline and --candidate go together")
-    ep = data.ep
-    tool_codes_all = ep["task_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
-    tool_run = ep["run_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
-    tool_slice = ep["slice_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
     report: dict[str, Any] = {
         "report": "trajlake.eval",
         "contract_version": CONTRACT_VERSION,
@@ -225,8 +224,38 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
         "termination_reasons": {},
         "distributions": {},
     }
+    # Every query of the connection runs first, then the failure taxonomy's (the one slow query) runs in a thread
+    # while this one does the statistics, which need no SQL: a DuckDB connection is used by one thread at a time.
     run_sources = _verification_sources(data, "run_code")
     isolation = _isolation(data)
+    slice_sources = _verification_sources(data, "slice_code") if breakdown else {}
+    paired = pairs(data, baseline, candidate) if baseline is not None and candidate is not None else None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-taxonomy") as background:
+        classified = background.submit(_taxonomy, data) if taxonomy else None
+        _statistics(data, report, settings, breakdown, run_sources, isolation, slice_sources,
+                    None if paired is None else (baseline or "", candidate or "", paired[0], paired[1]))
+        if classified is not None:
+            report["taxonomy"] = classified.result()
+    if paired is not None and baseline is not None and candidate is not None:
+        dropped = paired[2]
+        cmp = report.pop("comparison")
+        report["comparison"] = {"baseline": baseline, "candidate": candidate, "n_pairs": cmp["n_pairs"],
+                                "n_tasks": cmp["n_tasks"], "dropped": dropped, "metrics": cmp["metrics"],
+                                "power": cmp["power"], **_decoding(data, baseline, candidate)}
+    return report
+
+
+def _statistics(data: EvalData, report: dict[str, Any], settings: Settings, breakdown: bool,
+                run_sources: dict[int, dict[str, int]], isolation: dict[str, dict[str, int]],
+                slice_sources: dict[int, dict[str, int]],
+                paired: tuple[str, str, np.ndarray, np.ndarray] | None) -> None:
+    """The numpy part of :func:`evaluate` (no SQL): the runs' metric vectors, counts and distributions, the
+    breakdown's and the comparison's statistics (``report["comparison"]``: :func:`compare`'s result)."""
+    ep = data.ep
+    tool_codes_all = ep["task_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
+    tool_run = ep["run_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
+    tool_slice = ep["slice_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
+    run_vectors: dict[str, tuple[int, dict[str, dict[str, Any]]]] = {}
     for run in data.runs:
         idx = data.run_index(run)
         info = data.run_info.get(run)
@@ -234,6 +263,7 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
         tmask = tool_run == code
         sources = run_sources.get(code, {})
         vector = metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings, run)
+        run_vectors[run] = (int(idx.shape[0]), copy.deepcopy(vector))
         report["runs"][run] = {
             "n_episodes": int(idx.shape[0]),
             "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]),
@@ -250,28 +280,27 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
         report["distributions"][run] = {"episode_latency_s": _cdf(ep["wall_seconds"][idx]),
                                         "tool_latency_ms": _cdf(data.tool_latency_ms[tmask])}
     if breakdown:
-        slice_sources = _verification_sources(data, "slice_code")
         for code, (run, split, env_version) in enumerate(data.slices):
             idx = np.flatnonzero(ep["slice_code"] == code).astype(np.int64)
             tmask = tool_slice == code
             sources = slice_sources.get(code, {})
-            vector = metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings,
-                                   f"{run}\x1e{split}\x1e{env_version}")
+            whole = run_vectors.get(run)
+            if whole is not None and whole[0] == idx.shape[0]:
+                # the slice holds every episode of its run (one split, one env_version): the same episodes,
+                # tool calls and tasks, so it reports the run's vector, intervals included
+                vector = copy.deepcopy(whole[1])
+            else:
+                vector = metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings,
+                                       f"{run}\x1e{split}\x1e{env_version}")
             report["breakdown"].append({
                 "run_id": run, "split": split, "env_version": env_version, "n_episodes": int(idx.shape[0]),
                 "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]), **_grading(data, idx, sources),
                 "metrics": _with_sources(vector, sources),
             })
-    if taxonomy:
-        report["taxonomy"] = _taxonomy(data)
-    if baseline is not None and candidate is not None:
-        b_idx, c_idx, dropped = pairs(data, baseline, candidate)
-        cmp = compare(ep, b_idx, c_idx, data.tool_ep_idx, data.tool_latency_ms, settings,
-                      f"{baseline}\x1d{candidate}")
-        report["comparison"] = {"baseline": baseline, "candidate": candidate, "n_pairs": cmp["n_pairs"],
-                                "n_tasks": cmp["n_tasks"], "dropped": dropped, "metrics": cmp["metrics"],
-                                "power": cmp["power"], **_decoding(data, baseline, candidate)}
-    return report
+    if paired is not None:
+        baseline, candidate, b_idx, c_idx = paired
+        report["comparison"] = compare(ep, b_idx, c_idx, data.tool_ep_idx, data.tool_latency_ms, settings,
+                                       f"{baseline}\x1d{candidate}")
 
 
 def _decoding(data: EvalData, baseline: str, candidate: str) -> dict[str, Any]:
@@ -291,6 +320,16 @@ def _decoding(data: EvalData, baseline: str, candidate: str) -> dict[str, Any]:
     return {"constrained": {k: v is not None for k, v in sides.items()}, "warnings": warnings}
 
 
+def _prefetch_scipy_stats() -> None:
+    """Import ``scipy.stats`` (~1 s; the sign tests' binomial) in a thread, so that it overlaps the SQL that
+    loads the lake (DuckDB releases the GIL) instead of adding to it; a later import waits for this one."""
+
+    def load() -> None:
+        from scipy import stats  # noqa: F401
+
+    threading.Thread(target=load, name="trajlake-import-scipy-stats").start()
+
+
 def build_report(lake: LakeArg, *, runs: list[str] | None = None,
                  baseline: str | None = None, candidate: str | None = None,
                  as_of: str | dict[str, int] | None = None, settings: Settings | None = None,
@@ -301,6 +340,7 @@ def build_report(lake: LakeArg, *, runs: list[str] | None = None,
     Evaluates ``runs`` plus the baseline and candidate; with neither runs nor a comparison, every run."""
     if (baseline is None) != (candidate is None):
         raise TrajlakeError("--baseline and --candidate go together")
+    _prefetch_scipy_stats()
     selected: list[str] | None = None
     if runs or baseline is not None:
         selected = list(dict.fromkeys([*(runs or []), *([baseline, candidate] if baseline and candidate else [])]))

@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special, stats
+from scipy import special
 
 from trajlake.errors import StatsInputError
 
@@ -280,6 +280,10 @@ def _binomial_two_sided(k_min: int, n: int) -> float:
     """Exact two-sided binomial p-value for ``p = 1/2``: ``min(1, 2 * P(X <= k_min))``, X ~ Bin(n, 1/2)."""
     if n == 0:
         return 1.0
+    # imported here: scipy.stats takes ~1 s to import and nothing else of this module needs it (a report starts
+    # the import in the background while its SQL runs: trajlake.evaluators.report._prefetch_scipy_stats)
+    from scipy import stats
+
     return float(min(1.0, 2.0 * stats.binom.cdf(k_min, n, 0.5)))
 
 

@@ -275,3 +275,53 @@ def test_reports_are_deterministic_given_the_seed(tmp_path: Path) -> None:
     a, b = (r["runs"]["run-A"]["metrics"] for r in reps)
     for name in ("cost_per_success", "episode_latency_p99", "tool_latency_p50"):
         assert (a[name]["ci_low"], a[name]["ci_high"]) == (b[name]["ci_low"], b[name]["ci_high"])
+
+
+def test_a_slice_holding_its_whole_run_reports_the_run_vector(tmp_path: Path) -> None:
+    """A run played on one split and env_version has one breakdown slice with every episode of the run: it
+    reports the run's metric vector, intervals included (the same episodes, tool calls and tasks); a run split in
+    two keeps a vector per part, bootstrapped on its own."""
+    lk = open_lake(tmp_path / "lake", create=True)
+    eps = [episode(f"a{i}", run="run-A", task=f"t{i % 12}", seed=i, steps=[read("a.py", latency_ms=5.0 * (i + 1))],
+                   cost=0.01 * (i % 7 + 1), success=i % 3 == 0, wall=float(i % 5 + 1)) for i in range(48)]
+    eps += [episode(f"b{i}", run="run-B", task=f"t{i % 12}", seed=i, steps=[read("a.py", latency_ms=3.0 * (i + 1))],
+                    cost=0.01 * (i % 5 + 1), success=i % 2 == 0, wall=float(i % 4 + 1),
+                    split="dev" if i < 24 else "test") for i in range(48)]
+    write(lk, eps)
+    data = load(lk)
+    try:
+        rep = evaluate(data, settings=FAST, taxonomy=False)
+    finally:
+        data.close()
+    a_slices = [b for b in rep["breakdown"] if b["run_id"] == "run-A"]
+    assert len(a_slices) == 1 and a_slices[0]["n_episodes"] == 48
+    assert a_slices[0]["metrics"] == rep["runs"]["run-A"]["metrics"]
+    assert a_slices[0]["metrics"] is not rep["runs"]["run-A"]["metrics"]
+    b_slices = [b for b in rep["breakdown"] if b["run_id"] == "run-B"]
+    assert [b["n_episodes"] for b in b_slices] == [24, 24]
+    assert all(b["metrics"]["cost_usd"]["n"] == 24 != rep["runs"]["run-B"]["metrics"]["cost_usd"]["n"]
+               for b in b_slices)
+
+
+def test_the_taxonomy_runs_beside_the_statistics_and_its_errors_reach_the_caller(
+        demo4: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failure taxonomy runs in a thread while the statistics are computed: the report keeps its key order
+    (taxonomy before comparison), and a failing taxonomy query still stops the report with its own error."""
+    from trajlake.evaluators import report as report_module
+
+    from trajlake.errors import QueryError
+
+    data = load(demo4)
+    try:
+        rep = evaluate(data, baseline="demo-B0", candidate="demo-R1", settings=FAST)
+        assert list(rep)[-3:] == ["distributions", "taxonomy", "comparison"]
+        assert rep["taxonomy"]["demo-B0"]["counts"]
+
+        def broken(_: Any) -> dict[str, Any]:
+            raise QueryError("failure taxonomy (taxonomy.sql) failed: boom")
+
+        monkeypatch.setattr(report_module, "_taxonomy", broken)
+        with pytest.raises(QueryError, match="boom"):
+            evaluate(data, baseline="demo-B0", candidate="demo-R1", settings=FAST)
+    finally:
+        data.close()
