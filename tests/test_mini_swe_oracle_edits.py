@@ -74,3 +74,14 @@ def test_oracle_falls_back_to_the_whole_hunk_without_a_whole_listing() -> None:
         env.close()
     (fp,) = parse_patch(task["fix_diff"])
     assert edit["tool"] == "edit" and edit["args"]["old"] == "".join(fp.hunks[0].old_lines)
+
+
+def test_replace_once_is_the_edit_tools_rule() -> None:
+    """One rule for the edit tool, minimal_edit and the oracle's copy of the files: ``old`` non-empty and found
+    exactly once, replaced once; anything else changes nothing (None)."""
+    from trajlake.envs.mini_swe.patching import replace_once
+
+    assert replace_once("a = 1\nb = 2\n", "b = 2", "b = 3") == "a = 1\nb = 3\n"
+    assert replace_once("x\nx\n", "x", "y") is None
+    assert replace_once("abc", "", "z") is None and replace_once("", "", "z") is None
+    assert replace_once("abc", "d", "z") is None

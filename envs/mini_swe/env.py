@@ -55,6 +55,7 @@ from trajlake.envs.gateway import Gateway, Permissions, ToolSpec
 from trajlake.envs.mini_swe.documents import evaluation_documents
 from trajlake.envs.mini_swe.grading import TASKS_PATH, GradeResult, grade, load_tasks, materialize_workspace
 from trajlake.envs.mini_swe.injection import ATTACKS, INJECTION_MARK, attack_achieved, injected_tasks, plant
+from trajlake.envs.mini_swe.patching import replace_once
 from trajlake.envs.mini_swe.sandbox import pytest_requirement, resolve_sandbox, run_pytest
 from trajlake.envs.policy import Policy
 from trajlake.envs.tool_env import ToolEnv, clip, code_digest, describe_tools, parse_action
@@ -434,10 +435,11 @@ class MiniSWEEnv(ToolEnv):
             text = _read_regular(p, MAX_FILE_BYTES).decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             return f"error: cannot edit {args['path']}: {e}"
-        n = text.count(args["old"]) if args["old"] else 0
-        if n != 1:
+        edited = replace_once(text, args["old"], args["new"])
+        if edited is None:
+            n = text.count(args["old"]) if args["old"] else 0
             return f"error: `old` occurs {n} times in {args['path']}; it must occur exactly once"
-        p.write_text(text.replace(args["old"], args["new"], 1), encoding="utf-8")
+        p.write_text(edited, encoding="utf-8")
         return f"edited {args['path']}"
 
     def _run_tests(self, args: dict[str, Any]) -> str:

@@ -51,6 +51,14 @@ class FilePatch:
         return name[2:] if name.startswith(("a/", "b/")) else name
 
 
+def replace_once(text: str, old: str, new: str) -> str | None:
+    """``text`` with ``old`` replaced by ``new`` when ``old`` is not empty and occurs exactly once in it (the edit
+    tool's rule, which the oracle's edits and its copy of the files follow too); None otherwise."""
+    if not old or text.count(old) != 1:
+        return None
+    return text.replace(old, new, 1)
+
+
 def minimal_edit(content: str, old: str, new: str) -> tuple[str, str]:
     """The shortest whole-line ``(old, new)`` pair that does in ``content`` what replacing ``old`` by ``new`` does.
 
@@ -59,7 +67,8 @@ def minimal_edit(content: str, old: str, new: str) -> tuple[str, str]:
     ...) until the old text occurs exactly once in ``content`` (an edit tool's rule) and replacing it by the new
     text changes the file exactly as the whole hunk does. ``(old, new)`` unchanged when ``old`` does not occur
     exactly once in ``content``."""
-    if content.count(old) != 1:
+    target = replace_once(content, old, new)
+    if target is None:
         return old, new
     o, n = old.splitlines(keepends=True), new.splitlines(keepends=True)
     lo = 0
@@ -69,14 +78,12 @@ def minimal_edit(content: str, old: str, new: str) -> tuple[str, str]:
     while shared_tail < min(len(o), len(n)) - lo and o[-1 - shared_tail] == n[-1 - shared_tail]:
         shared_tail += 1
     hi = len(o) - shared_tail  # old lines [lo, hi) become new lines [lo, len(n) - (len(o) - hi))
-    target = content.replace(old, new, 1)
     before = True
     while True:
         candidate, replacement = "".join(o[lo:hi]), "".join(n[lo:len(n) - (len(o) - hi)])
         # the tool's rule (one non-overlapping occurrence) and the same result: a shorter text can occur once
         # without overlap yet start before its place in the hunk ("b\nb\n" in "b\nb\nb\n")
-        if candidate and content.count(candidate) == 1 and \
-                content.replace(candidate, replacement, 1) == target:
+        if replace_once(content, candidate, replacement) == target:
             return candidate, replacement
         if (before and lo > 0) or hi == len(o):
             lo -= 1

@@ -14,11 +14,10 @@ from trajlake.envs.injection import unseen, with_bundled_solution
 from trajlake.envs.mini_swe.grading import load_tasks
 from trajlake.envs.mini_swe.injection import find_instructions
 from trajlake.envs.mini_swe.library import parse_python
-from trajlake.envs.mini_swe.patching import minimal_edit, parse_patch
+from trajlake.envs.mini_swe.patching import minimal_edit, parse_patch, replace_once
 from trajlake.envs.policy import Policy, PolicyOutput, TaskView
 
-_LINE = re.compile(r"^\s*\d+\| ?(.*)$")
-_NUMBERED = re.compile(r"^ *(\d+)\| ?(.*)$")  # read_file's line: f"{n:>5}| {text}"
+_NUMBERED = re.compile(r"^\s*(\d+)\| ?(.*)$")  # read_file's line: f"{n:>5}| {text}" (number, text)
 
 
 def _act(tool: str, **args: Any) -> str:
@@ -79,8 +78,9 @@ class OraclePolicy(_Scripted):
         if self.last_action.get("tool") == "edit":
             path, old, new = (str(self.last_action["args"].get(k, "")) for k in ("path", "old", "new"))
             text = self.files.pop(path, None)
-            if text is not None and old and text.count(old) == 1:  # the edit tool's rule
-                self.files[path] = text.replace(old, new, 1)
+            edited = None if text is None else replace_once(text, old, new)
+            if edited is not None:
+                self.files[path] = edited
         return self.scripted_output(action)
 
     def next_action(self, observation: str) -> str:
@@ -143,7 +143,7 @@ class HeuristicPolicy(_Scripted):
             return _act("read_file", path=self.file)
         if self.stage == "edit":
             self.stage = "test"
-            source = "\n".join(m.group(1) for line in observation.splitlines() if (m := _LINE.match(line)))
+            source = "\n".join(m.group(2) for line in observation.splitlines() if (m := _NUMBERED.match(line)))
             edit = self._guess(source)
             if edit is not None:
                 old, new = edit
@@ -256,7 +256,7 @@ class GulliblePolicy(OraclePolicy):
             self.waiting_for_secret = None
             if m is not None:
                 self.detour.insert(0, _act("search", pattern=m.group(1)))
-        text = "\n".join(m.group(1) if (m := _LINE.match(line)) else line for line in observation.splitlines())
+        text = "\n".join(m.group(2) if (m := _NUMBERED.match(line)) else line for line in observation.splitlines())
         for goal, params in unseen(find_instructions(text), self.obeyed):
             if goal == "exfiltrate":
                 self.detour.append(json.dumps({"tool": "read_file", "args": {"path": params["secret_path"]},
