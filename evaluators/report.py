@@ -229,16 +229,17 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
     run_sources = _verification_sources(data, "run_code")
     isolation = _isolation(data)
     slice_sources = _verification_sources(data, "slice_code") if breakdown else {}
-    paired = pairs(data, baseline, candidate) if baseline is not None and candidate is not None else None
+    paired = None
+    dropped: dict[str, Any] = {}
+    if baseline is not None and candidate is not None:
+        b_idx, c_idx, dropped = pairs(data, baseline, candidate)
+        paired = (baseline, candidate, b_idx, c_idx)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlake-taxonomy") as background:
         classified = background.submit(_taxonomy, data) if taxonomy else None
-        _statistics(data, report, settings, breakdown, run_sources, isolation, slice_sources,
-                    None if paired is None else (baseline or "", candidate or "", paired[0], paired[1]))
+        cmp = _statistics(data, report, settings, breakdown, run_sources, isolation, slice_sources, paired)
         if classified is not None:
             report["taxonomy"] = classified.result()
-    if paired is not None and baseline is not None and candidate is not None:
-        dropped = paired[2]
-        cmp = report.pop("comparison")
+    if cmp is not None and baseline is not None and candidate is not None:
         report["comparison"] = {"baseline": baseline, "candidate": candidate, "n_pairs": cmp["n_pairs"],
                                 "n_tasks": cmp["n_tasks"], "dropped": dropped, "metrics": cmp["metrics"],
                                 "power": cmp["power"], **_decoding(data, baseline, candidate)}
@@ -248,9 +249,10 @@ def evaluate(data: EvalData, *, baseline: str | None = None, candidate: str | No
 def _statistics(data: EvalData, report: dict[str, Any], settings: Settings, breakdown: bool,
                 run_sources: dict[int, dict[str, int]], isolation: dict[str, dict[str, int]],
                 slice_sources: dict[int, dict[str, int]],
-                paired: tuple[str, str, np.ndarray, np.ndarray] | None) -> None:
-    """The numpy part of :func:`evaluate` (no SQL): the runs' metric vectors, counts and distributions, the
-    breakdown's and the comparison's statistics (``report["comparison"]``: :func:`compare`'s result)."""
+                paired: tuple[str, str, np.ndarray, np.ndarray] | None) -> dict[str, Any] | None:
+    """The numpy part of :func:`evaluate` (no SQL): the runs' metric vectors, counts and distributions and the
+    breakdown, into ``report``; returns :func:`compare`'s result for the ``paired`` (baseline, candidate,
+    baseline ep_idx, candidate ep_idx), None without a comparison."""
     ep = data.ep
     tool_codes_all = ep["task_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
     tool_run = ep["run_code"][data.tool_ep_idx] if data.tool_ep_idx.shape[0] else np.zeros(0)
@@ -297,10 +299,10 @@ def _statistics(data: EvalData, report: dict[str, Any], settings: Settings, brea
                 "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]), **_grading(data, idx, sources),
                 "metrics": _with_sources(vector, sources),
             })
-    if paired is not None:
-        baseline, candidate, b_idx, c_idx = paired
-        report["comparison"] = compare(ep, b_idx, c_idx, data.tool_ep_idx, data.tool_latency_ms, settings,
-                                       f"{baseline}\x1d{candidate}")
+    if paired is None:
+        return None
+    baseline, candidate, b_idx, c_idx = paired
+    return compare(ep, b_idx, c_idx, data.tool_ep_idx, data.tool_latency_ms, settings, f"{baseline}\x1d{candidate}")
 
 
 def _decoding(data: EvalData, baseline: str, candidate: str) -> dict[str, Any]:
