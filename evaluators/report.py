@@ -265,7 +265,7 @@ def _statistics(data: EvalData, report: dict[str, Any], settings: Settings, brea
         tmask = tool_run == code
         sources = run_sources.get(code, {})
         vector = metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings, run)
-        run_vectors[run] = (int(idx.shape[0]), copy.deepcopy(vector))
+        run_vectors[run] = (int(idx.shape[0]), vector)  # copied only where a slice repeats it
         report["runs"][run] = {
             "n_episodes": int(idx.shape[0]),
             "n_tasks": int(np.unique(ep["task_code"][idx]).shape[0]),
@@ -289,7 +289,8 @@ def _statistics(data: EvalData, report: dict[str, Any], settings: Settings, brea
             whole = run_vectors.get(run)
             if whole is not None and whole[0] == idx.shape[0]:
                 # the slice holds every episode of its run (one split, one env_version): the same episodes,
-                # tool calls and tasks, so it reports the run's vector, intervals included
+                # tool calls and tasks, so it reports the run's vector, intervals included (a copy: its
+                # verification sources, the same counts, are set again below)
                 vector = copy.deepcopy(whole[1])
             else:
                 vector = metric_vector(ep, idx, data.tool_latency_ms[tmask], tool_codes_all[tmask], settings,
