@@ -4,6 +4,7 @@ on its rendered episodes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -81,13 +82,34 @@ def test_splits_are_by_family_with_every_kind_in_every_split_and_fixed_sizes() -
     assert all(len(s) == 1 for s in split_of.values()), "a family crosses splits"
     assert {s: kinds[s] for s in (Split.TRAIN, Split.DEV, Split.HIDDEN)} == {s: set(KINDS) for s in
                                                                               (Split.TRAIN, Split.DEV, Split.HIDDEN)}
-    assert Counter(t["split"] for t in tasks) == {Split.TRAIN: 2040, Split.DEV: 60, Split.HIDDEN: 240}
+    assert Counter(t["split"] for t in tasks) == {Split.TRAIN: 20400, Split.DEV: 60, Split.HIDDEN: 240}
     assert len({t["task_id"] for t in tasks}) == len(tasks)
     templates = [text for kind in KINDS for _, text in PHRASINGS[kind]]
     assert len(set(templates)) == len(templates)  # a phrasing belongs to one family, hence one split
     for split in (Split.TRAIN, Split.DEV, Split.HIDDEN):
         assert [t["split"] for t in load_tasks(split)] == [split] * sum(
             INSTANCES_PER_FAMILY[split] for _, _, s in families().values() if s == split)
+
+
+# sha256 of repr([(task_id, task_version), ...]) in generation order, taken before the train split grew from 68 to 680
+# instances per family (2026-12-03): dev, hidden and the first 68 instances of every train family.
+_GOLDEN_DIGESTS = {
+    "train<68": "086c2fbde2251b5e1f156abae0e92c39d5ddebe8ac4fc211baf4e8f6577ac6b3",
+    Split.DEV: "3fc98f62b52922c484bdacdfedd4db7a1e87059e4dbf563b8dcd9ac212a31c81",
+    Split.HIDDEN: "140ddbed255e60844e7d48ab9af73ff64082f70cb9d78514fe9838719b04c96c",
+}
+
+
+def test_growing_the_train_split_changed_no_earlier_task() -> None:
+    """Every task of the 2,040-task train split, and every dev and hidden task, keeps its id and content version,
+    so runs and configs made before the train split grew select and score the same tasks."""
+
+    def digest(tasks: list[dict[str, Any]]) -> str:
+        return hashlib.sha256(repr([(t["task_id"], t["task_version"]) for t in tasks]).encode()).hexdigest()
+
+    assert digest([t for t in load_tasks(Split.TRAIN) if t["seed"] < 68]) == _GOLDEN_DIGESTS["train<68"]
+    assert digest(load_tasks(Split.DEV)) == _GOLDEN_DIGESTS[Split.DEV]
+    assert digest(load_tasks(Split.HIDDEN)) == _GOLDEN_DIGESTS[Split.HIDDEN]
 
 
 def test_tasks_are_a_pure_function_of_family_and_seed() -> None:

@@ -1,9 +1,10 @@
-"""The tool-lookup task set, generated from (family, seed) when first needed (no bundled file: ~2,700 tasks take
-a few tens of milliseconds, and the same code always gives the same tasks).
+"""The tool-lookup task set, generated from (family, seed) when first needed (no bundled file: a split's tasks take
+well under a second, the 20,400 train tasks ~1-3 s, and the same code always gives the same tasks).
 
 Every instance has a small hidden directory: 4-8 entries drawn from a fixed pool of made-up names (:data:`NAMES`),
 each with a 2-digit ``code`` drawn afresh for every instance and a ``partner`` (another entry's name). The values
-are random per instance, so nothing about them can be memorised: the agent has to look them up. Names and codes
+are random per instance, so nothing about them carries over to a new instance: the agent has to look them up (a
+model trained many times over on the same instances can still memorise theirs, see below). Names and codes
 come from small pools on purpose: under the environment's tokenizer each is one token, so solving a task means
 copying one token per value from an observation into a call (a tiny model learns that within minutes; copying
 4-6 letter names and 3-digit codes letter by letter took it thousands of steps).
@@ -18,8 +19,12 @@ Splits are assigned by family, explicitly: per kind ten phrasings are train, one
 (:data:`PHRASINGS`; phrasings 6-11 were added after the first four when four train phrasings per kind proved too
 few for a tiny model to carry over to the hidden one, so the families' names stayed), so every kind is in every
 split and no phrasing crosses splits. Sizes are fixed up front
-(:data:`INSTANCES_PER_FAMILY`): hidden 240, dev 60, train 2,040. Names and codes appear in quotes in statements,
-observations and calls alike, so a tokenizer splits them the same way wherever they occur.
+(:data:`INSTANCES_PER_FAMILY`): hidden 240, dev 60, train 20,400. The train split had 68 instances per family (2,040)
+until 2026-12-03; it grew to 680 because a tiny model cloned for thousands of steps on ~1,000 of them memorised each
+instance's answer instead of learning to copy it (docs/training.md, "Seventh design"). A task is a pure function of
+(family, seed), so the first 68 of every family, and every dev and hidden task, are unchanged (golden digests in
+tests/test_tool_lookup.py). Names and codes appear in quotes in statements, observations and calls alike, so a
+tokenizer splits them the same way wherever they occur.
 
 Fields of a record the agent never sees: ``directory``, ``answer`` and ``plan`` (the oracle's calls).
 """
@@ -91,8 +96,8 @@ PHRASINGS: dict[str, tuple[tuple[Split, str], ...]] = {
         (Split.TRAIN, 'Join the codes of "{a}" and "{b}" with a dash, the code of "{a}" first, and submit.'),
     ),
 }
-INSTANCES_PER_FAMILY: dict[str, int] = {Split.TRAIN: 68, Split.DEV: 20, Split.HIDDEN: 80}
-"""Instances of every family of a split: 30 train families x 68, 3 dev x 20, 3 hidden x 80."""
+INSTANCES_PER_FAMILY: dict[str, int] = {Split.TRAIN: 680, Split.DEV: 20, Split.HIDDEN: 80}
+"""Instances of every family of a split: 30 train families x 680, 3 dev x 20, 3 hidden x 80."""
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
