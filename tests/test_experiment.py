@@ -84,6 +84,34 @@ def test_bad_config_is_one_clear_error(change: dict[str, object], message: str) 
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize(("table", "key", "value", "message"), [
+    ("rl", "lr", float("inf"), "arm R1 (from [rl]): lr = inf: must be a finite number > 0"),
+    ("rl", "ref_kl_coef", -0.5, "arm R1 (from [rl]): ref_kl_coef = -0.5: must be a finite number >= 0"),
+    ("rl", "attempts", 1, "arm R1 (from [rl]): attempts = 1: rloo needs groups"),
+    ("b1", "min_lr_ratio", 2.0, "arm B1 (from [b1]): min_lr_ratio = 2.0: must lie in [0, 1]"),
+    ("b1", "lr", 0.0, "arm B1 (from [b1]): lr = 0.0: must be a finite number > 0"),
+    ("policy_args", "top_p", "0.9", "arm R1 (from [rl]): policy_args.top_p = 0.9: the learner re-scores without"),
+])
+def test_the_trainers_checks_of_every_arm_run_before_anything_is_written(
+        tmp_path: Path, table: str, key: str, value: object, message: str) -> None:
+    """Each trained arm's stage goes through the trainer's own checks when the config is read: a value the trainer
+    refuses stops the experiment before B1 trains (not in R1, an hour later), in one line naming the file, the arm
+    and the key, and no output folder is made."""
+    from trajlake.experiment.run import run_experiment
+
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data.setdefault(table, {})[key] = value
+    with pytest.raises(ConfigError, match=r"experiment-smoke\.toml") as e:
+        parse_experiment(data, str(SMOKE))
+    assert message in str(e.value) and "\n" not in str(e.value)
+    if (table, key) == ("rl", "lr"):  # through the command's entry point: refused before the folder is made
+        bad = tmp_path / "bad.toml"
+        bad.write_text(SMOKE.read_text(encoding="utf-8").replace("lr = 3e-4", "lr = inf"), encoding="utf-8")
+        with pytest.raises(ConfigError, match=r"bad\.toml: arm R1 \(from \[rl\]\): lr = inf"):
+            run_experiment(bad, tmp_path / "out", log=lambda line: None)
+        assert not (tmp_path / "out").exists()
+
+
 def test_b1_learns_from_the_configured_demonstrator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``[b1] data_policy`` reaches B1's training stage (the positive control's fourth design: oracle-shortcut)."""
     from trajlake.experiment.run import Experiment

@@ -9,7 +9,6 @@ file and the key."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trajlake.errors import ConfigError
-from trajlake.train.config import ModelConfig, build_table, raise_problems
+from trajlake.train.config import ModelConfig, TrainConfig, build_table, config_problems, raise_problems
 
 Arm = Literal["B0", "B1", "B2", "R1", "R2", "R3"]
 ARMS: tuple[str, ...] = typing.get_args(Arm)
@@ -247,8 +246,8 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
         out.append("decision: alpha and power must lie in (0, 1)")
     if cfg.trajectories < 0:
         out.append("trajectories: not negative")
-    if not math.isfinite(cfg.rl.ref_kl_coef) or cfg.rl.ref_kl_coef < 0:
-        out.append(f"rl.ref_kl_coef = {cfg.rl.ref_kl_coef}: must be a finite number >= 0")
+    if not out:  # the trainer's own checks of every stage the arms will train (their tables need sound arms)
+        out += stage_problems(cfg)
     from trajlake.envs import policy_names
     from trajlake.errors import TrajlakeError
     from trajlake.policies.settings import LMSettings
@@ -266,6 +265,96 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
         LMSettings.from_args(cfg.policy_args)
     except TrajlakeError as e:
         out.append(f"policy_args: {e}")
+    return out
+
+
+# -- the trainer's tables of the arms ---------------------------------------------------------------------------
+#: The arms that train a stage of their own (the others evaluate a checkpoint of these).
+TRAINED_ARMS = ("B1", "R1", "R2", "R3", "B1M", "PLACEBO", "MASK")
+
+
+def b1_stage(cfg: ExperimentConfig, data_tasks: list[str]) -> dict[str, Any]:
+    """B1's ``[[stages]]`` table: supervised on ``cfg.b1.data_policy``'s episodes of ``data_tasks``."""
+    return {"name": "B1", "kind": "sft", "data_policy": cfg.b1.data_policy, "steps": cfg.b1.steps,
+            "batch_size": cfg.b1.batch_size, "lr": cfg.b1.lr, "warmup_steps": cfg.b1.warmup_steps,
+            "lr_schedule": cfg.b1.lr_schedule, "min_lr_ratio": cfg.b1.min_lr_ratio,
+            "data": {"split": "train", "seeds": "0", "tasks": data_tasks, "workers": cfg.workers,
+                     "env_args": dict(cfg.env_args)}}
+
+
+def rl_stage(cfg: ExperimentConfig, arm: str, rl_tasks: list[str], policy_args: dict[str, str]) -> dict[str, Any]:
+    """The ``[[stages]]`` table of an RL arm (R1, R2, R3, PLACEBO, MASK) from ``[rl]`` and the arm's own table."""
+    rl = cfg.rl
+    rollout: dict[str, Any] = {"split": "train", "seeds": "0", "attempts": rl.attempts, "workers": cfg.workers,
+                               "tasks": rl_tasks, "policy_args": policy_args, "env_args": dict(cfg.env_args)}
+    stage: dict[str, Any] = {"name": arm, "kind": "rl", "algo": rl.algo, "iterations": rl.iterations,
+                             "steps": rl.steps, "batch_size": rl.batch_size, "lr": rl.lr,
+                             "warmup_steps": rl.warmup_steps, "max_staleness": rl.max_staleness,
+                             "ref_kl_coef": rl.ref_kl_coef}
+    if arm == "R2":
+        stage.update(process_reward=cfg.r2.process_reward, process_weight=cfg.r2.process_weight,
+                     process_shaping=cfg.r2.process_shaping)
+    if arm == "PLACEBO":
+        stage["placebo_shuffle_rewards"] = True
+    if arm == "MASK":
+        stage["loss_on_observations"] = True
+    if arm == "R3":
+        stage["fault_rate_schedule"] = list(cfg.r3.fault_rate_schedule)
+        rollout["held_out_fault_kind"] = cfg.r3.held_out_fault_kind
+        if cfg.r3.fault_kinds:
+            rollout["fault_kinds"] = list(cfg.r3.fault_kinds)
+    stage["rollout"] = rollout
+    return stage
+
+
+def b1m_stage(cfg: ExperimentConfig, steps: int, data_run: str) -> dict[str, Any]:
+    """B1M's table: B1's data run again, at B1's final learning rate, for ``steps`` (matched to R1's tokens)."""
+    lr = cfg.b1.lr * (1.0 if cfg.b1.lr_schedule == "constant" else cfg.b1.min_lr_ratio)
+    return {"name": "B1M", "kind": "sft", "data_policy": None, "data_runs": [data_run], "steps": steps,
+            "batch_size": cfg.b1.batch_size, "lr": lr, "warmup_steps": cfg.b1.warmup_steps}
+
+
+def rollout_policy_args(cfg: ExperimentConfig) -> dict[str, str]:
+    """The hf: policy's settings of every rollout the arms play (one thread per worker unless the config says)."""
+    return {"threads": "1", **cfg.policy_args}
+
+
+def train_table(cfg: ExperimentConfig, *, name: str, seed: int, out_dir: str, run_prefix: str,
+                tags: dict[str, str], model: dict[str, Any], stage: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's config (``trajlake train``'s TOML, as data) of one arm's stage."""
+    return {"name": name, "env": cfg.env, "seed": seed, "device": cfg.device, "temperature": cfg.temperature,
+            "lambda_cost": cfg.lambda_cost, "max_length": cfg.max_length, "out_dir": out_dir,
+            "run_prefix": run_prefix, "tags": tags, "model": model, "stages": [stage]}
+
+
+def stage_problems(cfg: ExperimentConfig) -> list[str]:
+    """The trainer's checks (:func:`trajlake.train.config.config_problems`) of every stage the arms will train,
+    built as the experiment builds them (seed 0; task lists, checkpoints and B1M's step count stand in), so that a
+    learning rate, clip or sampling setting the trainer refuses stops the experiment before B1 trains, not an
+    hour later in R1. Each problem names the arm and the experiment table it came from."""
+    out: list[str] = []
+    source = {"B1": "[b1]", "B1M": "[b1]"}
+    placeholder_tasks = [f"{cfg.env}/task"]
+    for arm in cfg.all_arms():
+        if arm not in TRAINED_ARMS:
+            continue
+        if arm == "B1":
+            model: dict[str, Any] = {**dataclasses.asdict(cfg.model), "seed": 0}
+            stage = b1_stage(cfg, placeholder_tasks)
+        elif arm == "B1M":
+            model, stage = {"path": "B1-checkpoint"}, b1m_stage(cfg, 1, "B1-data")
+        else:
+            model, stage = {"path": "B1-checkpoint"}, rl_stage(cfg, arm, placeholder_tasks, rollout_policy_args(cfg))
+        data = train_table(cfg, name=f"{cfg.name}-s0-{arm}", seed=0, out_dir="out", run_prefix="s0-",
+                           tags={"arm": arm}, model=model, stage=stage)
+        try:
+            problems = config_problems(build_table(TrainConfig, data, where=""))
+        except ConfigError as e:
+            problems = [str(e)]
+        for p in problems:  # "stages[0] (R1).lr = inf: ..." -> "arm R1 (from [rl]): lr = inf: ..."
+            p = p.removeprefix(f"stages[0] ({arm})").removeprefix(".").removeprefix(": ")
+            p = p.replace("rollout.policy_args.", "policy_args.").removeprefix("rollout.")
+            out.append(f"arm {arm} (from {source.get(arm, '[rl]')}): {p}")
     return out
 
 

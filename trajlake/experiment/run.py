@@ -27,7 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.errors import TrajlakeError
-from trajlake.experiment.config import NEEDS, ExperimentConfig, load_experiment
+from trajlake.experiment.config import (
+    NEEDS,
+    TRAINED_ARMS,
+    ExperimentConfig,
+    b1_stage,
+    b1m_stage,
+    load_experiment,
+    rl_stage,
+    rollout_policy_args,
+    train_table,
+)
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
@@ -206,10 +216,8 @@ class Experiment:
         cfg = self.cfg
         out_dir = self.folder / f"seed{seed}" / (arm if attempt == 1 else f"{arm}.t{attempt}")
         name = f"{cfg.name}-s{seed}-{arm}" + (f"-t{attempt}" if attempt > 1 else "")
-        data = {"name": name, "env": cfg.env, "seed": seed, "device": cfg.device, "temperature": cfg.temperature,
-                "lambda_cost": cfg.lambda_cost,
-                "max_length": cfg.max_length, "out_dir": str(out_dir), "run_prefix": self.prefix(seed, attempt),
-                "tags": self.tags(arm, seed), "model": model, "stages": [stage]}
+        data = train_table(cfg, name=name, seed=seed, out_dir=str(out_dir), run_prefix=self.prefix(seed, attempt),
+                           tags=self.tags(arm, seed), model=model, stage=stage)
         result = train(parse_config(data, f"{cfg.name} seed {seed} arm {arm}"), self.lake, log=self._quiet)
         s = result.stages[0]
         return {"checkpoint": s.checkpoint, "policy_version": s.policy_version, "runs": s.runs,
@@ -221,7 +229,7 @@ class Experiment:
             self.log(f"    {line.strip()}")
 
     def _rollout_args(self) -> dict[str, str]:
-        return {"threads": "1", **self.cfg.policy_args}
+        return rollout_policy_args(self.cfg)
 
     def b1(self, seed: int) -> None:
         cfg = self.cfg
@@ -230,36 +238,12 @@ class Experiment:
         model["seed"] = seed  # each training seed its own initialisation (and tokenizer corpus order)
         if cfg.model.path is not None:
             model["path"] = str(self.base_model())
-        stage = {"name": "B1", "kind": "sft", "data_policy": cfg.b1.data_policy, "steps": cfg.b1.steps,
-                 "batch_size": cfg.b1.batch_size, "lr": cfg.b1.lr, "warmup_steps": cfg.b1.warmup_steps,
-                 "lr_schedule": cfg.b1.lr_schedule, "min_lr_ratio": cfg.b1.min_lr_ratio,
-                 "data": {"split": "train", "seeds": "0", "tasks": data_tasks, "workers": cfg.workers,
-                          "env_args": dict(cfg.env_args)}}
+        stage = b1_stage(cfg, data_tasks)
         self._stage(f"s{seed}/B1/train", "B1", seed, lambda attempt: self._train(seed, "B1", attempt, model, stage))
 
     def rl(self, seed: int, arm: str) -> None:
-        cfg, rl = self.cfg, self.cfg.rl
-        _, rl_tasks = task_pools(cfg)
-        rollout: dict[str, Any] = {"split": "train", "seeds": "0", "attempts": rl.attempts, "workers": cfg.workers,
-                                   "tasks": rl_tasks, "policy_args": self._rollout_args(),
-                                   "env_args": dict(cfg.env_args)}
-        stage: dict[str, Any] = {"name": arm, "kind": "rl", "algo": rl.algo, "iterations": rl.iterations,
-                                 "steps": rl.steps, "batch_size": rl.batch_size, "lr": rl.lr,
-                                 "warmup_steps": rl.warmup_steps, "max_staleness": rl.max_staleness,
-                                 "ref_kl_coef": rl.ref_kl_coef}
-        if arm == "R2":
-            stage.update(process_reward=cfg.r2.process_reward, process_weight=cfg.r2.process_weight,
-                         process_shaping=cfg.r2.process_shaping)
-        if arm == "PLACEBO":
-            stage["placebo_shuffle_rewards"] = True
-        if arm == "MASK":
-            stage["loss_on_observations"] = True
-        if arm == "R3":
-            stage["fault_rate_schedule"] = list(cfg.r3.fault_rate_schedule)
-            rollout["held_out_fault_kind"] = cfg.r3.held_out_fault_kind
-            if cfg.r3.fault_kinds:
-                rollout["fault_kinds"] = list(cfg.r3.fault_kinds)
-        stage["rollout"] = rollout
+        _, rl_tasks = task_pools(self.cfg)
+        stage = rl_stage(self.cfg, arm, rl_tasks, self._rollout_args())
         model = {"path": str(self.checkpoint(seed, "B1"))}
         self._stage(f"s{seed}/{arm}/train", arm, seed, lambda attempt: self._train(seed, arm, attempt, model, stage))
 
@@ -273,9 +257,7 @@ class Experiment:
         per_step = max(1.0, float(b1["tokens"]) / max(1, int(b1["steps"])))
         steps = max(1, round(float(r1["tokens"]) / per_step))
         data_run = next(r for r in b1["runs"] if r.endswith("-data"))
-        lr = cfg.b1.lr * (1.0 if cfg.b1.lr_schedule == "constant" else cfg.b1.min_lr_ratio)
-        stage = {"name": "B1M", "kind": "sft", "data_policy": None, "data_runs": [data_run], "steps": steps,
-                 "batch_size": cfg.b1.batch_size, "lr": lr, "warmup_steps": cfg.b1.warmup_steps}
+        stage = b1m_stage(cfg, steps, data_run)
         model = {"path": str(self.checkpoint(seed, "B1"))}
 
         def play(attempt: int) -> dict[str, Any]:
@@ -409,7 +391,7 @@ class Experiment:
         out: list[tuple[str, int, str, str]] = []
         for seed in range(cfg.seeds):
             for arm in arms:
-                if arm in ("B1", "R1", "R2", "R3", "B1M", "PLACEBO", "MASK"):
+                if arm in TRAINED_ARMS:
                     out.append(("train", seed, arm, ""))
                 for split in cfg.eval_splits:
                     if arm == "B2":
