@@ -300,6 +300,13 @@ class Env(abc.ABC):
         task_version and split."""
         raise NotImplementedError(f"{type(self).__name__} does not list its tasks")
 
+    def tokenizer_corpus_tasks(self) -> list[dict[str, Any]]:
+        """The tasks whose oracle episodes an environment tokenizer may be trained on
+        (``trajlake.policies.tiny.oracle_episodes`` picks its corpus from them): every task it lists, unless the
+        environment keeps the list fixed so that its tokenizers, and every model trained with one, stay the same
+        when its split grows."""
+        return self.list_tasks()
+
     def task_row(self, task: Mapping[str, Any]) -> dict[str, Any]:
         """The ``tasks`` table row of one of its task records (nothing the agent must not see)."""
         raise NotImplementedError(f"{type(self).__name__} gives no tasks table rows")

@@ -112,6 +112,19 @@ def test_growing_the_train_split_changed_no_earlier_task() -> None:
     assert digest(load_tasks(Split.HIDDEN)) == _GOLDEN_DIGESTS[Split.HIDDEN]
 
 
+def test_the_tokenizer_corpus_did_not_change_when_the_train_split_grew() -> None:
+    """An environment tokenizer's corpus comes from the first 68 instances of every train family, so tokenizers
+    built after the split grew (and every model trained with one) are the ones built before: the digests are of
+    ``oracle_episodes("tool-lookup", n)`` at commit 76419c7, when the split held 2,040 tasks."""
+    from trajlake.policies.tiny import oracle_episodes
+
+    for n, expected in ((64, "e2dac9a6f1b3ed8d0b9d1e7bafa6305d457332315cd362223acef427a1b51efb"),
+                        (1000, "df63ce061f3a5e96c14ae9874f6bec715eaea7f02f2e9abfd46a7ead58015ed5")):
+        episodes = oracle_episodes("tool-lookup", n)
+        assert len(episodes) == n
+        assert hashlib.sha256(json.dumps(episodes).encode()).hexdigest() == expected
+
+
 def test_tasks_are_a_pure_function_of_family_and_seed() -> None:
     a, b = make_task("two_hop/p1", 7), make_task("two_hop/p1", 7)
     assert a == b and a["task_version"] == b["task_version"] == taskset.content_version(a)

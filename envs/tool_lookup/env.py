@@ -46,7 +46,7 @@ from trajlake.envs.policy import Policy
 from trajlake.envs.tool_env import ToolEnv, clip, code_digest, parse_action
 from trajlake.schemas.vocab import Capability, FaultKind, Status, TerminationReason
 
-from .tasks import ENV_ID, entry_line, load_tasks, tasks_by_id
+from .tasks import CORPUS_INSTANCES, ENV_ID, entry_line, load_tasks, tasks_by_id
 
 ENV_VERSION = "1.0"
 TOOL_DOCS: dict[str, dict[str, Any]] = {
@@ -94,6 +94,11 @@ class ToolLookupEnv(ToolEnv):
         self.answer: str | None = None
         self.ended = False
         self._invalid: str | None = None
+
+    def tokenizer_corpus_tasks(self) -> list[dict[str, Any]]:
+        # the first CORPUS_INSTANCES of every family: the corpus (and so the tokenizer) did not change when the
+        # train split grew from 68 to 680 instances per family
+        return [t for t in self.list_tasks() if t["seed"] < CORPUS_INSTANCES]
 
     # -- contract ----------------------------------------------------------------------------------------------
     @property

@@ -98,6 +98,9 @@ PHRASINGS: dict[str, tuple[tuple[Split, str], ...]] = {
 }
 INSTANCES_PER_FAMILY: dict[str, int] = {Split.TRAIN: 680, Split.DEV: 20, Split.HIDDEN: 80}
 """Instances of every family of a split: 30 train families x 680, 3 dev x 20, 3 hidden x 80."""
+CORPUS_INSTANCES = 68
+"""The train instances per family an environment tokenizer's corpus is picked from: the split's size until it grew
+(2026-12-03), so that tokenizers built before and after are the same."""
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
@@ -200,6 +203,6 @@ def tasks_by_id() -> dict[str, dict[str, Any]]:
     return {t["task_id"]: t for s in INSTANCES_PER_FAMILY for t in _split_tasks(s)}
 
 
-__all__ = ["CODES", "CREATED_AT", "ENV_ID", "GENERATOR", "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS", "NAMES", "PHRASINGS",
+__all__ = ["CODES", "CORPUS_INSTANCES", "CREATED_AT", "ENV_ID", "GENERATOR", "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS", "NAMES", "PHRASINGS",
            "entry_line", "families", "family_name", "load_tasks", "make_directory", "make_name", "make_task",
            "tasks_by_id"]

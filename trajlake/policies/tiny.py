@@ -88,9 +88,10 @@ def chatml(messages: Sequence[Mapping[str, str]]) -> str:
 
 
 def oracle_episodes(env: str, n_tasks: int = CORPUS_TASKS, **env_args: Any) -> list[list[Message]]:
-    """The oracle's episodes on up to ``n_tasks`` train-split tasks of ``env`` (spread evenly over the sorted task
-    list), each as the chat messages an ``hf:`` policy sees: system prompt, first observation, then per step the
-    call (``format_call`` of the parsed action) and the observation (``<tool_response>`` message)."""
+    """The oracle's episodes on up to ``n_tasks`` train-split tasks of ``env`` (spread evenly over the
+    environment's ``tokenizer_corpus_tasks``), each as the chat messages an ``hf:`` policy sees: system prompt,
+    first observation, then per step the call (``format_call`` of the parsed action) and the observation
+    (``<tool_response>`` message)."""
     from trajlake.envs import make
 
     environment = make(env, split="train", **env_args)
@@ -99,7 +100,7 @@ def oracle_episodes(env: str, n_tasks: int = CORPUS_TASKS, **env_args: Any) -> l
         if oracle is None:
             raise TrajlakeError(f"environment {env!r} has no oracle policy: it cannot give a tokenizer corpus")
         policy = oracle("tokenizer-corpus")
-        tasks = environment.list_tasks()
+        tasks = environment.tokenizer_corpus_tasks()
         picked = tasks[::max(1, len(tasks) // max(1, n_tasks))][:n_tasks]
         system = system_prompt(type(environment).tool_docs_for(env_args))
         episodes: list[list[Message]] = []
