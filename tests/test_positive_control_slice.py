@@ -4,9 +4,12 @@
 
     TRAJLAKE_POSITIVE_CONTROL_SLICE=1 python -m pytest -q tests/test_positive_control_slice.py
 
-Opt-in, not part of README's test command: it trains for ~12-15 minutes on 2 cores (B1's 4,000 supervised steps
-on one torch thread are ~11 of them; measured 2026-12-03: 14.3 minutes, R1 - B1 +0.121 [+0.079, +0.162]), and the
-whole suite already uses most of CI's ~25-minute budget. Rollouts are batched 8
+Opt-in, not part of README's test command: it trains for ~12-17 minutes on 2 cores (B1's 4,000 supervised steps
+on one torch thread are ~11 of them; measured 2026-12-03: 14.3 minutes, R1 - B1 +0.121 [+0.079, +0.162], and again
+at 1bad488, after B1's data order was made reproducible (d8053d7): 16.5 minutes, B1 0.138, R1 0.200, R1 - B1 +0.062
+[+0.021, +0.104], A/A -0.017 [-0.067, +0.034]), and the whole suite already uses most of CI's ~25-minute budget.
+Its B1 is not the experiment command's seed-0 B1 of the same settings (hidden 0.037 in the sixth design's control):
+one torch thread sums in another order than two, and the 4,000 steps amplify that into another model. Rollouts are batched 8
 episodes at a time, so the figures are reproducible to float rounding, not bit for bit (docs/policies.md).
 """
 
