@@ -112,6 +112,25 @@ def test_growing_the_train_split_changed_no_earlier_task() -> None:
     assert digest(load_tasks(Split.HIDDEN)) == _GOLDEN_DIGESTS[Split.HIDDEN]
 
 
+def test_the_train_list_starts_with_the_tasks_it_held_before_it_grew_in_their_order() -> None:
+    """The tasks the split gained come after the 2,040 it held, which keep their order (task ids sort
+    lexicographically, so instance 100 would otherwise come before 11): B1's data and R1's tasks of every earlier
+    experiment config, and ``reset(seed)``, pick the same tasks. Digests taken at commit 76419c7."""
+    from trajlake.envs import list_tasks
+
+    from trajlake.experiment.config import load_experiment
+    from trajlake.experiment.run import task_pools
+
+    ids = [t["task_id"] for t in list_tasks("tool-lookup", Split.TRAIN)]
+    assert hashlib.sha256(json.dumps(ids[:2040]).encode()).hexdigest() == (
+        "cde47e9a6a8ed91e94cf30c9dddc5cbc3d1bad6f02385530b6aa86ed9506a00e")
+    assert all(int(i.rsplit("/", 1)[1]) >= 68 for i in ids[2040:]) and len(ids) == 20400
+    quick = load_experiment(Path(__file__).resolve().parent.parent / "configs"
+                            / "experiment-positive-control-quick.toml")
+    assert hashlib.sha256(json.dumps(list(task_pools(quick))).encode()).hexdigest() == (
+        "1e5d2298018839e1f5f6b3c606a13457f47c6e4619f86b2d2dfeba733fc44ca8")
+
+
 def test_the_tokenizer_corpus_did_not_change_when_the_train_split_grew() -> None:
     """An environment tokenizer's corpus comes from the first 68 instances of every train family, so tokenizers
     built after the split grew (and every model trained with one) are the ones built before: the digests are of

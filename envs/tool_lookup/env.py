@@ -95,6 +95,12 @@ class ToolLookupEnv(ToolEnv):
         self.ended = False
         self._invalid: str | None = None
 
+    def index_tasks(self, records: Sequence[Mapping[str, Any]], split: str | None, what: str) -> None:
+        super().index_tasks(records, split, what)
+        # the train tasks added when the split grew (instance >= CORPUS_INSTANCES) come after the 2,040 it held
+        # before, which keep their order: prefixes of the list (B1's data, R1's tasks, reset(seed)) are unchanged
+        self.tasks.sort(key=lambda t: (t["split"] == "train" and t["seed"] >= CORPUS_INSTANCES, t["task_id"]))
+
     def tokenizer_corpus_tasks(self) -> list[dict[str, Any]]:
         # the first CORPUS_INSTANCES of every family: the corpus (and so the tokenizer) did not change when the
         # train split grew from 68 to 680 instances per family
