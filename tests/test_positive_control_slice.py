@@ -8,7 +8,7 @@ Opt-in, not part of README's test command: it trains for ~12-17 minutes on 2 cor
 on one torch thread are ~11 of them; measured 2026-12-03: 14.3 minutes, R1 - B1 +0.121 [+0.079, +0.162], and again
 at 1bad488, after B1's data order was made reproducible (d8053d7): 16.5 minutes, B1 0.138, R1 0.200, R1 - B1 +0.062
 [+0.021, +0.104], A/A -0.017 [-0.067, +0.034]), and the whole suite already uses most of CI's ~25-minute budget.
-That rerun's B1 trained on other tasks than the sixth design's: from 52ee523 to the commit after 3d2dff4 the grown
+That rerun's B1 trained on other tasks than the sixth design's: from 52ee523 until 8a0b4ef the grown
 train split listed its tasks in id order, in which instance 100 comes before 11, so the first 1,000 B1 tasks were
 other instances. The list keeps its old order again since then, so at HEAD the slice trains on the sixth design's
 data, whose seed-0 B1 (through the experiment command, two torch threads) memorised instead of copying (hidden
