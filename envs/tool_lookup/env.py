@@ -72,6 +72,11 @@ def _no_injection(tasks: Sequence[Mapping[str, Any]], attack: str) -> list[dict[
     raise EnvError(f"tool-lookup has no prompt-injection suite (asked for {attack!r})")
 
 
+def _added_when_train_grew(task: Mapping[str, Any]) -> bool:
+    """A train instance beyond the first CORPUS_INSTANCES of its family (added on 2026-12-03)."""
+    return bool(task["split"] == "train" and task["seed"] >= CORPUS_INSTANCES)
+
+
 class ToolLookupEnv(ToolEnv):
     """tool-lookup over the generated tasks of one split (or all). One episode at a time. ``memory``: episodic
     memory tools (``True`` or a mapping of limits; :mod:`trajlake.envs.memory`)."""
@@ -97,14 +102,13 @@ class ToolLookupEnv(ToolEnv):
 
     def index_tasks(self, records: Sequence[Mapping[str, Any]], split: str | None, what: str) -> None:
         super().index_tasks(records, split, what)
-        # the train tasks added when the split grew (instance >= CORPUS_INSTANCES) come after the 2,040 it held
-        # before, which keep their order: prefixes of the list (B1's data, R1's tasks, reset(seed)) are unchanged
-        self.tasks.sort(key=lambda t: (t["split"] == "train" and t["seed"] >= CORPUS_INSTANCES, t["task_id"]))
+        # the train tasks added when the split grew come after the 2,040 it held before, which keep their order:
+        # prefixes of the list (B1's data, R1's tasks, reset(seed)) are unchanged
+        self.tasks.sort(key=lambda t: (_added_when_train_grew(t), t["task_id"]))
 
     def tokenizer_corpus_tasks(self) -> list[dict[str, Any]]:
-        # the first CORPUS_INSTANCES of every family: the corpus (and so the tokenizer) did not change when the
-        # train split grew from 68 to 680 instances per family
-        return [t for t in self.list_tasks() if t["seed"] < CORPUS_INSTANCES]
+        # the corpus (and so the tokenizer) did not change when the train split grew from 68 to 680 per family
+        return [t for t in self.list_tasks() if not _added_when_train_grew(t)]
 
     # -- contract ----------------------------------------------------------------------------------------------
     @property

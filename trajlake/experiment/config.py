@@ -273,6 +273,12 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
 TRAINED_ARMS = ("B1", "R1", "R2", "R3", "B1M", "PLACEBO", "MASK")
 
 
+def b1_model(cfg: ExperimentConfig, seed: int) -> dict[str, Any]:
+    """B1's ``[model]`` table: the config's, with the training seed (each seed its own initialisation and tokenizer
+    corpus order)."""
+    return {**dataclasses.asdict(cfg.model), "seed": seed}
+
+
 def b1_stage(cfg: ExperimentConfig, data_tasks: list[str]) -> dict[str, Any]:
     """B1's ``[[stages]]`` table: supervised on ``cfg.b1.data_policy``'s episodes of ``data_tasks``."""
     return {"name": "B1", "kind": "sft", "data_policy": cfg.b1.data_policy, "steps": cfg.b1.steps,
@@ -339,7 +345,7 @@ def stage_problems(cfg: ExperimentConfig) -> list[str]:
         if arm not in TRAINED_ARMS:
             continue
         if arm == "B1":
-            model: dict[str, Any] = {**dataclasses.asdict(cfg.model), "seed": 0}
+            model: dict[str, Any] = b1_model(cfg, 0)
             stage = b1_stage(cfg, placeholder_tasks)
         elif arm == "B1M":
             model, stage = {"path": "B1-checkpoint"}, b1m_stage(cfg, 1, "B1-data")

@@ -31,6 +31,7 @@ from trajlake.experiment.config import (
     NEEDS,
     TRAINED_ARMS,
     ExperimentConfig,
+    b1_model,
     b1_stage,
     b1m_stage,
     load_experiment,
@@ -234,8 +235,7 @@ class Experiment:
     def b1(self, seed: int) -> None:
         cfg = self.cfg
         data_tasks, _ = task_pools(cfg)
-        model = {k: v for k, v in dataclasses.asdict(cfg.model).items()}
-        model["seed"] = seed  # each training seed its own initialisation (and tokenizer corpus order)
+        model = b1_model(cfg, seed)
         if cfg.model.path is not None:
             model["path"] = str(self.base_model())
         stage = b1_stage(cfg, data_tasks)
