@@ -224,3 +224,61 @@ def test_a_failing_batched_forward_fails_its_episodes_instead_of_hanging(tiny: P
         t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "an episode is still waiting for its turn"
     assert len(errors) == 2 and all("the batched forward failed" in str(e) for e in errors)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_batch_buffer_holds_every_rows_cache_through_joins_steps_and_leaves(seed: int) -> None:
+    """The engine's preallocated buffer against a plain list of per-row caches: random joins (rows shorter and
+    longer than the window, more rows than its first slots), decoding steps and leaves (first, middle, last),
+    with the buffer starting small so that it re-lays out on both sides."""
+    import torch
+
+    from trajlake.policies.batched import _buffer_cache, _KVBuffer
+
+    rng = np.random.default_rng(seed)
+    layers, heads, dim = 2, 3, 4
+
+    def kv(length: int) -> list[tuple[Any, Any]]:
+        return [(torch.randn(1, heads, length, dim), torch.randn(1, heads, length, dim)) for _ in range(layers)]
+
+    first = kv(5)
+    buf = _KVBuffer(first, slots=1, capacity=7, end=6)
+    cache = _buffer_cache(buf)
+    buf.add(first, 5)
+    rows = [first]  # the reference: each row's own keys and values
+    relayouts = 0
+    for _ in range(200):
+        op = rng.choice(["join", "step", "step", "step", "leave"]) if rows else "join"
+        if op == "join":
+            new = kv(int(rng.integers(1, 40)))
+            buf.add(new, new[0][0].shape[2])
+            rows.append(new)
+        elif op == "step":
+            capacity = buf.capacity
+            mask = buf.open_column()
+            relayouts += buf.capacity != capacity  # the window reached the buffer's right end
+            assert mask.shape == (len(rows), buf.width + 1) and bool(mask[:, -1].all())
+            step = [(torch.randn(len(rows), heads, 1, dim), torch.randn(len(rows), heads, 1, dim))
+                    for _ in range(layers)]
+            for layer, (k, v) in zip(cache.layers, step, strict=True):
+                keys, _ = layer.update(k, v)
+                assert keys.shape[2] == buf.width + 1
+            buf.close_column()
+            rows = [[(torch.cat([rk, k[i:i + 1]], dim=2), torch.cat([rv, v[i:i + 1]], dim=2))
+                     for (rk, rv), (k, v) in zip(row, step, strict=True)] for i, row in enumerate(rows)]
+        else:
+            i = int(rng.integers(len(rows)))
+            buf.remove(i)
+            last = rows.pop()
+            if i < len(rows):
+                rows[i] = last
+            if rows:
+                buf.fit(max(r[0][0].shape[2] for r in rows))
+        assert buf.rows == len(rows)
+        for i, row in enumerate(rows):
+            length = row[0][0].shape[2]
+            for (k, v), (rk, rv) in zip(buf.own(i, length), row, strict=True):
+                assert torch.equal(k, rk) and torch.equal(v, rv)
+            mask = buf.mask[i, buf.start:buf.end].tolist()
+            assert mask == [0] * (buf.width - length) + [1] * length
+    assert relayouts > 0 and buf.slots > 1
