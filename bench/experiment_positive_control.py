@@ -2,6 +2,7 @@
 
     python bench/experiment_positive_control.py --seeds 3 --out bench/out/positive_control [--arms LIST] [--setup FILE]
     python bench/experiment_positive_control.py --judge EXPERIMENT_DIR --out DIR    # judge a folder already run
+    python bench/experiment_positive_control.py --config EXPERIMENT.toml --seeds 1 --arms b1,r1,aa --out DIR
 
 A thin wrapper over ``trajlake experiment run`` (docs/experiment.md), so that the experiment has one schema and
 one report: it writes the experiment config of this design (``DIR/experiment.toml``: the Setup below, overridden
@@ -27,7 +28,11 @@ difference with its interval and whether B1 is in the design's band (``b1_in_ban
 the criterion's verdict and the learning curves (``DIR/curves-seed<S>.svg``: the success of each RL arm's training
 rollouts per iteration). Run again, the command resumes the experiment where it stopped and does nothing twice;
 the experiment refuses to resume with other settings (``--seeds``, ``--arms``, ``--setup``) in the same DIR.
-``--judge EXPERIMENT_DIR`` trains nothing: it judges the same criterion on a folder of ``trajlake experiment run``
+``--config EXPERIMENT.toml`` runs a ``trajlake experiment`` config of the design instead of the Setup (its name,
+and so its run prefixes and B1's data order, and every setting the Setup has no field for, such as
+``rl.ref_kl_coef``), with its ``seeds`` and ``arms`` replaced by ``--seeds`` and ``--arms`` when those are given,
+then judges it as ``--judge`` does: ``--config configs/experiment-positive-control-constant.toml --seeds 1 --arms
+b1,r1,aa`` is the eighth design's seed 0 (docs/training.md). ``--judge EXPERIMENT_DIR`` trains nothing: it judges the same criterion on a folder of ``trajlake experiment run``
 (for example of ``configs/experiment-positive-control.toml``, which adds B0, B2, R2 and R3 to these arms), with the
 arms, seeds and settings of that folder's experiment.toml, and writes ``DIR/summary.json`` and ``DIR/report.md``.
 
@@ -361,14 +366,39 @@ def judge(folder: Path, out: Path, command: str) -> int:
     return 0
 
 
+def config_with(text: str, source: str, *, seeds: int | None, arms: Sequence[str] | None) -> str:
+    """``text`` (an experiment config's TOML) with its top-level ``seeds`` and ``arms`` lines replaced; the rest,
+    comments included, kept as written."""
+    import re
+
+    wanted: dict[str, Any] = {}
+    if seeds is not None:
+        wanted["seeds"] = seeds
+    if arms is not None:  # the matched arm is the experiment's B1M, which a hypothesis of the config asks for
+        wanted["arms"] = [ARM_RUNS[a] for a in arms if a != "matched"]
+    for key, value in wanted.items():
+        text, n = re.subn(rf"^{key} = .*$", f"{key} = {json.dumps(value)}", text, count=1, flags=re.MULTILINE)
+        if n != 1:
+            raise SystemExit(f"{source}: no top-level `{key} = ...` line to replace (give the key in the config)")
+    data = tomllib.loads(text)
+    if any(data.get(key) != value for key, value in wanted.items()):
+        raise SystemExit(f"{source}: `seeds` or `arms` is not a top-level key written on one line")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     from trajlake.experiment.run import run_experiment
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
+    ap.add_argument("--seeds", type=int, default=None, help="training seeds 0..N-1 (default 3; with --config, "
+                                                                 "the config's)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "positive_control"))
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {','.join(ARMS)}")
+    ap.add_argument("--arms", default=None, help=f"a subset of {','.join(ARMS)} (default all; with --config, the "
+                                                 "config's)")
     ap.add_argument("--setup", help="a TOML file overriding the settings (Setup's fields)")
+    ap.add_argument("--config", metavar="EXPERIMENT_TOML",
+                    help="run this `trajlake experiment` config of the design (its name and settings; --seeds and "
+                         "--arms replace its own when given) instead of the Setup, then judge it")
     ap.add_argument("--judge", metavar="EXPERIMENT_DIR",
                     help="run nothing: judge the criterion on a folder of `trajlake experiment run` (e.g. of "
                          "configs/experiment-positive-control.toml), its arms, seeds and settings from its "
@@ -377,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python", "bench/experiment_positive_control.py", *(argv if argv is not None else sys.argv[1:])])
     if args.judge:
         return judge(Path(args.judge).resolve(), Path(args.out).resolve(), command)
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if args.config and args.setup:
+        ap.error("--config and --setup: give one (--setup sets the Setup's fields, --config a whole experiment)")
+    arms = [a.strip() for a in (args.arms if args.arms is not None else ",".join(ARMS)).split(",") if a.strip()]
     unknown = sorted(set(arms) - set(ARMS))
     if unknown or not arms:
         ap.error(f"--arms: unknown arm(s) {', '.join(unknown) or '(none given)'}; arms: {', '.join(ARMS)}")
@@ -386,13 +418,17 @@ def main(argv: list[str] | None = None) -> int:
         if needs.get(arm) and needs[arm] not in arms:
             ap.error(f"--arms: {arm} needs {needs[arm]}")
     arms = [a for a in ARMS if a in arms]
+    if args.config:
+        return run_config(Path(args.config), Path(args.out).resolve(), command, seeds=args.seeds,
+                          arms=arms if args.arms is not None else None)
+    seeds = 3 if args.seeds is None else args.seeds
     setup = Setup()
     if args.setup:
         with open(args.setup, "rb") as f:
             setup = dataclasses.replace(setup, **tomllib.load(f))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    config, text = out / "experiment.toml", to_toml(experiment_config(setup, arms, args.seeds))
+    config, text = out / "experiment.toml", to_toml(experiment_config(setup, arms, seeds))
     earlier = out / "experiment" / "experiment.toml"  # the experiment keeps a copy of the config it runs
     if earlier.is_file() and earlier.read_text(encoding="utf-8") != text:
         print(f"{out}: holds the experiment of other settings ({earlier}: --seeds, --arms or --setup differ); run "
@@ -406,10 +442,33 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     folder = run_experiment(config, out / "experiment", log=log, command=command)
     log(f"experiment done in {(time.monotonic() - t0) / 60:.1f} min")
-    results = [seed_results(folder, setup, arms, seed) for seed in range(args.seeds)]
-    write_outputs(out, setup, arms, results, command, seeds_planned=args.seeds)
+    results = [seed_results(folder, setup, arms, seed) for seed in range(seeds)]
+    write_outputs(out, setup, arms, results, command, seeds_planned=seeds)
     print(json.dumps({s["seed"]: {k: s[k] for k in ("success", *COMPARISONS) if k in s} for s in results}, indent=1))
     return 0
+
+
+def run_config(config: Path, out: Path, command: str, *, seeds: int | None, arms: Sequence[str] | None) -> int:
+    """``--config``: run the experiment config (``seeds`` and ``arms`` replaced when given) into
+    ``out/experiment``, then judge it into ``out``."""
+    from trajlake.experiment.run import run_experiment
+
+    text = config_with(config.read_text(encoding="utf-8"), str(config), seeds=seeds, arms=arms)
+    out.mkdir(parents=True, exist_ok=True)
+    earlier = out / "experiment" / "experiment.toml"
+    if earlier.is_file() and earlier.read_text(encoding="utf-8") != text:
+        print(f"{out}: holds the experiment of another config ({earlier}); run it with that one or choose another "
+              f"--out", file=sys.stderr)
+        return 1
+    (out / "experiment.toml").write_text(text, encoding="utf-8")
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    t0 = time.monotonic()
+    folder = run_experiment(out / "experiment.toml", out / "experiment", log=log, command=command)
+    log(f"experiment done in {(time.monotonic() - t0) / 60:.1f} min")
+    return judge(folder, out, command)
 
 
 def write_outputs(out: Path, setup: Setup, arms: Sequence[str], results: Sequence[dict[str, Any]], command: str,

@@ -237,3 +237,34 @@ def test_outputs_after_each_seed_say_what_is_done_and_whether_b1_is_in_its_band(
                              seeds_planned=3)
     assert json.loads((tmp_path / "summary.json").read_text())["criterion_met"] is True
     assert "**Verdict: criterion met**\n" in (tmp_path / "report.md").read_text()
+
+
+def test_a_config_runs_with_its_seeds_and_arms_replaced_and_everything_else_as_written(experiment: ModuleType,
+                                                                                       tmp_path: Path) -> None:
+    source = ROOT / "configs" / "experiment-positive-control-constant.toml"
+    text = source.read_text(encoding="utf-8")
+    slice_text = experiment.config_with(text, str(source), seeds=1, arms=["b1", "r1", "aa"])
+    data, original = tomllib.loads(slice_text), tomllib.loads(text)
+    assert data["seeds"] == 1 and data["arms"] == ["B1", "R1", "AA"]
+    # the name (run prefixes, B1's data order) and every other setting are the eighth design's
+    assert {k: v for k, v in data.items() if k not in ("seeds", "arms")} == \
+        {k: v for k, v in original.items() if k not in ("seeds", "arms")}
+    assert data["name"] == "positive-control-12k" and data["rl"]["ref_kl_coef"] == 0.04
+    assert experiment.config_with(text, "x", seeds=None, arms=None) == text
+    with pytest.raises(SystemExit, match=r"no top-level `arms = \.\.\.` line"):
+        experiment.config_with(text.replace('arms = ["B1"', 'arms = [\n"B1"').replace("\narms =", "\n# arms ="),
+                               "x.toml", seeds=None, arms=["b1"])
+
+
+def test_a_config_and_a_setup_are_refused_together_and_another_config_in_the_folder_runs_nothing(
+        experiment: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = ROOT / "configs" / "experiment-positive-control-constant.toml"
+    with pytest.raises(SystemExit):
+        experiment.main(["--config", str(config), "--setup", str(config), "--out", str(tmp_path)])
+    assert "give one" in capsys.readouterr().err
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "experiment.toml").write_text(config.read_text(encoding="utf-8"), encoding="utf-8")
+    assert experiment.main(["--config", str(config), "--seeds", "1", "--arms", "b1,r1,aa", "--out",
+                            str(tmp_path)]) == 1
+    assert "holds the experiment of another config" in capsys.readouterr().err
+    assert not (tmp_path / "experiment" / "lake").exists()
