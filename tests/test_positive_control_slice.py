@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("TRAJLAKE_POSITIVE_CONTROL_SLICE") != "1",
-                       reason="opt-in (~14 minutes of training): TRAJLAKE_POSITIVE_CONTROL_SLICE=1"),
+                       reason="opt-in (~21 minutes of training): TRAJLAKE_POSITIVE_CONTROL_SLICE=1"),
 ]
 
 
