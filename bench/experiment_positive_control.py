@@ -387,8 +387,6 @@ def config_with(text: str, source: str, *, seeds: int | None, arms: Sequence[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trajlake.experiment.run import run_experiment
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--seeds", type=int, default=None, help="training seeds 0..N-1 (default 3; with --config, "
                                                                  "the config's)")
@@ -427,13 +425,29 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.setup, "rb") as f:
             setup = dataclasses.replace(setup, **tomllib.load(f))
     out = Path(args.out).resolve()
+    folder = run_in(out, to_toml(experiment_config(setup, arms, seeds)), command,
+                    differs="other settings ({earlier}: --seeds, --arms or --setup differ); run it with those")
+    if folder is None:
+        return 1
+    results = [seed_results(folder, setup, arms, seed) for seed in range(seeds)]
+    write_outputs(out, setup, arms, results, command, seeds_planned=seeds)
+    print(json.dumps({s["seed"]: {k: s[k] for k in ("success", *COMPARISONS) if k in s} for s in results}, indent=1))
+    return 0
+
+
+def run_in(out: Path, text: str, command: str, *, differs: str) -> Path | None:
+    """Run (or resume) the experiment config ``text`` (written to ``out/experiment.toml``) in ``out/experiment``;
+    returns that folder, or None after one line on stderr when the folder holds an experiment of another config
+    (``differs`` says which, ``{earlier}`` standing for its config's path)."""
+    from trajlake.experiment.run import run_experiment
+
     out.mkdir(parents=True, exist_ok=True)
-    config, text = out / "experiment.toml", to_toml(experiment_config(setup, arms, seeds))
     earlier = out / "experiment" / "experiment.toml"  # the experiment keeps a copy of the config it runs
     if earlier.is_file() and earlier.read_text(encoding="utf-8") != text:
-        print(f"{out}: holds the experiment of other settings ({earlier}: --seeds, --arms or --setup differ); run "
-              f"it with those or choose another --out", file=sys.stderr)
-        return 1
+        print(f"{out}: holds the experiment of {differs.format(earlier=earlier)} or choose another --out",
+              file=sys.stderr)
+        return None
+    config = out / "experiment.toml"
     config.write_text(text, encoding="utf-8")
 
     def log(line: str) -> None:
@@ -442,33 +456,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     folder = run_experiment(config, out / "experiment", log=log, command=command)
     log(f"experiment done in {(time.monotonic() - t0) / 60:.1f} min")
-    results = [seed_results(folder, setup, arms, seed) for seed in range(seeds)]
-    write_outputs(out, setup, arms, results, command, seeds_planned=seeds)
-    print(json.dumps({s["seed"]: {k: s[k] for k in ("success", *COMPARISONS) if k in s} for s in results}, indent=1))
-    return 0
+    return folder
 
 
 def run_config(config: Path, out: Path, command: str, *, seeds: int | None, arms: Sequence[str] | None) -> int:
     """``--config``: run the experiment config (``seeds`` and ``arms`` replaced when given) into
     ``out/experiment``, then judge it into ``out``."""
-    from trajlake.experiment.run import run_experiment
-
     text = config_with(config.read_text(encoding="utf-8"), str(config), seeds=seeds, arms=arms)
-    out.mkdir(parents=True, exist_ok=True)
-    earlier = out / "experiment" / "experiment.toml"
-    if earlier.is_file() and earlier.read_text(encoding="utf-8") != text:
-        print(f"{out}: holds the experiment of another config ({earlier}); run it with that one or choose another "
-              f"--out", file=sys.stderr)
-        return 1
-    (out / "experiment.toml").write_text(text, encoding="utf-8")
-
-    def log(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    t0 = time.monotonic()
-    folder = run_experiment(out / "experiment.toml", out / "experiment", log=log, command=command)
-    log(f"experiment done in {(time.monotonic() - t0) / 60:.1f} min")
-    return judge(folder, out, command)
+    folder = run_in(out, text, command, differs="another config ({earlier}); run it with that one")
+    return 1 if folder is None else judge(folder, out, command)
 
 
 def write_outputs(out: Path, setup: Setup, arms: Sequence[str], results: Sequence[dict[str, Any]], command: str,

@@ -89,15 +89,22 @@ class _KVBuffer:
     """
 
     def __init__(self, template: list[tuple[Any, Any]], slots: int, capacity: int, end: int):
-        torch = _torch()
-        k0 = template[0][0]
-        self.keys = [torch.zeros(slots, k.shape[1], capacity, k.shape[3], dtype=k.dtype, device=k.device)
-                     for k, _ in template]
-        self.values = [torch.zeros(slots, v.shape[1], capacity, v.shape[3], dtype=v.dtype, device=v.device)
-                       for _, v in template]
-        self.mask = torch.zeros(slots, capacity, dtype=torch.long, device=k0.device)
+        self.keys, self.values, self.mask = self._allocate([k for k, _ in template], [v for _, v in template],
+                                                           slots, capacity)
         self.rows = 0
         self.start = self.end = end
+
+    @staticmethod
+    def _allocate(keys: list[Any], values: list[Any], slots: int, capacity: int) -> tuple[list[Any], list[Any], Any]:
+        """Zeroed keys, values (heads, head size, dtype and device of ``keys`` / ``values`` per layer) and mask
+        for ``slots`` rows of ``capacity`` columns."""
+        torch = _torch()
+
+        def zeros(like: Any) -> Any:
+            return torch.zeros(slots, like.shape[1], capacity, like.shape[3], dtype=like.dtype, device=like.device)
+
+        mask = torch.zeros(slots, capacity, dtype=torch.long, device=keys[0].device)
+        return [zeros(k) for k in keys], [zeros(v) for v in values], mask
 
     @property
     def slots(self) -> int:
@@ -114,16 +121,11 @@ class _KVBuffer:
     def relayout(self, slots: int, left: int, right: int) -> None:
         """Copy the window into a new buffer of ``slots`` rows with at least ``left`` free columns before it and
         ``right`` after it (each side also gets half the window's width again as room to grow)."""
-        torch = _torch()
         width = self.width
         room = width // 2 + 16
         start = left + room
         capacity = start + width + right + room
-        keys = [torch.zeros(slots, k.shape[1], capacity, k.shape[3], dtype=k.dtype, device=k.device)
-                for k in self.keys]
-        values = [torch.zeros(slots, v.shape[1], capacity, v.shape[3], dtype=v.dtype, device=v.device)
-                  for v in self.values]
-        mask = torch.zeros(slots, capacity, dtype=torch.long, device=self.mask.device)
+        keys, values, mask = self._allocate(self.keys, self.values, slots, capacity)
         n, a, b = self.rows, self.start, self.end
         for new, old in zip(keys + values, self.keys + self.values, strict=True):
             new[:n, :, start:start + width] = old[:n, :, a:b]
@@ -133,9 +135,9 @@ class _KVBuffer:
 
     def add(self, layers: list[tuple[Any, Any]], length: int) -> None:
         """A new last row: its own cache (``[1, heads, length, head_dim]`` per layer) copied in, right-aligned."""
-        if self.rows == self.slots or (length > self.width and self.end - length < 0):
-            self.relayout(max(self.slots, self.rows + 1) * (2 if self.rows == self.slots else 1),
-                          max(0, length - self.width), 1)
+        full = self.rows == self.slots
+        if full or (length > self.width and self.end - length < 0):
+            self.relayout(2 * self.slots if full else self.slots, max(0, length - self.width), 1)
         if length > self.width:  # the window widens to the left: the other rows' new columns are padding
             self.mask[:self.rows, self.end - length:self.start] = 0
             self.start = self.end - length
