@@ -127,6 +127,67 @@ def test_b1_learns_from_the_configured_demonstrator(tmp_path: Path, monkeypatch:
     assert [s["data_policy"] for s in stages] == ["oracle", "oracle-shortcut"]
 
 
+def test_b1_restarts_from_a_new_initialisation_while_its_plateau_check_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[b1] plateau_check`` and ``restarts``: each B1 whose check fails is trained again from model seed
+    ``seed + 1000 k`` under its own run prefix and folder; the last restart runs without the check; the stopped
+    attempts are recorded in the state entry (the bundle's ``training``)."""
+    from trajlake.errors import PlateauError
+    from trajlake.experiment.run import Experiment
+
+    calls: list[tuple[int, dict[str, object], dict[str, object]]] = []
+
+    def fake_train(self: Experiment, seed: int, arm: str, attempt: int, model: dict[str, object],
+                   stage: dict[str, object], restart: int = 0) -> dict[str, object]:
+        calls.append((restart, model, stage))
+        if "plateau_check" in stage and restart < 2:  # the first two stay on the plateau
+            raise PlateauError("stage B1: on the plateau", mean_loss=0.61 + restart / 100, step=30)
+        return {"checkpoint": "ckpt", "tokens": 1, "steps": 40, "runs": [f"{self.prefix(seed, attempt, restart)}B1-data"]}
+
+    monkeypatch.setattr(Experiment, "_train", fake_train)
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data["seeds"] = 3
+    data["b1"] = {**data.get("b1", {}), "steps": 40, "restarts": 3,
+                  "plateau_check": {"step": 30, "window": 10, "max_loss": 0.5}}
+    exp = Experiment(parse_experiment(data, "x"), tmp_path, lambda line: None)
+    exp.b1(2)
+    assert [(r, m["seed"], "plateau_check" in st) for r, m, st in calls] == [
+        (0, 2, True), (1, 1002, True), (2, 2002, True)]
+    assert calls[0][2]["plateau_check"] == {"step": 30, "window": 10, "max_loss": 0.5}
+    entry = exp.state.done("s2/B1/train")
+    assert entry is not None and entry["model_seed"] == 2002 and entry["runs"] == ["s2r2-B1-data"]
+    assert entry["restarts"] == [
+        {"restart": 0, "model_seed": 2, "step": 30, "mean_loss": 0.61, "prefix": "s2-"},
+        {"restart": 1, "model_seed": 1002, "step": 30, "mean_loss": 0.62, "prefix": "s2r1-"}]
+
+    calls.clear()
+    data["b1"]["restarts"] = 1  # every check fails: the last restart trains to the end without one
+    monkeypatch.setattr(Experiment, "_train", lambda self, seed, arm, attempt, model, stage, restart=0: (
+        calls.append((restart, model, stage)),
+        (_ for _ in ()).throw(PlateauError("x", mean_loss=0.7, step=30)) if "plateau_check" in stage else
+        {"checkpoint": "c", "tokens": 1, "steps": 40, "runs": []})[1])
+    (tmp_path / "again").mkdir()
+    exp = Experiment(parse_experiment(data, "x"), tmp_path / "again", lambda line: None)
+    exp.b1(0)
+    assert [(r, m["seed"], "plateau_check" in st) for r, m, st in calls] == [(0, 0, True), (1, 1000, False)]
+    assert [a["prefix"] for a in exp.state.done("s0/B1/train")["restarts"]] == ["s0-"]
+
+
+@pytest.mark.parametrize(("b1", "message"), [
+    ({"restarts": 2}, "b1: plateau_check and restarts >= 1 go together"),
+    ({"plateau_check": {"step": 30, "window": 10, "max_loss": 0.5}}, "b1: plateau_check and restarts >= 1 go"),
+    ({"restarts": -1}, "b1.restarts = -1: must be >= 0"),
+    ({"restarts": 1, "steps": 20, "plateau_check": {"step": 30, "window": 10, "max_loss": 0.5}},
+     "arm B1 (from [b1]): plateau_check: step = 30: must lie in [window, steps) = [10, 20)"),
+])
+def test_b1_restart_settings_are_checked_before_anything_runs(b1: dict[str, object], message: str) -> None:
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data["b1"] = {**data.get("b1", {}), **b1}
+    with pytest.raises(ConfigError, match=r"experiment-smoke\.toml") as e:
+        parse_experiment(data, str(SMOKE))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
 def test_b0_plays_unbatched_when_the_experiment_batches_its_hf_arms(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """``policy_args.batch_episodes`` batches the hf: arms; B0's single-turn policy refuses the key, so its

@@ -659,3 +659,66 @@ def test_ref_kl_coef_must_be_a_finite_number_on_an_rl_stage() -> None:
         with pytest.raises(ConfigError, match=re.escape(message)):
             parse_config(tiny_config("x", [stage(kind, coef)]))
     assert parse_config(tiny_config("x", [stage("rl", 0.05)])).stages[0].ref_kl_coef == 0.05
+
+
+# -- the plateau check of an sft stage ----------------------------------------------------------------------------
+
+def test_a_plateau_check_stops_sft_above_its_bar_and_registers_nothing(tmp_path: Path) -> None:
+    """``plateau_check``: after its step, the mean of the window's losses (read back from the training log) is
+    compared with ``max_loss``; above it the stage raises PlateauError naming the numbers, keeps its training log
+    and registers no checkpoint (no ``B1.train`` run, no folder); at or below it the stage trains on to the end."""
+    from trajlake.errors import PlateauError
+    from trajlake.policies.tiny import build_tiny_model
+    from trajlake.train.config import parse_config
+    from trajlake.train.loop import train
+
+    model = build_tiny_model(tmp_path / "model", max_positions=1024, env="tool-lookup", corpus_tasks=8)
+
+    def config(name: str, max_loss: float) -> Any:
+        stage = {"name": "B1", "kind": "sft", "steps": 5, "batch_size": 2, "lr": 1e-3,
+                 "data": rollout(DP_TASKS, max_steps=4),
+                 "plateau_check": {"step": 3, "window": 2, "max_loss": max_loss}}
+        return parse_config(tiny_config(name, [stage], model=model, out=tmp_path / name, env="tool-lookup",
+                                        max_length=1024, run_prefix=f"{name}-"))
+
+    lines: list[str] = []
+    with pytest.raises(PlateauError, match=r"^stage B1: mean training loss \d+\.\d{4} over steps 1-2 is above "
+                                           r"plateau_check\.max_loss = 0\.001: the model is still on its loss "
+                                           r"plateau; no checkpoint was saved$") as e:
+        train(config("low", 1e-3), str(tmp_path / "lake"), log=lines.append)
+    losses = [r["loss"] for r in pq.read_table(tmp_path / "low" / "train_log.parquet").to_pylist()]
+    assert len(losses) == 3 and e.value.step == 3
+    assert e.value.mean_loss == pytest.approx((losses[1] + losses[2]) / 2, rel=1e-12)
+    assert any("plateau check failed" in line for line in lines)
+    assert not (tmp_path / "low" / "B1").exists()
+    con = connect(tmp_path / "lake")
+    assert con.execute("select count(*) from runs where run_id = 'low-B1.train'").fetchone()[0] == 0
+
+    result = train(config("high", e.value.mean_loss + 1.0), str(tmp_path / "lake"), log=lines.append)
+    assert result.stages[0].steps == 5 and (tmp_path / "high" / "B1").is_dir()
+    assert any("plateau check passed" in line for line in lines)
+    con = connect(tmp_path / "lake")
+    assert con.execute("select count(*) from runs where run_id = 'high-B1.train'").fetchone()[0] == 1
+
+
+def test_a_plateau_check_is_refused_where_it_cannot_work() -> None:
+    """One clear line per problem, before anything runs: an rl stage, a step outside [window, steps), a bar that
+    is not a finite positive number."""
+    from trajlake.errors import ConfigError
+    from trajlake.train.config import parse_config
+
+    def problems(stage: dict[str, Any]) -> str:
+        with pytest.raises(ConfigError) as e:
+            parse_config(tiny_config("x", [stage]))
+        return str(e.value)
+
+    sft = {"name": "B1", "kind": "sft", "steps": 10, "data": rollout(TWO_TASKS)}
+    assert "stages[0] (B1).plateau_check: step = 10: must lie in [window, steps) = [4, 10)" in problems(
+        {**sft, "plateau_check": {"step": 10, "window": 4, "max_loss": 0.5}})
+    assert "stages[0] (B1).plateau_check: step = 2: must lie in [window, steps) = [4, 10)" in problems(
+        {**sft, "plateau_check": {"step": 2, "window": 4, "max_loss": 0.5}})
+    assert "plateau_check: max_loss = nan: must be a finite number > 0" in problems(
+        {**sft, "plateau_check": {"step": 5, "window": 4, "max_loss": float("nan")}})
+    assert "plateau_check: only an sft stage has a plateau check (this one is rl)" in problems(
+        {"name": "R1", "kind": "rl", "rollout": rollout(TWO_TASKS),
+         "plateau_check": {"step": 5, "window": 4, "max_loss": 0.5}})

@@ -162,6 +162,17 @@ class TrainError(TrajlakeError):
     """The training run cannot go on (names the stage and what to do)."""
 
 
+class PlateauError(TrainError):
+    """A supervised stage's ``plateau_check`` found its mean training loss still above the bar at the check's step:
+    the stage stops there and registers no checkpoint (``trajlake experiment`` restarts B1 from a new
+    initialisation when its ``[b1] restarts`` allow)."""
+
+    def __init__(self, message: str, *, mean_loss: float, step: int) -> None:
+        super().__init__(message)
+        self.mean_loss = mean_loss
+        self.step = step
+
+
 # -- language-model policies -------------------------------------------------------------------------------------
 class ContextOverflowError(TrajlakeError):
     """The context does not fit the window even after trimming."""

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trajlake.errors import ConfigError
-from trajlake.train.config import ModelConfig, TrainConfig, build_table, config_problems, raise_problems
+from trajlake.train.config import (
+    ModelConfig,
+    PlateauCheck,
+    TrainConfig,
+    build_table,
+    config_problems,
+    raise_problems,
+)
 
 Arm = Literal["B0", "B1", "B2", "R1", "R2", "R3"]
 ARMS: tuple[str, ...] = typing.get_args(Arm)
@@ -49,6 +56,14 @@ class SftSettings:
     warmup_steps: int = 5
     lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
     min_lr_ratio: float = 0.1
+    plateau_check: PlateauCheck | None = None
+    """``{ step = S, window = W, max_loss = L }``: B1's training-loss check (the trainer's sft ``plateau_check``):
+    a B1 whose mean loss over steps S-W .. S-1 is above L is stopped there and trained again from a new
+    initialisation, up to ``restarts`` times. Decided on B1's own training loss only, never on an evaluation."""
+    restarts: int = 0
+    """With ``plateau_check``: how many times B1 may start again from a new initialisation (the tiny model's seed
+    ``seed + 1000 * k`` for restart k, its runs prefixed ``s<seed>r<k>-``). The last restart runs without the
+    check, so every seed ends with a B1; the stopped attempts are listed in the state and the bundle."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +257,14 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
             out.append(f"{at}: split {h.split!r} is not one of eval_splits")
         if h.metric == "recovery_held_out" and not {h.baseline, h.candidate} <= {"B1", "R1", "R3"}:
             out.append(f"{at}: recovery_held_out compares B1, R1 or R3 (the arms evaluated under the held-out fault)")
+    if cfg.b1.restarts < 0:
+        out.append(f"b1.restarts = {cfg.b1.restarts}: must be >= 0")
+    elif (cfg.b1.restarts > 0) != (cfg.b1.plateau_check is not None):
+        out.append("b1: plateau_check and restarts >= 1 go together (B1 restarts when its plateau check fails; the "
+                   "last restart runs without the check)")
+    elif cfg.b1.restarts and cfg.model.path is not None:
+        out.append("b1.restarts: only a tiny model built by the experiment ([model] build_tiny) has a new "
+                   "initialisation to restart from")
     if not 0 < cfg.decision.alpha < 1 or not 0 < cfg.decision.power < 1:
         out.append("decision: alpha and power must lie in (0, 1)")
     if cfg.trajectories < 0:
@@ -273,19 +296,27 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
 TRAINED_ARMS = ("B1", "R1", "R2", "R3", "B1M", "PLACEBO", "MASK")
 
 
-def b1_model(cfg: ExperimentConfig, seed: int) -> dict[str, Any]:
+#: The tiny model's seed of B1's k-th restart is ``seed + RESTART_SEED_STRIDE * k`` (clear of the training seeds).
+RESTART_SEED_STRIDE = 1000
+
+
+def b1_model(cfg: ExperimentConfig, seed: int, restart: int = 0) -> dict[str, Any]:
     """B1's ``[model]`` table: the config's, with the training seed (each seed its own initialisation and tokenizer
-    corpus order)."""
-    return {**dataclasses.asdict(cfg.model), "seed": seed}
+    corpus order); restart k of a B1 that stayed on its loss plateau starts from seed ``seed + 1000 k``."""
+    return {**dataclasses.asdict(cfg.model), "seed": seed + RESTART_SEED_STRIDE * restart}
 
 
-def b1_stage(cfg: ExperimentConfig, data_tasks: list[str]) -> dict[str, Any]:
-    """B1's ``[[stages]]`` table: supervised on ``cfg.b1.data_policy``'s episodes of ``data_tasks``."""
-    return {"name": "B1", "kind": "sft", "data_policy": cfg.b1.data_policy, "steps": cfg.b1.steps,
-            "batch_size": cfg.b1.batch_size, "lr": cfg.b1.lr, "warmup_steps": cfg.b1.warmup_steps,
-            "lr_schedule": cfg.b1.lr_schedule, "min_lr_ratio": cfg.b1.min_lr_ratio,
-            "data": {"split": "train", "seeds": "0", "tasks": data_tasks, "workers": cfg.workers,
-                     "env_args": dict(cfg.env_args)}}
+def b1_stage(cfg: ExperimentConfig, data_tasks: list[str], *, check: bool = True) -> dict[str, Any]:
+    """B1's ``[[stages]]`` table: supervised on ``cfg.b1.data_policy``'s episodes of ``data_tasks``, with the
+    plateau check when the config has one and ``check``."""
+    stage = {"name": "B1", "kind": "sft", "data_policy": cfg.b1.data_policy, "steps": cfg.b1.steps,
+             "batch_size": cfg.b1.batch_size, "lr": cfg.b1.lr, "warmup_steps": cfg.b1.warmup_steps,
+             "lr_schedule": cfg.b1.lr_schedule, "min_lr_ratio": cfg.b1.min_lr_ratio,
+             "data": {"split": "train", "seeds": "0", "tasks": data_tasks, "workers": cfg.workers,
+                      "env_args": dict(cfg.env_args)}}
+    if check and cfg.b1.plateau_check is not None:
+        stage["plateau_check"] = dataclasses.asdict(cfg.b1.plateau_check)
+    return stage
 
 
 def rl_stage(cfg: ExperimentConfig, arm: str, rl_tasks: list[str], policy_args: dict[str, str]) -> dict[str, Any]:

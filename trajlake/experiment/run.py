@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trajlake.errors import TrajlakeError
+from trajlake.errors import PlateauError, TrajlakeError
 from trajlake.experiment.config import (
     NEEDS,
     TRAINED_ARMS,
@@ -188,8 +188,10 @@ class Experiment:
             eta = f", ETA {elapsed / ran * left / 60:.0f} min"
         return f"{self._finished}/{self._planned}{eta}"
 
-    def prefix(self, seed: int, attempt: int = 1) -> str:
-        return f"s{seed}-" if attempt == 1 else f"s{seed}t{attempt}-"
+    def prefix(self, seed: int, attempt: int = 1, restart: int = 0) -> str:
+        """Run-id prefix of a stage: ``s<seed>-``; ``t<attempt>`` after a killed attempt, ``r<k>`` for B1's k-th
+        restart after a failed plateau check."""
+        return f"s{seed}{f't{attempt}' if attempt > 1 else ''}{f'r{restart}' if restart else ''}-"
 
     def tags(self, arm: str, seed: int) -> dict[str, str]:
         return {"experiment": self.cfg.name, "arm": arm, "seed": str(seed)}
@@ -209,20 +211,22 @@ class Experiment:
         return Path(entry["checkpoint"])
 
     # .. training ................................................................................................
-    def _train(self, seed: int, arm: str, attempt: int, model: dict[str, Any], stage: dict[str, Any]
-               ) -> dict[str, Any]:
+    def _train(self, seed: int, arm: str, attempt: int, model: dict[str, Any], stage: dict[str, Any],
+               restart: int = 0) -> dict[str, Any]:
         from trajlake.train.config import parse_config
         from trajlake.train.loop import train
 
         cfg = self.cfg
-        out_dir = self.folder / f"seed{seed}" / (arm if attempt == 1 else f"{arm}.t{attempt}")
-        name = f"{cfg.name}-s{seed}-{arm}" + (f"-t{attempt}" if attempt > 1 else "")
-        data = train_table(cfg, name=name, seed=seed, out_dir=str(out_dir), run_prefix=self.prefix(seed, attempt),
+        again = (f".t{attempt}" if attempt > 1 else "") + (f".r{restart}" if restart else "")
+        out_dir = self.folder / f"seed{seed}" / f"{arm}{again}"
+        name = f"{cfg.name}-s{seed}-{arm}{again.replace('.', '-')}"
+        prefix = self.prefix(seed, attempt, restart)
+        data = train_table(cfg, name=name, seed=seed, out_dir=str(out_dir), run_prefix=prefix,
                            tags=self.tags(arm, seed), model=model, stage=stage)
         result = train(parse_config(data, f"{cfg.name} seed {seed} arm {arm}"), self.lake, log=self._quiet)
         s = result.stages[0]
         return {"checkpoint": s.checkpoint, "policy_version": s.policy_version, "runs": s.runs,
-                "train_run": f"{self.prefix(seed, attempt)}{arm}.train", "tokens": s.tokens, "steps": s.steps}
+                "train_run": f"{prefix}{arm}.train", "tokens": s.tokens, "steps": s.steps}
 
     def _quiet(self, line: str) -> None:
         # the trainer's per-step lines go to the stage's training log; stderr keeps the stage lines
@@ -235,11 +239,32 @@ class Experiment:
     def b1(self, seed: int) -> None:
         cfg = self.cfg
         data_tasks, _ = task_pools(cfg)
-        model = b1_model(cfg, seed)
-        if cfg.model.path is not None:
-            model["path"] = str(self.base_model())
-        stage = b1_stage(cfg, data_tasks)
-        self._stage(f"s{seed}/B1/train", "B1", seed, lambda attempt: self._train(seed, "B1", attempt, model, stage))
+
+        def play(attempt: int) -> dict[str, Any]:
+            stopped: list[dict[str, Any]] = []
+            for restart in range(cfg.b1.restarts + 1):
+                model = b1_model(cfg, seed, restart)
+                if cfg.model.path is not None:
+                    model["path"] = str(self.base_model())
+                last = restart == cfg.b1.restarts
+                stage = b1_stage(cfg, data_tasks, check=not last)
+                try:
+                    out = self._train(seed, "B1", attempt, model, stage, restart)
+                except PlateauError as e:
+                    # B1's own training loss says it never left the plateau: a new initialisation, same data
+                    stopped.append({"restart": restart, "model_seed": model["seed"], "step": e.step,
+                                    "mean_loss": round(e.mean_loss, 6),
+                                    "prefix": self.prefix(seed, attempt, restart)})
+                    self.log(f"    B1 (model seed {model['seed']}) stopped at step {e.step}: mean loss "
+                             f"{e.mean_loss:.4f} above the plateau check's bar; restart {restart + 1} of "
+                             f"{cfg.b1.restarts} from model seed {b1_model(cfg, seed, restart + 1)['seed']}")
+                    continue
+                if cfg.b1.restarts:
+                    out.update(restarts=stopped, model_seed=model["seed"])
+                return out
+            raise AssertionError("unreachable: the last restart runs without the plateau check")
+
+        self._stage(f"s{seed}/B1/train", "B1", seed, play)
 
     def rl(self, seed: int, arm: str) -> None:
         _, rl_tasks = task_pools(self.cfg)

@@ -91,6 +91,22 @@ class RolloutSpec:
 
 
 @dataclass(frozen=True)
+class PlateauCheck:
+    """``plateau_check = { step = S, window = W, max_loss = L }`` of an sft stage: after its S-th optimizer step,
+    the mean training loss of the last W steps must be at most L, or the stage stops with a
+    :class:`~trajlake.errors.PlateauError` and no checkpoint. For a model whose learning comes in a late, seed-dependent
+    transition (a tiny model starting to copy codes from a tool's observation: docs/training.md, "Ninth design"),
+    it tells a run still on the loss plateau from one past it on the training data alone."""
+
+    step: int
+    """Check after this many optimizer steps (at least ``window``, fewer than the stage's ``steps``)."""
+    max_loss: float
+    """The bar: the mean loss of the window, in the stage's loss units (nats per policy token with token-mean)."""
+    window: int = 500
+    """Optimizer steps the mean is taken over (the last ones before the check)."""
+
+
+@dataclass(frozen=True)
 class StageConfig:
     """``[[stages]]``: one stage of the experiment (B1, R1, R2, R3). Every run it writes carries ``name`` as
     ``runs.label``; its checkpoint is policy version ``<experiment>-<name>``."""
@@ -109,6 +125,9 @@ class StageConfig:
     """sft: train only on successful episodes."""
     data: RolloutSpec = field(default_factory=RolloutSpec)
     """sft: where the data policy plays."""
+    plateau_check: PlateauCheck | None = None
+    """sft: stop the stage (no checkpoint) if its training loss has not fallen below a bar by a given step
+    (:class:`PlateauCheck`). None: no check."""
     # -- rl ----------------------------------------------------------------------------------------------------
     algo: Algorithm = "rloo"
     """rl: advantage estimator: ``rloo`` (19.7), ``grpo`` (group-normalised) or ``ppo`` (a value head and GAE
@@ -454,6 +473,8 @@ def config_problems(cfg: TrainConfig) -> list[str]:
             out.append(f"{at}.ref_kl_coef: only an rl stage has a KL penalty to its start (this one is {s.kind})")
         if not (_finite(s.min_lr_ratio) and 0 <= s.min_lr_ratio <= 1):
             out.append(f"{at}.min_lr_ratio = {s.min_lr_ratio}: must lie in [0, 1]")
+        if s.plateau_check is not None:
+            out.extend(f"{at}.plateau_check: {p}" for p in plateau_check_problems(s.plateau_check, s.kind, s.steps))
         if s.max_staleness < 0:
             out.append(f"{at}.max_staleness = {s.max_staleness}: must be >= 0")
         if s.fixed_staleness is not None:
@@ -488,6 +509,20 @@ def config_problems(cfg: TrainConfig) -> list[str]:
         out += [f"{at}.{name}.{p}" for name, spec in specs for p in _training_sampling_problems(cfg, spec)]
         if s.eval is not None:
             out += [f"{at}.eval.{p}" for p in _sampling_problems(s.eval)]
+    return out
+
+
+def plateau_check_problems(check: PlateauCheck, kind: str, steps: int) -> list[str]:
+    """What is wrong with ``check`` on a stage of ``kind`` with ``steps`` optimizer steps (one phrase each)."""
+    out = []
+    if kind != "sft":
+        out.append(f"only an sft stage has a plateau check (this one is {kind})")
+    if check.window < 1:
+        out.append(f"window = {check.window}: must be >= 1")
+    if not check.window <= check.step < steps:
+        out.append(f"step = {check.step}: must lie in [window, steps) = [{check.window}, {steps})")
+    if not _finite(check.max_loss) or check.max_loss <= 0:
+        out.append(f"max_loss = {check.max_loss}: must be a finite number > 0")
     return out
 
 
@@ -550,6 +585,6 @@ def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-__all__ = ["ALGORITHMS", "PROCESS_REWARDS", "PROCESS_SHAPINGS", "RENAMED_KEYS", "STAGE_KINDS", "ConfigError", "ModelConfig", "RolloutSpec",
+__all__ = ["ALGORITHMS", "PROCESS_REWARDS", "PROCESS_SHAPINGS", "RENAMED_KEYS", "STAGE_KINDS", "ConfigError", "ModelConfig", "PlateauCheck", "RolloutSpec",
            "StageConfig", "TrainConfig", "build_table", "config_dict", "config_problems", "load_config", "parse_config",
            "raise_problems"]

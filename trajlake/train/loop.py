@@ -35,6 +35,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +52,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from trajlake.envs import list_tasks, policy_names, registry
-from trajlake.errors import ConfigError, LakeNotFoundError, TrainError, TrajlakeError, one_line
+from trajlake.errors import ConfigError, LakeNotFoundError, PlateauError, TrainError, TrajlakeError, one_line
 from trajlake.evaluators import process_rewards
 from trajlake.lake.store import Lake
 from trajlake.policies import checkpoint_hash
@@ -671,8 +672,28 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
                        "staleness_max": None, "reward_mean": None, "time": time.time()})
         if dist.main and (step % 10 == 0 or step == stage.steps - 1):
             log(f"  {stage.name} step {step}: loss {value:.4f} over {int(n_tokens)} policy tokens")
+        if stage.plateau_check is not None and step + 1 == stage.plateau_check.step:
+            _plateau_check(stage, losses, train_log if dist.main else None, log)
     return {"runs": runs, "steps": stage.steps, "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None, "tokens": tokens}
+
+
+def _plateau_check(stage: StageConfig, losses: list[float], train_log: TrainLog | None, log: Log) -> None:
+    """The stage's ``plateau_check`` after its ``check.step``-th step: the mean of the last ``window`` losses (the
+    same on every rank: each loss is summed across ranks) must be at most ``max_loss``, or PlateauError (the
+    training log written first, so the stopped attempt's curve is kept)."""
+    check = stage.plateau_check
+    assert check is not None
+    mean = statistics.fmean(losses[-check.window:])
+    verdict = "passed" if mean <= check.max_loss else "failed"
+    log(f"stage {stage.name}: plateau check {verdict}: mean loss {mean:.4f} over steps "
+        f"{check.step - check.window}-{check.step - 1} (bar {check.max_loss})")
+    if verdict == "failed":
+        if train_log is not None:
+            train_log.write()
+        raise PlateauError(f"stage {stage.name}: mean training loss {mean:.4f} over steps {check.step - check.window}-"
+                           f"{check.step - 1} is above plateau_check.max_loss = {check.max_loss}: the model is still "
+                           f"on its loss plateau; no checkpoint was saved", mean_loss=mean, step=check.step)
 
 
 def _schedule(learner: Learner, stage: StageConfig, step: int, where: str) -> None:
