@@ -173,6 +173,31 @@ def test_b1_restarts_from_a_new_initialisation_while_its_plateau_check_fails(
     assert [a["prefix"] for a in exp.state.done("s0/B1/train")["restarts"]] == ["s0-"]
 
 
+@pytest.mark.slow
+def test_a_restarted_b1_trains_under_its_own_prefix_and_folder(tmp_path: Path) -> None:
+    """The real trainer under a plateau check no loss can pass: the first B1 stops at the check with its data run
+    in the lake and no ``.train`` run; the restart (model seed 1000) trains to the end as ``s0r1-``, in
+    ``seed0/B1.r1``, and is the checkpoint the other arms would start from."""
+    from trajlake.experiment.run import Experiment
+    from trajlake.query import connect
+
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data["model"] = {**data["model"], "corpus_tasks": 8}
+    data["b1"] = {**data["b1"], "tasks": 8, "steps": 6, "batch_size": 2, "restarts": 1,
+                  "plateau_check": {"step": 3, "window": 2, "max_loss": 1e-6}}
+    exp = Experiment(parse_experiment(data, "x"), tmp_path, lambda line: None)
+    exp.b1(0)
+    entry = exp.state.done("s0/B1/train")
+    assert entry is not None and entry["model_seed"] == 1000 and entry["steps"] == 6
+    assert [(r["restart"], r["model_seed"], r["step"], r["prefix"]) for r in entry["restarts"]] == [(0, 0, 3, "s0-")]
+    assert entry["restarts"][0]["mean_loss"] > 1e-6
+    assert Path(entry["checkpoint"]) == tmp_path / "seed0" / "B1.r1" / "B1" and exp.checkpoint(0, "B1").is_dir()
+    assert not (tmp_path / "seed0" / "B1" / "B1").exists()
+    runs = {r for (r,) in connect(tmp_path / "lake").execute("select run_id from runs").fetchall()}
+    assert {"s0-B1-data", "s0r1-B1-data", "s0r1-B1.train"} <= runs and "s0-B1.train" not in runs
+    assert entry["train_run"] == "s0r1-B1.train"
+
+
 @pytest.mark.parametrize(("b1", "message"), [
     ({"restarts": 2}, "b1: plateau_check and restarts >= 1 go together"),
     ({"plateau_check": {"step": 30, "window": 10, "max_loss": 0.5}}, "b1: plateau_check and restarts >= 1 go"),

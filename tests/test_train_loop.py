@@ -663,6 +663,7 @@ def test_ref_kl_coef_must_be_a_finite_number_on_an_rl_stage() -> None:
 
 # -- the plateau check of an sft stage ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_plateau_check_stops_sft_above_its_bar_and_registers_nothing(tmp_path: Path) -> None:
     """``plateau_check``: after its step, the mean of the window's losses (read back from the training log) is
     compared with ``max_loss``; above it the stage raises PlateauError naming the numbers, keeps its training log
