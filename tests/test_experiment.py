@@ -117,7 +117,7 @@ def test_b1_learns_from_the_configured_demonstrator(tmp_path: Path, monkeypatch:
     from trajlake.experiment.run import Experiment
 
     stages: list[dict[str, object]] = []
-    monkeypatch.setattr(Experiment, "_train", lambda self, seed, arm, attempt, model, stage: stages.append(stage)
+    monkeypatch.setattr(Experiment, "_train", lambda self, seed, arm, attempt, model, stage, restart=0: stages.append(stage)
                         or {"tokens": 1, "steps": 1, "runs": []})
     for data_policy in ("oracle", "oracle-shortcut"):
         data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
