@@ -98,6 +98,11 @@ class Setup:
     sft_lr_schedule: str = "cosine"
     sft_min_lr_ratio: float = 0.1
     warmup_steps: int = 10
+    sft_plateau_check: dict[str, Any] | None = None
+    """``{step, window, max_loss}``: B1 is stopped and restarted from a new initialisation while its training loss
+    stays above the bar (``[b1] plateau_check``, the tenth design); None: no check."""
+    sft_restarts: int = 0
+    """``[b1] restarts``: how many new initialisations B1 may take (with ``sft_plateau_check``)."""
 
     rl_phrasings: int = 4
     """The last this many train phrasings of every kind are kept out of B1's data; R1 plays only their tasks.
@@ -156,7 +161,8 @@ def experiment_config(setup: Setup, arms: Sequence[str], seeds: int) -> dict[str
                   "corpus_tasks": s.corpus_tasks, "tokenizer_env": s.env},
         "b1": {"data_policy": s.data_policy, "tasks": s.sft_tasks, "steps": s.sft_steps, "batch_size": s.sft_batch,
                "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "lr_schedule": s.sft_lr_schedule,
-               "min_lr_ratio": s.sft_min_lr_ratio},
+               "min_lr_ratio": s.sft_min_lr_ratio,
+               **({"plateau_check": s.sft_plateau_check, "restarts": s.sft_restarts} if s.sft_restarts else {})},
         "rl": {"algo": "rloo", "holdout_phrasings": s.rl_phrasings, "tasks": s.rl_tasks, "attempts": s.attempts,
                "iterations": s.rl_iterations, "steps": s.rl_steps, "batch_size": s.rl_batch, "lr": s.rl_lr,
                "warmup_steps": s.rl_warmup_steps, "max_staleness": s.max_staleness},
@@ -234,6 +240,9 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
         if s == f"s{seed}" and label is not None and "seconds" in entry:
             seconds[label] = round(seconds.get(label, 0.0) + float(entry["seconds"]), 1)
     out["seconds"] = seconds
+    b1 = state.done(f"s{seed}/B1/train") or {}
+    if b1.get("restarts") is not None:  # the B1s stopped on the plateau, and the initialisation B1 came from
+        out["b1_restarts"] = {"stopped": b1["restarts"], "model_seed": b1.get("model_seed")}
     return out
 
 
@@ -315,6 +324,12 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
                                           y_range=(0.0, 1.0)), encoding="utf-8")
             md += ["", f"![learning curves, seed {s['seed']}]({name})"]
         md += ["", f"Seed {s['seed']}: wall seconds per arm {json.dumps(s.get('seconds', {}))}"]
+        if "b1_restarts" in s:
+            stopped = s["b1_restarts"]["stopped"]
+            md += ["", f"Seed {s['seed']}: B1 from model seed {s['b1_restarts']['model_seed']}; "
+                       + (", ".join(f"model seed {r['model_seed']} stopped at step {r['step']} (mean loss "
+                                    f"{r['mean_loss']:.3f})" for r in stopped) if stopped
+                          else "its first initialisation passed the plateau check")]
     md += ["", "Settings:", "", "```json", json.dumps(dataclasses.asdict(setup), indent=2), "```", ""]
     (out / "report.md").write_text("\n".join(md), encoding="utf-8")
 
@@ -329,7 +344,8 @@ def setup_from_config(cfg: ExperimentConfig) -> Setup:
         max_positions=m.max_positions, vocab_size=m.vocab_size, corpus_tasks=m.corpus_tasks, sft_tasks=b1.tasks,
         data_policy=b1.data_policy, sft_steps=b1.steps, sft_batch=b1.batch_size, sft_lr=b1.lr,
         sft_lr_schedule=b1.lr_schedule, sft_min_lr_ratio=b1.min_lr_ratio, warmup_steps=b1.warmup_steps,
-        rl_phrasings=rl.holdout_phrasings, rl_tasks=rl.tasks, attempts=rl.attempts, rl_iterations=rl.iterations,
+        sft_plateau_check=dataclasses.asdict(b1.plateau_check) if b1.plateau_check is not None else None,
+        sft_restarts=b1.restarts, rl_phrasings=rl.holdout_phrasings, rl_tasks=rl.tasks, attempts=rl.attempts, rl_iterations=rl.iterations,
         rl_steps=rl.steps, rl_batch=rl.batch_size, rl_lr=rl.lr, rl_warmup_steps=rl.warmup_steps,
         max_staleness=rl.max_staleness, temperature=cfg.temperature,
         max_new_tokens=int(cfg.policy_args.get("max_new_tokens", Setup.max_new_tokens)),

@@ -3,6 +3,7 @@ the arms it accepts and the report it writes, on hand-made results (no training 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -182,6 +183,12 @@ def test_a_config_gives_back_the_setup_that_wrote_it(experiment: ModuleType) -> 
     cfg = parse_experiment(tomllib.loads(experiment.to_toml(experiment.experiment_config(
         setup, list(experiment.ARMS), 3))), "x")
     assert experiment.setup_from_config(cfg) == setup
+    restarting = dataclasses.replace(setup, sft_restarts=3,
+                                     sft_plateau_check={"step": 3000, "window": 500, "max_loss": 0.5})
+    cfg = parse_experiment(tomllib.loads(experiment.to_toml(experiment.experiment_config(
+        restarting, list(experiment.ARMS), 3))), "x")
+    assert cfg.b1.restarts == 3 and cfg.b1.plateau_check is not None and cfg.b1.plateau_check.max_loss == 0.5
+    assert experiment.setup_from_config(cfg) == restarting
 
 
 def test_judge_reads_a_folder_the_experiment_ran_and_judges_its_finished_seeds(experiment: ModuleType,
@@ -199,9 +206,14 @@ def test_judge_reads_a_folder_the_experiment_ran_and_judges_its_finished_seeds(e
     state = State(folder / "state.json")
     state.stages = {f"s0/{arm}/eval:hidden": {"status": "done", "seconds": 1.0} for arm in ("B1", "R1", "AA", "PLACEBO")}
     state.stages["s1/B1/eval:hidden"] = {"status": "done", "seconds": 1.0}  # seed 1's other arms not evaluated yet
+    state.stages["s0/B1/train"] = {"status": "done", "model_seed": 1000, "restarts": [  # B1 restarted once
+        {"restart": 0, "model_seed": 0, "step": 3000, "mean_loss": 0.571, "prefix": "s0-"}]}
     state.save()
     assert experiment.main(["--judge", str(folder), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"][0]["b1_restarts"]["model_seed"] == 1000
+    assert ("Seed 0: B1 from model seed 1000; model seed 0 stopped at step 3000 (mean loss 0.571)"
+            in (out / "report.md").read_text())
     assert summary["arms"] == ["b1", "r1", "aa", "placebo"] and (summary["seeds_done"], summary["seeds_planned"]) == (1, 2)
     assert summary["setup"]["sft_steps"] == 4000 and summary["setup"]["data_policy"] == "oracle-shortcut"
     assert summary["seeds"][0]["r1_minus_b1"]["estimate"] == pytest.approx(0.25) and summary["criterion_met"] is None
