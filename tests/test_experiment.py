@@ -140,6 +140,8 @@ def test_b1_restarts_from_a_new_initialisation_while_its_plateau_check_fails(
     def fake_train(self: Experiment, seed: int, arm: str, attempt: int, model: dict[str, object],
                    stage: dict[str, object], restart: int = 0) -> dict[str, object]:
         calls.append((restart, model, stage))
+        on_disk = json.loads((tmp_path / "state.json").read_text())["stages"]["s2/B1/train"]
+        assert [r["restart"] for r in on_disk.get("restarts", [])] == list(range(restart))  # saved as they stop
         if "plateau_check" in stage and restart < 2:  # the first two stay on the plateau
             raise PlateauError("stage B1: on the plateau", mean_loss=0.61 + restart / 100, step=30)
         return {"checkpoint": "ckpt", "tokens": 1, "steps": 40, "runs": [f"{self.prefix(seed, attempt, restart)}B1-data"]}

@@ -255,6 +255,8 @@ class Experiment:
                     stopped.append({"restart": restart, "model_seed": model["seed"], "step": e.step,
                                     "mean_loss": round(e.mean_loss, 6),
                                     "prefix": self.prefix(seed, attempt, restart)})
+                    self.state.stages[key]["restarts"] = list(stopped)  # visible while the next one trains
+                    self.state.save()
                     self.log(f"    B1 (model seed {model['seed']}) stopped at step {e.step}: mean loss "
                              f"{e.mean_loss:.4f} above the plateau check's bar; restart {restart + 1} of "
                              f"{cfg.b1.restarts} from model seed {b1_model(cfg, seed, restart + 1)['seed']}")
@@ -264,7 +266,8 @@ class Experiment:
                 return out
             raise AssertionError("unreachable: the last restart runs without the plateau check")
 
-        self._stage(f"s{seed}/B1/train", "B1", seed, play)
+        key = f"s{seed}/B1/train"
+        self._stage(key, "B1", seed, play)
 
     def rl(self, seed: int, arm: str) -> None:
         _, rl_tasks = task_pools(self.cfg)
