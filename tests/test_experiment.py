@@ -136,13 +136,14 @@ def test_b1_restarts_from_a_new_initialisation_while_its_plateau_check_fails(
     from trajlake.experiment.run import Experiment
 
     calls: list[tuple[int, dict[str, object], dict[str, object]]] = []
+    stuck = {"first": 2}  # this many initialisations stay on the plateau (while the check is on)
 
     def fake_train(self: Experiment, seed: int, arm: str, attempt: int, model: dict[str, object],
                    stage: dict[str, object], restart: int = 0) -> dict[str, object]:
         calls.append((restart, model, stage))
-        on_disk = json.loads((tmp_path / "state.json").read_text())["stages"]["s2/B1/train"]
+        on_disk = json.loads((self.folder / "state.json").read_text())["stages"][f"s{seed}/B1/train"]
         assert [r["restart"] for r in on_disk.get("restarts", [])] == list(range(restart))  # saved as they stop
-        if "plateau_check" in stage and restart < 2:  # the first two stay on the plateau
+        if "plateau_check" in stage and restart < stuck["first"]:
             raise PlateauError("stage B1: on the plateau", mean_loss=0.61 + restart / 100, step=30)
         return {"checkpoint": "ckpt", "tokens": 1, "steps": 40, "runs": [f"{self.prefix(seed, attempt, restart)}B1-data"]}
 
@@ -164,10 +165,7 @@ def test_b1_restarts_from_a_new_initialisation_while_its_plateau_check_fails(
 
     calls.clear()
     data["b1"]["restarts"] = 1  # every check fails: the last restart trains to the end without one
-    monkeypatch.setattr(Experiment, "_train", lambda self, seed, arm, attempt, model, stage, restart=0: (
-        calls.append((restart, model, stage)),
-        (_ for _ in ()).throw(PlateauError("x", mean_loss=0.7, step=30)) if "plateau_check" in stage else
-        {"checkpoint": "c", "tokens": 1, "steps": 40, "runs": []})[1])
+    stuck["first"] = 99
     (tmp_path / "again").mkdir()
     exp = Experiment(parse_experiment(data, "x"), tmp_path / "again", lambda line: None)
     exp.b1(0)

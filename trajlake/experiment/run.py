@@ -29,6 +29,7 @@ from typing import Any
 from trajlake.errors import PlateauError, TrajlakeError
 from trajlake.experiment.config import (
     NEEDS,
+    RESTART_SEED_STRIDE,
     TRAINED_ARMS,
     ExperimentConfig,
     b1_model,
@@ -239,6 +240,7 @@ class Experiment:
     def b1(self, seed: int) -> None:
         cfg = self.cfg
         data_tasks, _ = task_pools(cfg)
+        key = f"s{seed}/B1/train"
 
         def play(attempt: int) -> dict[str, Any]:
             stopped: list[dict[str, Any]] = []
@@ -259,14 +261,13 @@ class Experiment:
                     self.state.save()
                     self.log(f"    B1 (model seed {model['seed']}) stopped at step {e.step}: mean loss "
                              f"{e.mean_loss:.4f} above the plateau check's bar; restart {restart + 1} of "
-                             f"{cfg.b1.restarts} from model seed {b1_model(cfg, seed, restart + 1)['seed']}")
+                             f"{cfg.b1.restarts} from model seed {seed + RESTART_SEED_STRIDE * (restart + 1)}")
                     continue
                 if cfg.b1.restarts:
                     out.update(restarts=stopped, model_seed=model["seed"])
                 return out
             raise AssertionError("unreachable: the last restart runs without the plateau check")
 
-        key = f"s{seed}/B1/train"
         self._stage(key, "B1", seed, play)
 
     def rl(self, seed: int, arm: str) -> None:

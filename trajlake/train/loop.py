@@ -68,7 +68,7 @@ from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
 from trajlake.rollout.versions import PolicyVersions
 from trajlake.schemas.vocab import Decision, ErrorClass, SideEffectClass
 from trajlake.train import math as tm
-from trajlake.train.config import RolloutSpec, StageConfig, TrainConfig, config_dict
+from trajlake.train.config import PlateauCheck, RolloutSpec, StageConfig, TrainConfig, config_dict
 from trajlake.train.data import (
     BatchGrammarMasks,
     LakeTrajectories,
@@ -673,27 +673,28 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
         if dist.main and (step % 10 == 0 or step == stage.steps - 1):
             log(f"  {stage.name} step {step}: loss {value:.4f} over {int(n_tokens)} policy tokens")
         if stage.plateau_check is not None and step + 1 == stage.plateau_check.step:
-            _plateau_check(stage, losses, train_log if dist.main else None, log)
+            _plateau_check(stage.name, stage.plateau_check, losses, train_log if dist.main else None, log)
     return {"runs": runs, "steps": stage.steps, "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None, "tokens": tokens}
 
 
-def _plateau_check(stage: StageConfig, losses: list[float], train_log: TrainLog | None, log: Log) -> None:
-    """The stage's ``plateau_check`` after its ``check.step``-th step: the mean of the last ``window`` losses (the
-    same on every rank: each loss is summed across ranks) must be at most ``max_loss``, or PlateauError (the
-    training log written first, so the stopped attempt's curve is kept)."""
-    check = stage.plateau_check
-    assert check is not None
+def _plateau_check(name: str, check: PlateauCheck, losses: list[float], train_log: TrainLog | None, log: Log) -> None:
+    """Stage ``name``'s plateau check after its ``check.step``-th step: the mean of the last ``window`` losses (the
+    same on every rank: each loss is summed across ranks) must be at most ``max_loss``, or PlateauError on every
+    rank. ``train_log`` is the main rank's (None elsewhere): it logs the verdict and, on a failure, writes the
+    training log first, so the stopped attempt's curve is kept."""
     mean = statistics.fmean(losses[-check.window:])
-    verdict = "passed" if mean <= check.max_loss else "failed"
-    log(f"stage {stage.name}: plateau check {verdict}: mean loss {mean:.4f} over steps "
-        f"{check.step - check.window}-{check.step - 1} (bar {check.max_loss})")
-    if verdict == "failed":
-        if train_log is not None:
+    failed = mean > check.max_loss
+    steps = f"steps {check.step - check.window}-{check.step - 1}"
+    if train_log is not None:
+        log(f"stage {name}: plateau check {'failed' if failed else 'passed'}: mean loss {mean:.4f} over {steps} "
+            f"(bar {check.max_loss})")
+        if failed:
             train_log.write()
-        raise PlateauError(f"stage {stage.name}: mean training loss {mean:.4f} over steps {check.step - check.window}-"
-                           f"{check.step - 1} is above plateau_check.max_loss = {check.max_loss}: the model is still "
-                           f"on its loss plateau; no checkpoint was saved", mean_loss=mean, step=check.step)
+    if failed:
+        raise PlateauError(f"stage {name}: mean training loss {mean:.4f} over {steps} is above "
+                           f"plateau_check.max_loss = {check.max_loss}: the model is still on its loss plateau; no "
+                           f"checkpoint was saved", mean_loss=mean, step=check.step)
 
 
 def _schedule(learner: Learner, stage: StageConfig, step: int, where: str) -> None:
