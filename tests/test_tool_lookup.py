@@ -4,6 +4,7 @@ on its rendered episodes."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections import Counter, defaultdict
@@ -14,11 +15,12 @@ from typing import Any
 import pytest
 from trajlake.envs import make, make_env, make_policy, taskset
 from trajlake.envs.checker import check_env
-from trajlake.envs.core import StepResult
+from trajlake.envs.core import EnvError, StepResult
 from trajlake.envs.tool_lookup import ToolLookupEnv, load_tasks, make_task
 from trajlake.envs.tool_lookup.env import BUSY
 from trajlake.envs.tool_lookup.tasks import (
     CODES,
+    EXTRA_TRAIN_PHRASINGS,
     INSTANCES_PER_FAMILY,
     KINDS,
     MAX_STEPS,
@@ -142,6 +144,67 @@ def test_the_tokenizer_corpus_did_not_change_when_the_train_split_grew() -> None
         episodes = oracle_episodes("tool-lookup", n)
         assert len(episodes) == n
         assert hashlib.sha256(json.dumps(episodes).encode()).hexdigest() == expected
+
+
+def test_extra_train_phrasings_add_train_families_after_the_standard_list_and_change_nothing_else() -> None:
+    """``train_phrasings = N`` (10-30) adds the extra phrasings p12... as train families of 680 instances each,
+    listed after the standard train split, which keeps its order; dev, hidden and the tokenizer's corpus are the
+    same; the default is the standard set."""
+    from trajlake.envs import list_tasks
+
+    standard = list_tasks("tool-lookup", Split.TRAIN)
+    wide = list_tasks("tool-lookup", Split.TRAIN, train_phrasings=12)
+    assert wide[:len(standard)] == standard
+    added = wide[len(standard):]
+    assert Counter(t["family"] for t in added) == {f"{k}/p{i}": 680 for k in KINDS for i in (12, 13)}
+    assert {t["split"] for t in added} == {Split.TRAIN}
+    for t in added[:50]:
+        assert t == make_task(t["family"], t["seed"])
+        kind, phrasing = t["kind"], int(t["family"].rsplit("/p", 1)[1])
+        assert t["statement"] == EXTRA_TRAIN_PHRASINGS[kind][phrasing - 12].format(
+            a=t["plan"][0]["args"]["name"], b=t["plan"][1]["args"]["name"] if kind != "code" else None)
+    for split in (Split.DEV, Split.HIDDEN):
+        assert list_tasks("tool-lookup", split, train_phrasings=30) == list_tasks("tool-lookup", split)
+    wide_env, standard_env = make("tool-lookup", split=Split.TRAIN, train_phrasings=12), make("tool-lookup",
+                                                                                               split=Split.TRAIN)
+    assert wide_env.tokenizer_corpus_tasks() == standard_env.tokenizer_corpus_tasks()
+    assert wide_env.reset(0, task_id=added[0]["task_id"]).observation == added[0]["statement"]
+    with pytest.raises(EnvError, match="unknown task 'tool-lookup/code/p12/0'"):
+        standard_env.reset(0, task_id=added[0]["task_id"])  # the standard set does not play the extra families
+
+
+def test_the_extra_phrasings_keep_their_kinds_cues_and_are_no_dev_or_hidden_phrasing() -> None:
+    standard = {text for kind in KINDS for _, text in PHRASINGS[kind]}
+    extra = [text for kind in KINDS for text in EXTRA_TRAIN_PHRASINGS[kind]]
+    assert len(extra) == len(set(extra)) == 60 and not standard & set(extra)
+    for kind in KINDS:
+        for text in EXTRA_TRAIN_PHRASINGS[kind]:
+            assert text.count('"{a}"') >= 1 and ("partner" in text) == (kind == "two_hop"), text
+            assert ('"{b}"' in text) == (kind == "pair") and ("dash" in text) == (kind == "pair"), text
+
+
+@pytest.mark.parametrize("bad", [9, 31, True, "30", 12.0, None])
+def test_a_bad_train_phrasings_is_refused_in_one_line(bad: Any) -> None:
+    from trajlake.errors import TrajlakeError
+
+    with pytest.raises(TrajlakeError, match=r"^tool-lookup: train_phrasings must be a whole number from 10 to 30"):
+        make("tool-lookup", split=Split.TRAIN, train_phrasings=bad)
+
+
+def test_the_experiment_splits_the_extra_phrasings_between_b1_and_rl_through_env_args() -> None:
+    """``env_args = { train_phrasings = N }`` reaches the experiment's task pools: with 14 train phrasings per kind
+    and four held out for RL, B1 gets the standard ten of each kind and RL the four extra ones (p12-p15)."""
+    from trajlake.experiment.config import load_experiment
+    from trajlake.experiment.run import phrasing_families, task_pools
+
+    b1, rl = phrasing_families("tool-lookup", 4, {"train_phrasings": 14})
+    assert rl == {f"tool-lookup/{k}/p{i}" for k in KINDS for i in (12, 13, 14, 15)}
+    assert b1 == {f"tool-lookup/{f}" for f, (_, _, split) in families().items() if split == Split.TRAIN}
+    cfg = dataclasses.replace(load_experiment(Path(__file__).resolve().parent.parent / "configs"
+                                              / "experiment-positive-control-quick.toml"),
+                              env_args={"train_phrasings": 14})
+    b1_tasks, rl_tasks = task_pools(cfg)
+    assert {t.rsplit("/", 1)[0] for t in b1_tasks} == b1 and {t.rsplit("/", 1)[0] for t in rl_tasks} == rl
 
 
 def test_tasks_are_a_pure_function_of_family_and_seed() -> None:

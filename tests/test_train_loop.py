@@ -723,3 +723,19 @@ def test_a_plateau_check_is_refused_where_it_cannot_work() -> None:
     assert "plateau_check: only an sft stage has a plateau check (this one is rl)" in problems(
         {"name": "R1", "kind": "rl", "rollout": rollout(TWO_TASKS),
          "plateau_check": {"step": 5, "window": 4, "max_loss": 0.5}})
+
+
+def test_the_environments_arguments_decide_which_task_ids_a_stage_may_name(tmp_path: Path) -> None:
+    """A data rollout's task ids are checked against the split its ``env_args`` make (tool-lookup's
+    ``train_phrasings`` adds train families), before anything is written."""
+    from trajlake.errors import ConfigError
+    from trajlake.train.config import parse_config
+    from trajlake.train.loop import check_environment
+
+    extra = "tool-lookup/code/p12/0"
+    stage = {"name": "B1", "kind": "sft", "steps": 1, "data": rollout([extra, "tool-lookup/code/p0/0"])}
+    with_args = {**stage, "data": {**stage["data"], "env_args": {"train_phrasings": 12}}}
+    check_environment(parse_config(tiny_config("ok", [with_args], out=tmp_path / "a", env="tool-lookup")))
+    with pytest.raises(ConfigError, match=f"tasks: {extra} not in tool-lookup's 'train' split"):
+        check_environment(parse_config(tiny_config("bad", [stage], out=tmp_path / "b", env="tool-lookup")))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -46,7 +46,16 @@ from trajlake.envs.policy import Policy
 from trajlake.envs.tool_env import ToolEnv, clip, code_digest, parse_action
 from trajlake.schemas.vocab import Capability, FaultKind, Status, TerminationReason
 
-from .tasks import CORPUS_INSTANCES, ENV_ID, entry_line, load_tasks, tasks_by_id
+from .tasks import (
+    CORPUS_INSTANCES,
+    ENV_ID,
+    STANDARD_TRAIN_PHRASINGS,
+    check_train_phrasings,
+    entry_line,
+    is_extra_family,
+    load_tasks,
+    tasks_by_id,
+)
 
 ENV_VERSION = "1.0"
 TOOL_DOCS: dict[str, dict[str, Any]] = {
@@ -77,9 +86,18 @@ def _added_when_train_grew(task: Mapping[str, Any]) -> bool:
     return bool(task["split"] == "train" and task["seed"] >= CORPUS_INSTANCES)
 
 
+def _list_order(task: Mapping[str, Any]) -> tuple[int, str]:
+    """Where a task comes in the split's list: the 2,040 train tasks of before the split grew, in their order,
+    then the ones it grew by, then the extra phrasings' families (``train_phrasings`` > 10), each by task id."""
+    extra = task["split"] == "train" and is_extra_family(str(task.get("family", "")))
+    return (2 if extra else 1 if _added_when_train_grew(task) else 0), task["task_id"]
+
+
 class ToolLookupEnv(ToolEnv):
     """tool-lookup over the generated tasks of one split (or all). One episode at a time. ``memory``: episodic
-    memory tools (``True`` or a mapping of limits; :mod:`trajlake.envs.memory`)."""
+    memory tools (``True`` or a mapping of limits; :mod:`trajlake.envs.memory`). ``train_phrasings``: train
+    phrasings per kind, 10 (the standard set) to 30 (adds the extra families p12-p31 to the train split; dev and
+    hidden are the same whatever it is)."""
 
     env_id = ENV_ID
     env_version = ENV_VERSION
@@ -90,8 +108,12 @@ class ToolLookupEnv(ToolEnv):
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  budget: Budget | Mapping[str, Any] | None = None, workdir: str | os.PathLike[str] | None = None,
-                 memory: Any = None):
-        super().__init__(tasks if tasks is not None else load_tasks(split), split, injection=None,
+                 memory: Any = None, train_phrasings: int = STANDARD_TRAIN_PHRASINGS):
+        try:
+            self.train_phrasings = check_train_phrasings(train_phrasings)
+        except ValueError as e:
+            raise EnvError(str(e)) from None
+        super().__init__(tasks if tasks is not None else load_tasks(split, train_phrasings), split, injection=None,
                          injected=_no_injection, budget=budget, what="tool-lookup", memory=memory)
         self.permissions = Permissions(capabilities=self.memory.capabilities({Capability.READ}))
         # the gateway wants a workspace folder; no tool touches it
@@ -104,11 +126,12 @@ class ToolLookupEnv(ToolEnv):
         super().index_tasks(records, split, what)
         # the train tasks added when the split grew come after the 2,040 it held before, which keep their order:
         # prefixes of the list (B1's data, R1's tasks, reset(seed)) are unchanged
-        self.tasks.sort(key=lambda t: (_added_when_train_grew(t), t["task_id"]))
+        self.tasks.sort(key=_list_order)
 
     def tokenizer_corpus_tasks(self) -> list[dict[str, Any]]:
-        # the corpus (and so the tokenizer) did not change when the train split grew from 68 to 680 per family
-        return [t for t in self.list_tasks() if not _added_when_train_grew(t)]
+        # the corpus (and so the tokenizer) did not change when the train split grew from 68 to 680 per family,
+        # and does not with the extra phrasings
+        return [t for t in self.list_tasks() if _list_order(t)[0] == 0]
 
     # -- contract ----------------------------------------------------------------------------------------------
     @property

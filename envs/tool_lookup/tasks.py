@@ -18,7 +18,9 @@ A template family is a task kind with one phrasing of its statement:
 Splits are assigned by family, explicitly: per kind ten phrasings are train, one is dev and one is hidden
 (:data:`PHRASINGS`; phrasings 6-11 were added after the first four when four train phrasings per kind proved too
 few for a tiny model to carry over to the hidden one, so the families' names stayed), so every kind is in every
-split and no phrasing crosses splits. Sizes are fixed up front
+split and no phrasing crosses splits. With ``train_phrasings`` (an environment argument, 10-30) the train split
+also has families of twenty extra phrasings per kind (:data:`EXTRA_TRAIN_PHRASINGS`, p12-p31), listed after the
+standard ones; dev and hidden are the same whatever it is. Sizes are fixed up front
 (:data:`INSTANCES_PER_FAMILY`): hidden 240, dev 60, train 20,400. The train split had 68 instances per family (2,040)
 until 2026-12-03; it grew to 680 because a tiny model cloned for thousands of steps on ~1,000 of them memorised each
 instance's answer instead of learning to copy it (docs/training.md, "Seventh design"). A task is a pure function of
@@ -96,6 +98,82 @@ PHRASINGS: dict[str, tuple[tuple[Split, str], ...]] = {
         (Split.TRAIN, 'Join the codes of "{a}" and "{b}" with a dash, the code of "{a}" first, and submit.'),
     ),
 }
+STANDARD_TRAIN_PHRASINGS = 10
+"""Train phrasings per kind of the standard task set (the split's families: ``PHRASINGS``)."""
+# Twenty more train phrasings per kind (families p12-p31), opt-in with ``train_phrasings`` (up to 30 per kind):
+# written on 2026-12-03 for a probe of whether more phrasings make a tiny model's copying carry over to an unseen
+# one. Each keeps the cue every phrasing of its kind has (two_hop: "partner"; pair: two quoted names and "dash";
+# code: one quoted name); none is a dev or hidden phrasing.
+EXTRA_TRAIN_PHRASINGS: dict[str, tuple[str, ...]] = {
+    "code": (
+        'Submit the code of "{a}".',
+        'Tell me the code of "{a}" by submitting it.',
+        'Which code does "{a}" have? Submit that code.',
+        'Read the entry "{a}" and submit its code.',
+        'The code you need belongs to "{a}". Submit it.',
+        'Look "{a}" up in the directory, then submit the code.',
+        'Your task: submit the code of the entry "{a}".',
+        'I need the code of "{a}". Submit it.',
+        'Submit whatever code the directory lists for "{a}".',
+        'Open the entry for "{a}" and submit the code shown.',
+        'What code is stored under "{a}"? Submit it.',
+        'Find the code of "{a}" and submit it as the answer.',
+        'Submit the code recorded for the entry named "{a}".',
+        'The answer is the code of the entry "{a}".',
+        'Give the code of "{a}" as your answer.',
+        'Search the directory for "{a}" and submit its code.',
+        'Report the code of "{a}" with submit.',
+        'Look up the entry "{a}". Its code is the answer.',
+        'Answer with the code of "{a}".',
+        'Submit the code listed under the name "{a}".',
+    ),
+    "two_hop": (
+        'Submit the code of the partner of "{a}".',
+        'Tell me the code of the partner of "{a}" by submitting it.',
+        'Which code does the partner of "{a}" have? Submit that code.',
+        'Read the entry "{a}", find its partner, and submit the partner\'s code.',
+        'The code you need belongs to the partner of "{a}". Submit it.',
+        'Look "{a}" up, then look up its partner, then submit the partner\'s code.',
+        'Your task: submit the code of the partner of the entry "{a}".',
+        'I need the code of the partner of "{a}". Submit it.',
+        'Submit whatever code the directory lists for the partner of "{a}".',
+        'Open the entry for "{a}", go to its partner, and submit the partner\'s code.',
+        'What code is stored under the partner of "{a}"? Submit it.',
+        'Find the partner of "{a}" and submit the code of that partner as the answer.',
+        'Submit the code recorded for the partner named in the entry "{a}".',
+        'The answer is the code of the partner of the entry "{a}".',
+        'Give the code of the partner of "{a}" as your answer.',
+        'Search the directory for "{a}", then for its partner, and submit the partner\'s code.',
+        'Report the code of the partner of "{a}" with submit.',
+        'Look up the entry "{a}". The code of its partner is the answer.',
+        'Answer with the code of the partner of "{a}".',
+        'Submit the code listed for the partner of the name "{a}".',
+    ),
+    "pair": (
+        'Submit the code of "{a}", a dash, and the code of "{b}".',
+        'Tell me the codes of "{a}" and "{b}", joined by a dash, by submitting them.',
+        'Which codes do "{a}" and "{b}" have? Submit them in that order with a dash between.',
+        'Read the entries "{a}" and "{b}" and submit their codes joined by a dash.',
+        'The answer is two codes with a dash: the code of "{a}", then the code of "{b}".',
+        'Look "{a}" and "{b}" up in the directory, then submit both codes, dash-separated, "{a}" first.',
+        'Your task: submit the code of "{a}", a dash, then the code of "{b}".',
+        'I need the code of "{a}" and the code of "{b}", joined by a dash. Submit it.',
+        'Submit the codes the directory lists for "{a}" and for "{b}", with a dash between them.',
+        'Open the entries for "{a}" and "{b}" and submit the two codes joined by a dash.',
+        'What codes are stored under "{a}" and "{b}"? Submit them joined by a dash.',
+        'Find the codes of "{a}" and "{b}" and submit them with a dash between, in that order.',
+        'Submit the code recorded for "{a}", a dash, and the code recorded for "{b}".',
+        'Give the code of "{a}", a dash, and the code of "{b}" as your answer.',
+        'Search the directory for "{a}" and "{b}" and submit their codes joined by a dash.',
+        'Report the code of "{a}" and the code of "{b}" with a dash between, using submit.',
+        'Look up "{a}" and "{b}". The answer is their codes joined by a dash.',
+        'Answer with the code of "{a}", a dash, then the code of "{b}".',
+        'Submit the two codes of "{a}" and "{b}", joined by a dash, "{a}" first.',
+        'Join the code of "{a}" and the code of "{b}" with a dash and submit it.',
+    ),
+}
+MAX_TRAIN_PHRASINGS = STANDARD_TRAIN_PHRASINGS + len(EXTRA_TRAIN_PHRASINGS["code"])
+"""The most train phrasings per kind ``train_phrasings`` can ask for (30)."""
 INSTANCES_PER_FAMILY: dict[str, int] = {Split.TRAIN: 680, Split.DEV: 20, Split.HIDDEN: 80}
 """Instances of every family of a split: 30 train families x 680, 3 dev x 20, 3 hidden x 80."""
 CORPUS_INSTANCES = 68
@@ -110,9 +188,32 @@ def family_name(kind: str, phrasing: int) -> str:
     return f"{kind}/p{phrasing}"
 
 
-def families() -> dict[str, tuple[str, int, Split]]:
-    """Every template family: name -> (kind, phrasing index, split)."""
-    return {family_name(kind, i): (kind, i, split) for kind in KINDS for i, (split, _) in enumerate(PHRASINGS[kind])}
+def check_train_phrasings(train_phrasings: Any) -> int:
+    """``train_phrasings`` if it is a whole number of train phrasings per kind this task set has, else ValueError."""
+    if (isinstance(train_phrasings, bool) or not isinstance(train_phrasings, int)
+            or not STANDARD_TRAIN_PHRASINGS <= train_phrasings <= MAX_TRAIN_PHRASINGS):
+        raise ValueError(f"tool-lookup: train_phrasings must be a whole number from {STANDARD_TRAIN_PHRASINGS} to "
+                         f"{MAX_TRAIN_PHRASINGS} (train phrasings per kind), got {train_phrasings!r}")
+    return train_phrasings
+
+
+def _templates(kind: str) -> tuple[tuple[Split, str], ...]:
+    """Every statement template of ``kind`` by phrasing index: ``PHRASINGS``, then the extra train ones (p12...)."""
+    return PHRASINGS[kind] + tuple((Split.TRAIN, t) for t in EXTRA_TRAIN_PHRASINGS[kind])
+
+
+def families(train_phrasings: int = STANDARD_TRAIN_PHRASINGS) -> dict[str, tuple[str, int, Split]]:
+    """Every template family with ``train_phrasings`` train phrasings per kind: name -> (kind, phrasing index,
+    split). The standard ten are ``PHRASINGS``'s; more add the extra ones in order (p12, p13, ...)."""
+    last = len(PHRASINGS["code"]) + check_train_phrasings(train_phrasings) - STANDARD_TRAIN_PHRASINGS
+    return {family_name(kind, i): (kind, i, split) for kind in KINDS
+            for i, (split, _) in enumerate(_templates(kind)[:last])}
+
+
+def is_extra_family(family: str) -> bool:
+    """A family of the extra train phrasings (p12 and above), which only ``train_phrasings`` > 10 lists."""
+    phrasing = family.rpartition("/p")[2]
+    return phrasing.isdigit() and int(phrasing) >= len(PHRASINGS["code"])
 
 
 def _name_pool(n: int = 48) -> tuple[str, ...]:
@@ -157,7 +258,7 @@ def entry_line(name: str, entry: Mapping[str, str]) -> str:
 
 def make_task(family: str, seed: int) -> dict[str, Any]:
     """The task of ``family`` and ``seed``: a pure function of both."""
-    kind, phrasing, split = families()[family]
+    kind, phrasing, split = families(MAX_TRAIN_PHRASINGS)[family]
     rng = random.Random(f"{ENV_ID}:{family}:{seed}")
     directory = make_directory(rng)
     names = list(directory)
@@ -171,7 +272,7 @@ def make_task(family: str, seed: int) -> dict[str, Any]:
         b = rng.choice([n for n in names if n != a])
         order, answer = [a, b], f"{directory[a]['code']}-{directory[b]['code']}"
     plan = [{"tool": "lookup", "args": {"name": n}} for n in order] + [{"tool": "submit", "args": {"answer": answer}}]
-    statement = PHRASINGS[kind][phrasing][1].format(a=a, b=b)
+    statement = _templates(kind)[phrasing][1].format(a=a, b=b)
     record: dict[str, Any] = {
         "task_id": f"{ENV_ID}/{family}/{seed}", "split": str(split), "family": family, "kind": kind,
         "difficulty": DIFFICULTY[kind], "statement": statement, "seed": seed, "directory": directory,
@@ -185,24 +286,26 @@ def make_task(family: str, seed: int) -> dict[str, Any]:
 
 
 @cache
-def _split_tasks(split: str) -> tuple[dict[str, Any], ...]:
-    return tuple(make_task(family, seed) for family, (_, _, s) in families().items() if s == split
+def _split_tasks(split: str, train_phrasings: int = STANDARD_TRAIN_PHRASINGS) -> tuple[dict[str, Any], ...]:
+    return tuple(make_task(family, seed) for family, (_, _, s) in families(train_phrasings).items() if s == split
                  for seed in range(INSTANCES_PER_FAMILY[split]))
 
 
-def load_tasks(split: str | None = None) -> list[dict[str, Any]]:
-    """The task records of a split (None: every split), in generation order; made on first use (a split's
-    tasks are generated only when asked for)."""
+def load_tasks(split: str | None = None, train_phrasings: int = STANDARD_TRAIN_PHRASINGS) -> list[dict[str, Any]]:
+    """The task records of a split (None: every split), in generation order, with ``train_phrasings`` train
+    phrasings per kind; made on first use (a split's tasks are generated only when asked for)."""
+    check_train_phrasings(train_phrasings)
     splits = list(INSTANCES_PER_FAMILY) if split is None else [split] if split in INSTANCES_PER_FAMILY else []
-    return [dict(t) for s in splits for t in _split_tasks(s)]
+    return [dict(t) for s in splits for t in _split_tasks(s, train_phrasings)]
 
 
 @cache
 def tasks_by_id() -> dict[str, dict[str, Any]]:
-    """Every task record by id (shared: do not modify)."""
-    return {t["task_id"]: t for s in INSTANCES_PER_FAMILY for t in _split_tasks(s)}
+    """Every task record by id, the extra train phrasings' included (shared: do not modify)."""
+    return {t["task_id"]: t for s in INSTANCES_PER_FAMILY for t in _split_tasks(s, MAX_TRAIN_PHRASINGS)}
 
 
-__all__ = ["CODES", "CORPUS_INSTANCES", "CREATED_AT", "ENV_ID", "GENERATOR", "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS", "NAMES", "PHRASINGS",
-           "entry_line", "families", "family_name", "load_tasks", "make_directory", "make_name", "make_task",
-           "tasks_by_id"]
+__all__ = ["CODES", "CORPUS_INSTANCES", "CREATED_AT", "ENV_ID", "EXTRA_TRAIN_PHRASINGS", "GENERATOR",
+           "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS", "MAX_TRAIN_PHRASINGS", "NAMES", "PHRASINGS",
+           "STANDARD_TRAIN_PHRASINGS", "check_train_phrasings", "entry_line", "families", "family_name",
+           "is_extra_family", "load_tasks", "make_directory", "make_name", "make_task", "tasks_by_id"]

@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,15 @@ CONFIG_COPY = "experiment.toml"
 
 
 # -- tasks ------------------------------------------------------------------------------------------------------
-def interleaved_tasks(env: str, split: str, families: set[str] | None = None) -> list[str]:
+def interleaved_tasks(env: str, split: str, families: set[str] | None = None,
+                      env_args: Mapping[str, Any] | None = None) -> list[str]:
     """The split's task ids (of ``families`` only, when given) with template families taken in turn (the first id
     of every family, then the second of every family, ...), so that every prefix holds every family alike (splits
-    list their ids family by family)."""
+    list their ids family by family). ``env_args``: the environment's keyword arguments (the config's)."""
     from trajlake.envs import list_tasks
 
     by_family: dict[str, list[str]] = {}
-    for t in list_tasks(env, split):
+    for t in list_tasks(env, split, **dict(env_args or {})):
         family = t["task_id"].rsplit("/", 1)[0]
         if families is None or family in families:
             by_family.setdefault(family, []).append(t["task_id"])
@@ -65,13 +66,14 @@ def interleaved_tasks(env: str, split: str, families: set[str] | None = None) ->
     return [ids[i] for i in range(rounds) for _, ids in sorted(by_family.items()) if i < len(ids)]
 
 
-def phrasing_families(env: str, holdout: int) -> tuple[set[str], set[str]]:
+def phrasing_families(env: str, holdout: int,
+                      env_args: Mapping[str, Any] | None = None) -> tuple[set[str], set[str]]:
     """B1's and the RL arms' train families when the last ``holdout`` phrasings of every kind go to RL: families
     must be named ``<env>/<kind>/p<N>``."""
     from trajlake.envs import list_tasks
 
     by_kind: dict[str, dict[int, str]] = {}
-    for t in list_tasks(env, "train"):
+    for t in list_tasks(env, "train", **dict(env_args or {})):
         family = t["task_id"].rsplit("/", 1)[0]
         head, _, phrasing = family.rpartition("/p")
         if not head or not phrasing.isdigit():
@@ -94,10 +96,11 @@ def task_pools(cfg: ExperimentConfig) -> tuple[list[str], list[str]]:
     interleaved train split, or with ``rl.holdout_phrasings`` the first of B1's families and of the held-out
     phrasings' families (RL plays tasks B1 never saw, so it has something left to learn)."""
     if cfg.rl.holdout_phrasings:
-        b1_families, rl_families = phrasing_families(cfg.env, cfg.rl.holdout_phrasings)
-        pools = [interleaved_tasks(cfg.env, "train", b1_families), interleaved_tasks(cfg.env, "train", rl_families)]
+        b1_families, rl_families = phrasing_families(cfg.env, cfg.rl.holdout_phrasings, cfg.env_args)
+        pools = [interleaved_tasks(cfg.env, "train", b1_families, cfg.env_args),
+                 interleaved_tasks(cfg.env, "train", rl_families, cfg.env_args)]
     else:
-        train = interleaved_tasks(cfg.env, "train")
+        train = interleaved_tasks(cfg.env, "train", env_args=cfg.env_args)
         pools = [train, train[cfg.b1.tasks:]]
     for name, pool, n in (("b1.tasks", pools[0], cfg.b1.tasks), ("rl.tasks", pools[1], cfg.rl.tasks)):
         if n > len(pool):
@@ -106,7 +109,7 @@ def task_pools(cfg: ExperimentConfig) -> tuple[list[str], list[str]]:
 
 
 def eval_tasks(cfg: ExperimentConfig, split: str) -> list[str]:
-    tasks = interleaved_tasks(cfg.env, split)
+    tasks = interleaved_tasks(cfg.env, split, env_args=cfg.env_args)
     return tasks[:cfg.eval_tasks] if cfg.eval_tasks else tasks
 
 

@@ -454,12 +454,13 @@ def check_environment(cfg: TrainConfig) -> None:
             raise ConfigError(f"{at}: the environment has no oracle policy to play the tokenizer's corpus")
     tasks: dict[str, set[str]] = {}
     for at, stage, spec in _rollout_specs(cfg):
-        if spec.split not in tasks:
+        listed = f"{spec.split}\0{sorted(spec.env_args.items())!r}"  # the env's arguments can change its splits
+        if listed not in tasks:
             try:
-                tasks[spec.split] = {t["task_id"] for t in list_tasks(cfg.env, spec.split)}
+                tasks[listed] = {t["task_id"] for t in list_tasks(cfg.env, spec.split, **spec.env_args)}
             except TrajlakeError as e:
                 raise ConfigError(f"{where}: {at}.split = {spec.split!r}: {one_line(e)}") from None
-        unknown = sorted(set(spec.tasks) - tasks[spec.split])
+        unknown = sorted(set(spec.tasks) - tasks[listed])
         if unknown:
             raise ConfigError(f"{where}: {at}.tasks: {', '.join(unknown[:3])} not in {cfg.env}'s {spec.split!r} "
                               f"split")
