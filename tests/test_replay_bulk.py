@@ -314,3 +314,23 @@ def test_a_suite_names_the_first_differing_turn_and_field(monkeypatch: pytest.Mo
     assert d is not None and (d.turn_idx, d.field) == (last if turn == -1 else turn, field), outcome.message()
     assert expected is None or d.expected.startswith(expected), d
     assert got is None or d.got == got, d
+
+
+def test_a_bundle_replays_each_run_with_the_environment_arguments_it_was_played_with(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An exported bundle with its runs table replays each episode in the environment its run was played in
+    (``runs.config.env_kwargs``): a tool-lookup task of an extra train phrasing exists only with
+    ``train_phrasings``, so with default arguments it could not even be reset."""
+    from trajlake.rollout.runner import RolloutConfig, run_rollout
+
+    lake = tmp_path / "lake"
+    run_rollout(RolloutConfig(lake=str(lake), run_id="wide", env="tool-lookup", policy="oracle", split="train",
+                              seeds=(0,), task_ids=("tool-lookup/code/p12/0",), commit_every_s=0,
+                              env_kwargs={"train_phrasings": 12}))
+    out_dir = tmp_path / "bundle"
+    code, _, err = run_cli(capsys, "--lake", str(lake), "export", "hf", "--out", str(out_dir), "--tables",
+                           "episodes,turns,runs")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "replay", "--from", str(out_dir), "--format", "json")
+    assert code == 0, err
+    assert [r["result"] for r in json.loads(out)] == ["matched"]

@@ -311,6 +311,7 @@ def replay(ctx: typer.Context,
     compare status, observation, rewards, state hash and ending turn by turn."""
     from trajlake.query import connect
     from trajlake.rollout.replay import (
+        bundle_env_kwargs,
         bundle_episodes,
         replay_episode,
         replay_rows,
@@ -344,7 +345,8 @@ def replay(ctx: typer.Context,
         return
     kwargs: dict[str, dict[str, Any]] = {}
     if from_dir is not None:
-        pairs = bundle_episodes(from_dir)  # a bundle holds no runs table: default environment arguments
+        pairs = bundle_episodes(from_dir)
+        kwargs = bundle_env_kwargs(from_dir)  # the runs' environment arguments, where the bundle has its runs
     else:
         the_lake = open_lake_of(ctx, lake)
         pairs = run_episodes(the_lake, str(run), as_of)

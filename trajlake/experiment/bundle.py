@@ -301,13 +301,13 @@ def export_trajectories(folder: Path, lake: Path, cfg: ExperimentConfig, log: Lo
     splits; ``export hf`` leaves the hidden split out) exported to ``trajectories/``, then every exported episode
     replayed against the environment. ``cfg.trajectories`` is the least the bundle must hold."""
     from trajlake.io.hf import export_hf
-    from trajlake.rollout.replay import bundle_episodes, replay_rows
+    from trajlake.rollout.replay import bundle_env_kwargs, bundle_episodes, replay_rows
 
     out = folder / "trajectories"
     if out.exists():
         shutil.rmtree(out)
     export_hf(lake, out, contamination=False)
-    outcomes = list(replay_rows(bundle_episodes(out)))
+    outcomes = list(replay_rows(bundle_episodes(out), bundle_env_kwargs(out)))
     matched = sum(1 for o in outcomes if o.ok)
     log(f"report: exported {len(outcomes)} episode(s); replayed: {matched} matched, {len(outcomes) - matched} "
         f"drifted")

@@ -63,6 +63,24 @@ def replay_episode(lake: LakeArg, episode_id: str, as_of: str | None = None
     return next(replay_rows([(episode, turns)], run_env_kwargs(connect(lake, as_of), [episode["run_id"]])))
 
 
+def bundle_env_kwargs(folder: str | Path) -> dict[str, dict[str, Any]]:
+    """:func:`run_env_kwargs` of an exported bundle, from its ``data/runs`` shards (every run of the bundle); empty
+    when the bundle holds no runs table (then its episodes replay with default environment arguments)."""
+    import duckdb
+
+    glob = Path(folder) / "data" / "runs" / "*.parquet"
+    if not any(glob.parent.glob(glob.name)):
+        return {}
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("create view runs as select * from read_parquet('" + str(glob).replace("'", "''")
+                    + "', union_by_name = true)")
+        ids = [str(r[0]) for r in con.execute("select distinct run_id from runs").fetchall()]
+        return run_env_kwargs(con, ids)
+    finally:
+        con.close()
+
+
 def run_env_kwargs(con: Any, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """The environment arguments each run was played with (``env_kwargs`` of its ``runs.config``: memory, ask-user
     variants, injections, budgets), by run id; runs without any are left out. A replay must build the environment
@@ -189,5 +207,5 @@ def bundle_episodes(folder: str | Path) -> Iterator[tuple[dict[str, Any], list[d
                     f"--from {root}: no episodes to replay")
 
 
-__all__ = ["EnvPool", "ReplayOutcome", "bundle_episodes", "load_episode", "replay_episode", "replay_rows",
+__all__ = ["EnvPool", "ReplayOutcome", "bundle_env_kwargs", "bundle_episodes", "load_episode", "replay_episode", "replay_rows",
            "run_env_kwargs", "run_episodes"]
