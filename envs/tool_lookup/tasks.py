@@ -210,6 +210,12 @@ def families(train_phrasings: int = STANDARD_TRAIN_PHRASINGS) -> dict[str, tuple
             for i, (split, _) in enumerate(_templates(kind)[:last])}
 
 
+@cache
+def _every_family() -> dict[str, tuple[str, int, Split]]:
+    """:func:`families` with every extra phrasing, made once (shared: do not modify)."""
+    return families(MAX_TRAIN_PHRASINGS)
+
+
 def is_extra_family(family: str) -> bool:
     """A family of the extra train phrasings (p12 and above), which only ``train_phrasings`` > 10 lists."""
     phrasing = family.rpartition("/p")[2]
@@ -258,7 +264,7 @@ def entry_line(name: str, entry: Mapping[str, str]) -> str:
 
 def make_task(family: str, seed: int) -> dict[str, Any]:
     """The task of ``family`` and ``seed``: a pure function of both."""
-    kind, phrasing, split = families(MAX_TRAIN_PHRASINGS)[family]
+    kind, phrasing, split = _every_family()[family]
     rng = random.Random(f"{ENV_ID}:{family}:{seed}")
     directory = make_directory(rng)
     names = list(directory)
