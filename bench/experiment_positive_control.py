@@ -101,8 +101,12 @@ class Setup:
     sft_plateau_check: dict[str, Any] | None = None
     """``{step, window, max_loss}``: B1 is stopped and restarted from a new initialisation while its training loss
     stays above the bar (``[b1] plateau_check``, the tenth design); None: no check."""
+    sft_rl_tasks_check: dict[str, Any] | None = None
+    """``{min_success, attempts}``: B1 is restarted from a new initialisation when its success on R1's own train
+    tasks is below the bar (``[b1] rl_tasks_check``, the twelfth design); None: no check."""
     sft_restarts: int = 0
-    """``[b1] restarts``: how many new initialisations B1 may take (with ``sft_plateau_check``)."""
+    """``[b1] restarts``: how many new initialisations B1 may take (with ``sft_plateau_check`` or
+    ``sft_rl_tasks_check``)."""
 
     rl_phrasings: int = 4
     """The last this many train phrasings of every kind are kept out of B1's data; R1 plays only their tasks.
@@ -162,7 +166,9 @@ def experiment_config(setup: Setup, arms: Sequence[str], seeds: int) -> dict[str
         "b1": {"data_policy": s.data_policy, "tasks": s.sft_tasks, "steps": s.sft_steps, "batch_size": s.sft_batch,
                "lr": s.sft_lr, "warmup_steps": s.warmup_steps, "lr_schedule": s.sft_lr_schedule,
                "min_lr_ratio": s.sft_min_lr_ratio,
-               **({"plateau_check": s.sft_plateau_check, "restarts": s.sft_restarts} if s.sft_restarts else {})},
+               **({"plateau_check": s.sft_plateau_check} if s.sft_restarts and s.sft_plateau_check else {}),
+               **({"rl_tasks_check": s.sft_rl_tasks_check} if s.sft_restarts and s.sft_rl_tasks_check else {}),
+               **({"restarts": s.sft_restarts} if s.sft_restarts else {})},
         "rl": {"algo": "rloo", "holdout_phrasings": s.rl_phrasings, "tasks": s.rl_tasks, "attempts": s.attempts,
                "iterations": s.rl_iterations, "steps": s.rl_steps, "batch_size": s.rl_batch, "lr": s.rl_lr,
                "warmup_steps": s.rl_warmup_steps, "max_staleness": s.max_staleness},
@@ -243,7 +249,16 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
     b1 = state.done(f"s{seed}/B1/train") or {}
     if b1.get("restarts") is not None:  # the B1s stopped on the plateau, and the initialisation B1 came from
         out["b1_restarts"] = {"stopped": b1["restarts"], "model_seed": b1.get("model_seed")}
+    if b1.get("rl_tasks_check") is not None:  # the B1 R1 started from, on R1's own train tasks
+        out["b1_rl_tasks_success"] = b1["rl_tasks_check"]["success"]
     return out
+
+
+def _stopped(r: dict[str, Any]) -> str:
+    """One stopped B1 attempt, in words: on its loss plateau, or below the RL-tasks bar."""
+    if r.get("check") == "rl_tasks":
+        return f"model seed {r['model_seed']} stopped after training (success {r['rl_tasks_success']:.3f} on R1's tasks)"
+    return f"model seed {r['model_seed']} stopped at step {r['step']} (mean loss {r['mean_loss']:.3f})"
 
 
 def verdict(seeds: Sequence[dict[str, Any]]) -> tuple[bool | None, list[str]]:
@@ -327,9 +342,8 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
         if "b1_restarts" in s:
             stopped = s["b1_restarts"]["stopped"]
             md += ["", f"Seed {s['seed']}: B1 from model seed {s['b1_restarts']['model_seed']}; "
-                       + (", ".join(f"model seed {r['model_seed']} stopped at step {r['step']} (mean loss "
-                                    f"{r['mean_loss']:.3f})" for r in stopped) if stopped
-                          else "its first initialisation passed the plateau check")]
+                       + (", ".join(_stopped(r) for r in stopped) if stopped
+                          else "its first initialisation passed the checks")]
     md += ["", "Settings:", "", "```json", json.dumps(dataclasses.asdict(setup), indent=2), "```", ""]
     (out / "report.md").write_text("\n".join(md), encoding="utf-8")
 
@@ -345,6 +359,7 @@ def setup_from_config(cfg: ExperimentConfig) -> Setup:
         data_policy=b1.data_policy, sft_steps=b1.steps, sft_batch=b1.batch_size, sft_lr=b1.lr,
         sft_lr_schedule=b1.lr_schedule, sft_min_lr_ratio=b1.min_lr_ratio, warmup_steps=b1.warmup_steps,
         sft_plateau_check=dataclasses.asdict(b1.plateau_check) if b1.plateau_check is not None else None,
+        sft_rl_tasks_check=dataclasses.asdict(b1.rl_tasks_check) if b1.rl_tasks_check is not None else None,
         sft_restarts=b1.restarts, rl_phrasings=rl.holdout_phrasings, rl_tasks=rl.tasks, attempts=rl.attempts,
         rl_iterations=rl.iterations, rl_steps=rl.steps, rl_batch=rl.batch_size, rl_lr=rl.lr, rl_warmup_steps=rl.warmup_steps,
         max_staleness=rl.max_staleness, temperature=cfg.temperature,

@@ -173,6 +173,63 @@ def test_b1_restarts_from_a_new_initialisation_while_its_plateau_check_fails(
     assert [a["prefix"] for a in exp.state.done("s0/B1/train")["restarts"]] == ["s0-"]
 
 
+def test_b1_restarts_while_it_solves_too_few_of_the_rl_arms_train_tasks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[b1] rl_tasks_check``: a B1 that trained to the end (and passed its plateau check) plays the RL arms' own
+    train tasks; below ``min_success`` it is trained again from a new initialisation, the stopped attempt recorded
+    with its success and check run; the last restart is neither checked on its loss nor on R1's tasks."""
+    from trajlake.experiment.run import Experiment, task_pools
+
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data["b1"] = {**data.get("b1", {}), "steps": 40, "restarts": 2,
+                  "plateau_check": {"step": 30, "window": 10, "max_loss": 0.5},
+                  "rl_tasks_check": {"min_success": 0.25, "attempts": 2}}
+    cfg = parse_experiment(data, "x")
+    _, rl_tasks = task_pools(cfg)
+    rates = {"s0-": 0.0, "s0r1-": 0.25}  # the first B1 solves none of R1's tasks, the second exactly the bar
+    trained: list[tuple[int, bool]] = []
+    played: list[tuple[str, str, str, int, list[str] | None]] = []
+
+    def fake_train(self: Experiment, seed: int, arm: str, attempt: int, model: dict[str, object],
+                   stage: dict[str, object], restart: int = 0) -> dict[str, object]:
+        trained.append((restart, "plateau_check" in stage))
+        prefix = self.prefix(seed, attempt, restart)
+        return {"checkpoint": f"ckpt-{prefix}", "policy_version": prefix, "tokens": 1, "steps": 40,
+                "runs": [f"{prefix}B1-data"]}
+
+    def fake_play(self: Experiment, run_id: str, arm: str, seed: int, policy: str, version: str | None, split: str,
+                  *, attempts: int = 1, task_ids: list[str] | None = None, **_: object) -> dict[str, object]:
+        played.append((run_id, policy, split, attempts, task_ids))
+        n = len(task_ids or []) * attempts
+        prefix = run_id[: run_id.index("B1-")]
+        return {"run": run_id, "episodes": n, "written": n, "successes": round(rates[prefix] * n)}
+
+    monkeypatch.setattr(Experiment, "_train", fake_train)
+    monkeypatch.setattr(Experiment, "_play", fake_play)
+    exp = Experiment(cfg, tmp_path, lambda line: None)
+    exp.b1(0)
+    assert trained == [(0, True), (1, True)]  # the second passed at the bar (>= min_success): no third
+    assert [(r, p, sp, a) for r, p, sp, a, _ in played] == [
+        ("s0-B1-rl-tasks-check", "hf:ckpt-s0-", "train", 2), ("s0r1-B1-rl-tasks-check", "hf:ckpt-s0r1-", "train", 2)]
+    assert all(t == rl_tasks for *_, t in played) and rl_tasks
+    entry = exp.state.done("s0/B1/train")
+    assert entry is not None and entry["model_seed"] == 1000 and entry["checkpoint"] == "ckpt-s0r1-"
+    assert entry["restarts"] == [{"restart": 0, "model_seed": 0, "check": "rl_tasks", "rl_tasks_success": 0.0,
+                                  "run": "s0-B1-rl-tasks-check", "prefix": "s0-"}]
+    assert entry["rl_tasks_check"] == {"success": 0.25, "run": "s0r1-B1-rl-tasks-check"}
+
+    rates["s0r1-"] = 0.0  # every check fails: the last restart trains to the end without either check
+    trained.clear()
+    played.clear()
+    (tmp_path / "again").mkdir()
+    exp = Experiment(cfg, tmp_path / "again", lambda line: None)
+    exp.b1(0)
+    assert trained == [(0, True), (1, True), (2, False)] and len(played) == 2
+    entry = exp.state.done("s0/B1/train")
+    assert entry is not None and entry["model_seed"] == 2000 and "rl_tasks_check" not in entry
+    assert [r["prefix"] for r in entry["restarts"]] == ["s0-", "s0r1-"]
+
+
 @pytest.mark.slow
 def test_a_restarted_b1_trains_under_its_own_prefix_and_folder(tmp_path: Path) -> None:
     """The real trainer under a plateau check no loss can pass: the first B1 stops at the check with its data run
@@ -198,9 +255,42 @@ def test_a_restarted_b1_trains_under_its_own_prefix_and_folder(tmp_path: Path) -
     assert entry["train_run"] == "s0r1-B1.train"
 
 
+@pytest.mark.slow
+def test_b1s_rl_tasks_check_plays_the_rl_arms_train_tasks_into_the_lake(tmp_path: Path) -> None:
+    """The real trainer and rollout under a bar no tiny B1 reaches (success 1.0 on R1's tasks): the first B1 trains
+    to the end, plays each of R1's train tasks ``attempts`` times as ``s0-B1-rl-tasks-check``, is stopped with its
+    measured success, and the restart (unchecked) is the B1 the other arms start from."""
+    from trajlake.experiment.run import Experiment, task_pools
+    from trajlake.query import connect
+
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data["model"] = {**data["model"], "corpus_tasks": 8}
+    data["b1"] = {**data["b1"], "tasks": 8, "steps": 4, "batch_size": 2, "restarts": 1,
+                  "rl_tasks_check": {"min_success": 1.0, "attempts": 2}}
+    data["rl"] = {**data["rl"], "tasks": 3}
+    cfg = parse_experiment(data, "x")
+    exp = Experiment(cfg, tmp_path, lambda line: None)
+    exp.b1(0)
+    entry = exp.state.done("s0/B1/train")
+    assert entry is not None and entry["model_seed"] == 1000 and entry["train_run"] == "s0r1-B1.train"
+    (stopped,) = entry["restarts"]
+    assert stopped["check"] == "rl_tasks" and stopped["run"] == "s0-B1-rl-tasks-check" and stopped["prefix"] == "s0-"
+    con = connect(tmp_path / "lake")
+    rows = con.execute("select task_id, split, count(*), avg(case when success then 1.0 else 0.0 end) "
+                       "from episodes where run_id = 's0-B1-rl-tasks-check' group by 1, 2 order by 1").fetchall()
+    _, rl_tasks = task_pools(cfg)
+    assert [(t, sp, n) for t, sp, n, _ in rows] == [(t, "train", 2) for t in sorted(rl_tasks)]
+    measured = sum(float(r[3]) for r in rows) / len(rows)
+    assert stopped["rl_tasks_success"] == pytest.approx(measured) and measured < 1.0
+
+
 @pytest.mark.parametrize(("b1", "message"), [
-    ({"restarts": 2}, "b1: plateau_check and restarts >= 1 go together"),
-    ({"plateau_check": {"step": 30, "window": 10, "max_loss": 0.5}}, "b1: plateau_check and restarts >= 1 go"),
+    ({"restarts": 2}, "b1: plateau_check or rl_tasks_check and restarts >= 1 go together"),
+    ({"plateau_check": {"step": 30, "window": 10, "max_loss": 0.5}}, "b1: plateau_check or rl_tasks_check and"),
+    ({"rl_tasks_check": {"min_success": 0.1}}, "b1: plateau_check or rl_tasks_check and restarts >= 1 go"),
+    ({"restarts": 1, "rl_tasks_check": {"min_success": 1.5}}, "b1.rl_tasks_check.min_success = 1.5: a success"),
+    ({"restarts": 1, "rl_tasks_check": {"min_success": float("nan")}}, "b1.rl_tasks_check.min_success = nan"),
+    ({"restarts": 1, "rl_tasks_check": {"min_success": 0.1, "attempts": 0}}, "rl_tasks_check.attempts = 0: at least"),
     ({"restarts": -1}, "b1.restarts = -1: must be >= 0"),
     ({"restarts": 1, "steps": 20, "plateau_check": {"step": 30, "window": 10, "max_loss": 0.5}},
      "arm B1 (from [b1]): plateau_check: step = 30: must lie in [window, steps) = [10, 20)"),

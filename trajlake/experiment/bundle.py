@@ -257,7 +257,8 @@ def write_bundle(folder: Path, cfg: ExperimentConfig, state: State, *, command: 
         "reward_check": check, "learning_curves": {k: [list(p) for p in v] for k, v in learning.items()},
         "training": {f"s{s}/{a}": {k: t.get(k) for k in ("policy_version", "checkpoint", "tokens", "steps",
                                                          "train_run", "seconds", "matched_tokens", "budget",
-                                                         "restarts", "model_seed")}
+                                                         "restarts", "model_seed",
+                                                         "rl_tasks_check")}
                      for (s, a), t in sorted(runs.train.items())},
         "b2_budgets": {k: v.get("budget") for k, v in state.stages.items() if v.get("budget")},
         "abandoned_attempts": state.abandoned, "unrun": unrun,

@@ -42,6 +42,21 @@ Matching = Literal["none", "training_compute", "total_cost", "steps", "cost"]
 
 
 @dataclass(frozen=True)
+class RlTasksCheck:
+    """``rl_tasks_check = { min_success = S }`` of ``[b1]``: after B1 has trained (and passed its plateau check, if
+    any), it plays the RL arms' own train tasks (``[rl] tasks`` of them, ``attempts`` each, at the experiment's
+    temperature and sampling seed); a B1 whose success there is below S is trained again from a new
+    initialisation, like one stopped on its plateau. RL learns only from groups whose attempts differ: a B1 that
+    solves none of R1's tasks leaves R1 no reward (docs/training.md, "Eleventh design", seed 0). Decided on train
+    tasks only, never on an evaluation split."""
+
+    min_success: float
+    """The bar: B1's success rate on the RL arms' train tasks, in [0, 1]."""
+    attempts: int = 1
+    """Episodes per task."""
+
+
+@dataclass(frozen=True)
 class SftSettings:
     """``[b1]``: the supervised stage (B1) on a scripted demonstrator's episodes of train tasks."""
 
@@ -60,10 +75,14 @@ class SftSettings:
     """``{ step = S, window = W, max_loss = L }``: B1's training-loss check (the trainer's sft ``plateau_check``):
     a B1 whose mean loss over steps S-W .. S-1 is above L is stopped there and trained again from a new
     initialisation, up to ``restarts`` times. Decided on B1's own training loss only, never on an evaluation."""
+    rl_tasks_check: RlTasksCheck | None = None
+    """``{ min_success = S, attempts = A }``: B1's success on the RL arms' own train tasks after training
+    (:class:`RlTasksCheck`); below S, B1 is trained again from a new initialisation, up to ``restarts`` times."""
     restarts: int = 0
-    """With ``plateau_check``: how many times B1 may start again from a new initialisation (the tiny model's seed
-    ``seed + 1000 * k`` for restart k, its runs prefixed ``s<seed>r<k>-``). The last restart runs without the
-    check, so every seed ends with a B1; the stopped attempts are listed in the state and the bundle."""
+    """With ``plateau_check`` or ``rl_tasks_check``: how many times B1 may start again from a new initialisation
+    (the tiny model's seed ``seed + 1000 * k`` for restart k, its runs prefixed ``s<seed>r<k>-``). The last restart
+    runs without the checks, so every seed ends with a B1; the stopped attempts are listed in the state and the
+    bundle."""
 
 
 @dataclass(frozen=True)
@@ -259,12 +278,20 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
             out.append(f"{at}: recovery_held_out compares B1, R1 or R3 (the arms evaluated under the held-out fault)")
     if cfg.b1.restarts < 0:
         out.append(f"b1.restarts = {cfg.b1.restarts}: must be >= 0")
-    elif (cfg.b1.restarts > 0) != (cfg.b1.plateau_check is not None):
-        out.append("b1: plateau_check and restarts >= 1 go together (B1 restarts when its plateau check fails; the "
-                   "last restart runs without the check)")
+    elif (cfg.b1.restarts > 0) != (cfg.b1.plateau_check is not None or cfg.b1.rl_tasks_check is not None):
+        out.append("b1: plateau_check or rl_tasks_check and restarts >= 1 go together (B1 restarts when a check "
+                   "fails; the last restart runs without the checks)")
     elif cfg.b1.restarts and cfg.model.path is not None:
         out.append("b1.restarts: only a tiny model built by the experiment ([model] build_tiny) has a new "
                    "initialisation to restart from")
+    check = cfg.b1.rl_tasks_check
+    if check is not None:
+        if not (isinstance(check.min_success, int | float) and 0.0 <= check.min_success <= 1.0):
+            out.append(f"b1.rl_tasks_check.min_success = {check.min_success}: a success rate in [0, 1]")
+        if check.attempts < 1:
+            out.append(f"b1.rl_tasks_check.attempts = {check.attempts}: at least 1")
+        if not any(arm in runs for arm in ("R1", "R2", "R3", "PLACEBO", "MASK")):
+            out.append("b1.rl_tasks_check: no RL arm in arms, so no RL tasks to check B1 on")
     if not 0 < cfg.decision.alpha < 1 or not 0 < cfg.decision.power < 1:
         out.append("decision: alpha and power must lie in (0, 1)")
     if cfg.trajectories < 0:
@@ -425,5 +452,5 @@ def config_dict(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 __all__ = ["ARMS", "CONTROL_ARMS", "DERIVED_ARMS", "METRICS", "NEEDS", "B0Settings", "B2Settings", "DecisionRule",
-           "ExperimentConfig", "HypothesisSpec", "R2Settings", "R3Settings", "RlSettings", "SftSettings",
+           "ExperimentConfig", "HypothesisSpec", "R2Settings", "R3Settings", "RlSettings", "RlTasksCheck", "SftSettings",
            "config_dict", "experiment_problems", "load_experiment", "parse_experiment"]

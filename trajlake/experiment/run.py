@@ -266,12 +266,40 @@ class Experiment:
                              f"{e.mean_loss:.4f} above the plateau check's bar; restart {restart + 1} of "
                              f"{cfg.b1.restarts} from model seed {seed + RESTART_SEED_STRIDE * (restart + 1)}")
                     continue
+                if cfg.b1.rl_tasks_check is not None and not last:
+                    rate, run = self._rl_tasks_check(seed, attempt, restart, out)
+                    if rate < cfg.b1.rl_tasks_check.min_success:
+                        # B1 learnt its data but solves too few of R1's own tasks to leave R1 a reward
+                        stopped.append({"restart": restart, "model_seed": model["seed"], "check": "rl_tasks",
+                                        "rl_tasks_success": rate, "run": run,
+                                        "prefix": self.prefix(seed, attempt, restart)})
+                        self.state.stages[key]["restarts"] = list(stopped)
+                        self.state.save()
+                        self.log(f"    B1 (model seed {model['seed']}) solved {rate:.3f} of the RL arms' train tasks, "
+                                 f"below rl_tasks_check.min_success = {cfg.b1.rl_tasks_check.min_success}; restart "
+                                 f"{restart + 1} of {cfg.b1.restarts} from model seed "
+                                 f"{seed + RESTART_SEED_STRIDE * (restart + 1)}")
+                        continue
+                    out["rl_tasks_check"] = {"success": rate, "run": run}
                 if cfg.b1.restarts:
                     out.update(restarts=stopped, model_seed=model["seed"])
                 return out
             raise AssertionError("unreachable: the last restart runs without the plateau check")
 
         self._stage(key, "B1", seed, play)
+
+    def _rl_tasks_check(self, seed: int, attempt: int, restart: int, b1: dict[str, Any]) -> tuple[float, str]:
+        """B1's success rate on the RL arms' own train tasks (``[b1] rl_tasks_check``), and the run it played."""
+        check = self.cfg.b1.rl_tasks_check
+        assert check is not None
+        _, rl_tasks = task_pools(self.cfg)
+        run = f"{self.prefix(seed, attempt, restart)}B1-rl-tasks-check"
+        played = self._play(run, "B1", seed, f"hf:{b1['checkpoint']}", b1["policy_version"], "train",
+                            attempts=check.attempts, task_ids=rl_tasks)
+        if played["written"] != played["episodes"]:  # a fresh run id per attempt and restart: nothing to resume
+            raise TrajlakeError(f"{run}: {played['episodes'] - played['written']} episode(s) were already in the "
+                                f"lake; B1's RL-tasks check counts only a run it plays whole")
+        return round(played["successes"] / max(1, played["written"]), 6), run
 
     def rl(self, seed: int, arm: str) -> None:
         _, rl_tasks = task_pools(self.cfg)
@@ -304,7 +332,7 @@ class Experiment:
     # .. evaluation ..............................................................................................
     def _play(self, run_id: str, arm: str, seed: int, policy: str, version: str | None, split: str, *,
               attempts: int = 1, fault_rate: float = 0.0, fault_kinds: tuple[str, ...] = (),
-              extra_args: dict[str, str] | None = None) -> dict[str, Any]:
+              extra_args: dict[str, str] | None = None, task_ids: list[str] | None = None) -> dict[str, Any]:
         from trajlake.record.episode import CostModel
         from trajlake.rollout.faults import DEFAULT_FAULT_KINDS
         from trajlake.rollout.runner import RolloutConfig, parse_seeds, run_rollout
@@ -319,7 +347,7 @@ class Experiment:
             args.pop("batch_episodes", None)
         summary = run_rollout(RolloutConfig(
             lake=str(self.lake), run_id=run_id, env=cfg.env, policy=policy, split=split,
-            task_ids=tuple(eval_tasks(cfg, split)), seeds=parse_seeds(cfg.eval_seeds), workers=cfg.workers,
+            task_ids=tuple(eval_tasks(cfg, split) if task_ids is None else task_ids), seeds=parse_seeds(cfg.eval_seeds), workers=cfg.workers,
             policy_version=version, policy_name=f"{cfg.name}-s{seed}-{arm}", label=arm, attempts=attempts,
             commit_every_s=10.0, policy_args=args, env_kwargs=dict(cfg.env_args), sampling_seed_rule=COMMON_SEEDS,
             fault_rate=fault_rate, fault_seed=seed, fault_kinds=fault_kinds or DEFAULT_FAULT_KINDS, tags=self.tags(arm, seed),
@@ -327,7 +355,8 @@ class Experiment:
         if summary.failed_items:
             raise TrajlakeError(f"{run_id}: {len(summary.failed_items)} episode(s) failed: {summary.failed_items[0]}")
         self.log(f"    {run_id}: {summary.written} episode(s) ({summary.successes} successful)")
-        return {"run": run_id, "episodes": summary.written + summary.skipped_existing}
+        return {"run": run_id, "episodes": summary.written + summary.skipped_existing,
+                "written": summary.written, "successes": summary.successes}
 
     def evaluate(self, seed: int, arm: str, split: str) -> None:
         cfg = self.cfg
