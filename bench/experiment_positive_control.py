@@ -343,7 +343,9 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
             stopped = s["b1_restarts"]["stopped"]
             md += ["", f"Seed {s['seed']}: B1 from model seed {s['b1_restarts']['model_seed']}; "
                        + (", ".join(_stopped(r) for r in stopped) if stopped
-                          else "its first initialisation passed the checks")]
+                          else "its first initialisation passed the checks")
+                       + (f"; it solved {s['b1_rl_tasks_success']:.3f} of R1's train tasks"
+                          if "b1_rl_tasks_success" in s else "")]
     md += ["", "Settings:", "", "```json", json.dumps(dataclasses.asdict(setup), indent=2), "```", ""]
     (out / "report.md").write_text("\n".join(md), encoding="utf-8")
 

@@ -206,13 +206,17 @@ def test_judge_reads_a_folder_the_experiment_ran_and_judges_its_finished_seeds(e
     state = State(folder / "state.json")
     state.stages = {f"s0/{arm}/eval:hidden": {"status": "done", "seconds": 1.0} for arm in ("B1", "R1", "AA", "PLACEBO")}
     state.stages["s1/B1/eval:hidden"] = {"status": "done", "seconds": 1.0}  # seed 1's other arms not evaluated yet
-    state.stages["s0/B1/train"] = {"status": "done", "model_seed": 1000, "restarts": [  # B1 restarted once
-        {"restart": 0, "model_seed": 0, "step": 3000, "mean_loss": 0.571, "prefix": "s0-"}]}
+    state.stages["s0/B1/train"] = {"status": "done", "model_seed": 2000, "restarts": [  # B1 restarted twice
+        {"restart": 0, "model_seed": 0, "step": 3000, "mean_loss": 0.571, "prefix": "s0-"},
+        {"restart": 1, "model_seed": 1000, "check": "rl_tasks", "rl_tasks_success": 0.016, "run": "s0r1-B1-rl-tasks-check",
+         "prefix": "s0r1-"}], "rl_tasks_check": {"success": 0.375, "run": "s0r2-B1-rl-tasks-check"}}
     state.save()
     assert experiment.main(["--judge", str(folder), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["seeds"][0]["b1_restarts"]["model_seed"] == 1000
-    assert ("Seed 0: B1 from model seed 1000; model seed 0 stopped at step 3000 (mean loss 0.571)"
+    assert summary["seeds"][0]["b1_restarts"]["model_seed"] == 2000
+    assert summary["seeds"][0]["b1_rl_tasks_success"] == 0.375
+    assert ("Seed 0: B1 from model seed 2000; model seed 0 stopped at step 3000 (mean loss 0.571), model seed 1000 "
+            "stopped after training (success 0.016 on R1's tasks); it solved 0.375 of R1's train tasks"
             in (out / "report.md").read_text())
     assert summary["arms"] == ["b1", "r1", "aa", "placebo"] and (summary["seeds_done"], summary["seeds_planned"]) == (1, 2)
     assert summary["setup"]["sft_steps"] == 4000 and summary["setup"]["data_policy"] == "oracle-shortcut"
