@@ -4,6 +4,7 @@ the arms it accepts and the report it writes, on hand-made results (no training 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import tomllib
 from pathlib import Path
@@ -132,14 +133,21 @@ def test_r1_plays_the_last_train_phrasings_of_every_kind() -> None:
 
 
 def write_seed0_lake(folder: Path) -> None:
-    """A hand-made experiment lake of seed 0: 20 hidden tasks; B1 solves tasks 0-4, R1 tasks 0-9, A/A tasks 0-4
-    and 19, the placebo tasks 0-3; R1's training rollouts solve 1 then 3 of 4."""
+    """A hand-made experiment lake of seed 0: 20 hidden tasks in 4 template families of 5 (t0-t4 in f0, ...);
+    B1 solves tasks 0-4, R1 tasks 0-9, A/A tasks 0-4 and 19, the placebo tasks 0-3; R1's training rollouts
+    solve 1 then 3 of 4."""
     from tests.conftest import make_episode
     from trajlake import LakeWriter, open_lake
 
     solved = {"B1": range(5), "R1": range(10), "AA": [*range(5), 19], "PLACEBO": range(4)}
     lake = open_lake(folder / "lake", create=True)
     with LakeWriter(lake, handle_signals=False) as w:
+        w.write_tasks([{"task_id": f"t{i}", "task_version": "v1", "env_id": "test-env", "split": "hidden",
+                        "family": f"f{i // 5}", "difficulty": "easy", "created_at": dt.datetime(2026, 12, 1, tzinfo=dt.UTC),
+                        "statement": "s", "provenance": {"generator": "test", "source": None, "commit": None,
+                                                         "mutator": "m", "seed": i, "diff_hash": None},
+                        "has_oracle": True, "budget": {"max_steps": 6, "max_tokens": None, "max_cost": None}}
+                       for i in range(20)])
         for arm, tasks in solved.items():
             for i in range(20):
                 ep, turns = make_episode(f"{arm}-{i}", f"s0-{arm}-hidden", split="hidden", task_id=f"t{i}",
@@ -171,6 +179,12 @@ def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_pat
     assert got["r1_minus_b1"]["baseline"] == "s0-B1-hidden" and got["r1_minus_b1"]["candidate"] == "s0-R1-hidden"
     assert "matched_minus_b1" not in got and got["curves"] == {"R1": [(1, 0.25), (2, 0.75)], "placebo": []}
     assert got["seconds"] == {"b1": 65.0, "r1": 100.0}
+    # families as clusters, by hand: differences 1 on t5-t9 (family f1), else 0; mean 0.25; residual sums per
+    # family -1.25, +3.75, -1.25, -1.25; SE = sqrt(4/3 * 18.75) / 20 = 0.25; t(3, 0.975) = 3.182446
+    by_family = got["r1_minus_b1"]["by_family"]
+    assert by_family["estimate"] == pytest.approx(0.25) and (by_family["n_tasks"], by_family["n_families"]) == (20, 4)
+    assert by_family["ci_low"] == pytest.approx(0.25 - 3.182446 * 0.25, abs=1e-6)
+    assert by_family["ci_high"] == pytest.approx(0.25 + 3.182446 * 0.25, abs=1e-6)
 
 
 def test_a_config_gives_back_the_setup_that_wrote_it(experiment: ModuleType) -> None:
@@ -221,6 +235,8 @@ def test_judge_reads_a_folder_the_experiment_ran_and_judges_its_finished_seeds(e
     assert summary["arms"] == ["b1", "r1", "aa", "placebo"] and (summary["seeds_done"], summary["seeds_planned"]) == (1, 2)
     assert summary["setup"]["sft_steps"] == 4000 and summary["setup"]["data_policy"] == "oracle-shortcut"
     assert summary["seeds"][0]["r1_minus_b1"]["estimate"] == pytest.approx(0.25) and summary["criterion_met"] is None
+    assert summary["seeds"][0]["r1_minus_b1"]["by_family"]["n_families"] == 4  # the sensitivity, beside it
+    assert "| 0 | r1_minus_b1 | +0.250 | [-0.546, +1.046] | 4 |" in (out / "report.md").read_text()
     assert "**Verdict: incomplete** (1 of 2 seeds done)" in (out / "report.md").read_text()
     capsys.readouterr()
     assert experiment.main(["--judge", str(tmp_path / "nothing"), "--out", str(out)]) == 1

@@ -20,6 +20,7 @@ from trajlake.envs.tool_lookup import ToolLookupEnv, load_tasks, make_task
 from trajlake.envs.tool_lookup.env import BUSY
 from trajlake.envs.tool_lookup.tasks import (
     CODES,
+    EXTRA_HIDDEN_PHRASINGS,
     EXTRA_TRAIN_PHRASINGS,
     INSTANCES_PER_FAMILY,
     KINDS,
@@ -173,14 +174,21 @@ def test_extra_train_phrasings_add_train_families_after_the_standard_list_and_ch
         standard_env.reset(0, task_id=added[0]["task_id"])  # the standard set does not play the extra families
 
 
-def test_the_extra_phrasings_keep_their_kinds_cues_and_are_no_dev_or_hidden_phrasing() -> None:
-    standard = {text for kind in KINDS for _, text in PHRASINGS[kind]}
-    extra = [text for kind in KINDS for text in EXTRA_TRAIN_PHRASINGS[kind]]
-    assert len(extra) == len(set(extra)) == 60 and not standard & set(extra)
+def assert_new_phrasings_keep_their_kinds_cues(extra: dict[str, tuple[str, ...]], others: set[str],
+                                               count: int) -> None:
+    """``count`` distinct phrasings, none of ``others``; each names its entries in quotes and has its kind's cue
+    (two-hop: "partner"; pair: a second name and "dash"; code: neither)."""
+    texts = [text for kind in KINDS for text in extra[kind]]
+    assert len(texts) == len(set(texts)) == count and not others & set(texts)
     for kind in KINDS:
-        for text in EXTRA_TRAIN_PHRASINGS[kind]:
+        for text in extra[kind]:
             assert text.count('"{a}"') >= 1 and ("partner" in text) == (kind == "two_hop"), text
             assert ('"{b}"' in text) == (kind == "pair") and ("dash" in text) == (kind == "pair"), text
+
+
+def test_the_extra_phrasings_keep_their_kinds_cues_and_are_no_dev_or_hidden_phrasing() -> None:
+    assert_new_phrasings_keep_their_kinds_cues(EXTRA_TRAIN_PHRASINGS,
+                                               {text for kind in KINDS for _, text in PHRASINGS[kind]}, 60)
 
 
 @pytest.mark.parametrize("bad", [9, 31, True, "30", 12.0, None])
@@ -189,6 +197,51 @@ def test_a_bad_train_phrasings_is_refused_in_one_line(bad: Any) -> None:
 
     with pytest.raises(TrajlakeError, match=r"^tool-lookup: train_phrasings must be a whole number from 10 to 30"):
         make("tool-lookup", split=Split.TRAIN, train_phrasings=bad)
+
+
+@pytest.mark.parametrize("k", [2, 5, 10])
+def test_hidden_phrasings_spread_the_hidden_splits_240_instances_over_k_phrasings_per_kind(k: int) -> None:
+    """``hidden_phrasings = K`` keeps 80 hidden instances per kind, 80/K for each of K phrasings (the standard one,
+    then p32...); its first 80/K instances of the standard phrasing are the standard set's; train, dev and the
+    tokenizer's corpus do not change; the standard set does not play the extra hidden families."""
+    from trajlake.envs import list_tasks
+
+    hidden = list_tasks("tool-lookup", Split.HIDDEN, hidden_phrasings=k)
+    expected = {f"{kind}/p{i}": 80 // k for kind in KINDS for i in (5, *range(32, 31 + k))}
+    assert Counter(t["family"] for t in hidden) == expected and len(hidden) == 240
+    assert {t["split"] for t in hidden} == {Split.HIDDEN}
+    standard = {t["task_id"]: t for t in list_tasks("tool-lookup", Split.HIDDEN)}
+    for t in hidden:
+        assert t == make_task(t["family"], t["seed"])
+        kind, phrasing = t["kind"], int(t["family"].rsplit("/p", 1)[1])
+        if phrasing == 5:
+            assert t == standard[t["task_id"]] and t["seed"] < 80 // k
+        else:
+            assert t["statement"] == EXTRA_HIDDEN_PHRASINGS[kind][phrasing - 32].format(
+                a=t["plan"][0]["args"]["name"], b=t["plan"][1]["args"]["name"] if kind != "code" else None)
+    for split in (Split.TRAIN, Split.DEV):
+        assert list_tasks("tool-lookup", split, hidden_phrasings=k) == list_tasks("tool-lookup", split)
+    assert (make("tool-lookup", split=Split.TRAIN, hidden_phrasings=k).tokenizer_corpus_tasks()
+            == make("tool-lookup", split=Split.TRAIN).tokenizer_corpus_tasks())
+    extra = next(t for t in hidden if t["family"].endswith("/p32"))
+    assert make("tool-lookup", split=Split.HIDDEN, hidden_phrasings=k).reset(
+        0, task_id=extra["task_id"]).observation == extra["statement"]
+    with pytest.raises(EnvError, match=f"unknown task '{extra['task_id']}'"):
+        make("tool-lookup", split=Split.HIDDEN).reset(0, task_id=extra["task_id"])
+
+
+def test_the_extra_hidden_phrasings_keep_their_kinds_cues_and_are_no_train_or_dev_phrasing() -> None:
+    others = {text for kind in KINDS for _, text in PHRASINGS[kind]} | {
+        text for kind in KINDS for text in EXTRA_TRAIN_PHRASINGS[kind]}
+    assert_new_phrasings_keep_their_kinds_cues(EXTRA_HIDDEN_PHRASINGS, others, 27)
+
+
+@pytest.mark.parametrize("bad", [0, 3, 11, True, "10", 2.0, None])
+def test_a_bad_hidden_phrasings_is_refused_in_one_line(bad: Any) -> None:
+    from trajlake.errors import TrajlakeError
+
+    with pytest.raises(TrajlakeError, match=r"^tool-lookup: hidden_phrasings must be one of 1, 2, 4, 5, 8, 10 "):
+        make("tool-lookup", split=Split.HIDDEN, hidden_phrasings=bad)
 
 
 def test_the_experiment_splits_the_extra_phrasings_between_b1_and_rl_through_env_args() -> None:

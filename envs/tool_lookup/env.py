@@ -49,7 +49,9 @@ from trajlake.schemas.vocab import Capability, FaultKind, Status, TerminationRea
 from .tasks import (
     CORPUS_INSTANCES,
     ENV_ID,
+    STANDARD_HIDDEN_PHRASINGS,
     STANDARD_TRAIN_PHRASINGS,
+    check_hidden_phrasings,
     check_train_phrasings,
     entry_line,
     is_extra_family,
@@ -97,7 +99,9 @@ class ToolLookupEnv(ToolEnv):
     """tool-lookup over the generated tasks of one split (or all). One episode at a time. ``memory``: episodic
     memory tools (``True`` or a mapping of limits; :mod:`trajlake.envs.memory`). ``train_phrasings``: train
     phrasings per kind, 10 (the standard set) to 30 (adds the extra families p12-p31 to the train split; dev and
-    hidden are the same whatever it is)."""
+    hidden are the same whatever it is). ``hidden_phrasings``: hidden phrasings per kind, 1 (the standard set), 2,
+    4, 5, 8 or 10 (the kind's 80 hidden instances spread over the standard phrasing and the extra families p32...;
+    train and dev are the same whatever it is)."""
 
     env_id = ENV_ID
     env_version = ENV_VERSION
@@ -108,13 +112,15 @@ class ToolLookupEnv(ToolEnv):
 
     def __init__(self, split: str | None = None, *, tasks: Sequence[Mapping[str, Any]] | None = None,
                  budget: Budget | Mapping[str, Any] | None = None, workdir: str | os.PathLike[str] | None = None,
-                 memory: Any = None, train_phrasings: int = STANDARD_TRAIN_PHRASINGS):
+                 memory: Any = None, train_phrasings: int = STANDARD_TRAIN_PHRASINGS,
+                 hidden_phrasings: int = STANDARD_HIDDEN_PHRASINGS):
         try:
             self.train_phrasings = check_train_phrasings(train_phrasings)
+            self.hidden_phrasings = check_hidden_phrasings(hidden_phrasings)
         except ValueError as e:
             raise EnvError(str(e)) from None
-        super().__init__(tasks if tasks is not None else load_tasks(split, train_phrasings), split, injection=None,
-                         injected=_no_injection, budget=budget, what="tool-lookup", memory=memory)
+        super().__init__(tasks if tasks is not None else load_tasks(split, train_phrasings, hidden_phrasings), split,
+                         injection=None, injected=_no_injection, budget=budget, what="tool-lookup", memory=memory)
         self.permissions = Permissions(capabilities=self.memory.capabilities({Capability.READ}))
         # the gateway wants a workspace folder; no tool touches it
         self._tmp = Path(tempfile.mkdtemp(prefix="tool-lookup-", dir=workdir))

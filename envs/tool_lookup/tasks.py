@@ -20,8 +20,10 @@ Splits are assigned by family, explicitly: per kind ten phrasings are train, one
 few for a tiny model to carry over to the hidden one, so the families' names stayed), so every kind is in every
 split and no phrasing crosses splits. With ``train_phrasings`` (an environment argument, 10-30) the train split
 also has families of twenty extra phrasings per kind (:data:`EXTRA_TRAIN_PHRASINGS`, p12-p31), listed after the
-standard ones; dev and hidden are the same whatever it is. Sizes are fixed up front
-(:data:`INSTANCES_PER_FAMILY`): hidden 240, dev 60, train 20,400. The train split had 68 instances per family (2,040)
+standard ones; dev and hidden are the same whatever it is. With ``hidden_phrasings`` (1, 2, 4, 5, 8 or 10) the
+hidden split's 80 instances per kind are spread over that many phrasings (the standard one and the first of
+:data:`EXTRA_HIDDEN_PHRASINGS`, p32-p40), 80/K each; train and dev are the same whatever it is. Sizes are fixed up
+front (:data:`INSTANCES_PER_FAMILY`): hidden 240, dev 60, train 20,400. The train split had 68 instances per family (2,040)
 until 2026-12-03; it grew to 680 because a tiny model cloned for thousands of steps on ~1,000 of them memorised each
 instance's answer instead of learning to copy it (docs/training.md, "Seventh design"). A task is a pure function of
 (family, seed), so the first 68 of every family, and every dev and hidden task, are unchanged (golden digests in
@@ -174,8 +176,54 @@ EXTRA_TRAIN_PHRASINGS: dict[str, tuple[str, ...]] = {
 }
 MAX_TRAIN_PHRASINGS = STANDARD_TRAIN_PHRASINGS + len(EXTRA_TRAIN_PHRASINGS["code"])
 """The most train phrasings per kind ``train_phrasings`` can ask for (30)."""
+# Nine more hidden phrasings per kind (families p32-p40), opt-in with ``hidden_phrasings`` (up to 10 per kind):
+# written on 2026-12-04, after the twelfth positive-control design, because with one hidden phrasing per kind a
+# change in how a model reads that one phrasing moves all 80 of its instances together, which the task-clustered
+# interval takes for 80 independent tasks (docs/training.md, "Thirteenth design"). Each keeps the cue of its kind
+# and is none of the train or dev phrasings above.
+EXTRA_HIDDEN_PHRASINGS: dict[str, tuple[str, ...]] = {
+    "code": (
+        'Find "{a}" and submit the code it has.',
+        'The entry "{a}" holds a code. Submit that code.',
+        'Submit the code of the directory entry "{a}".',
+        'Use lookup on "{a}" and submit the code you read.',
+        'Return the code of "{a}" with submit.',
+        'What code does the directory list for "{a}"? Submit it.',
+        'Submit the code written in the entry "{a}".',
+        'Look for "{a}" in the directory and submit its code.',
+        'The code of "{a}" is the answer. Submit it.',
+    ),
+    "two_hop": (
+        'Find "{a}", then its partner, and submit the code the partner has.',
+        'The entry "{a}" holds a partner. Submit the code of that partner.',
+        'Submit the code of the directory entry that is the partner of "{a}".',
+        'Use lookup on "{a}", then on its partner, and submit the code of the partner.',
+        'Return the code of the partner of "{a}" with submit.',
+        'What code does the directory list for the partner of "{a}"? Submit it.',
+        'Submit the code written in the entry of the partner of "{a}".',
+        'Look for the partner of "{a}" in the directory and submit its code.',
+        'The code of the partner of "{a}" is the answer. Submit it.',
+    ),
+    "pair": (
+        'Find "{a}" and "{b}" and submit their codes with a dash between, "{a}" first.',
+        'The entries "{a}" and "{b}" hold codes. Submit them joined by a dash, in that order.',
+        'Submit the code of the directory entry "{a}", a dash, then the code of "{b}".',
+        'Use lookup on "{a}" and "{b}" and submit the two codes with a dash, "{a}" first.',
+        'Return the code of "{a}" and the code of "{b}", joined by a dash, with submit.',
+        'What codes does the directory list for "{a}" and "{b}"? Submit them joined by a dash, in that order.',
+        'Submit the code written in the entry "{a}", a dash, then the one written in the entry "{b}".',
+        'Look for "{a}" and "{b}" in the directory and submit both codes, dash-separated, in that order.',
+        'The code of "{a}", a dash and the code of "{b}" is the answer. Submit it.',
+    ),
+}
+STANDARD_HIDDEN_PHRASINGS = 1
+"""Hidden phrasings per kind of the standard task set."""
+HIDDEN_PHRASINGS_CHOICES = (1, 2, 4, 5, 8, 10)
+"""What ``hidden_phrasings`` may be: the hidden split keeps its 240 instances (80 per kind), so the phrasings per
+kind must divide 80, and there are ten of them."""
 INSTANCES_PER_FAMILY: dict[str, int] = {Split.TRAIN: 680, Split.DEV: 20, Split.HIDDEN: 80}
-"""Instances of every family of a split: 30 train families x 680, 3 dev x 20, 3 hidden x 80."""
+"""Instances of every family of a split: 30 train families x 680, 3 dev x 20, 3 hidden x 80 (with
+``hidden_phrasings = K``: 3K hidden families x 80/K, :func:`instances_per_family`)."""
 CORPUS_INSTANCES = 68
 """The train instances per family an environment tokenizer's corpus is picked from: the split's size until it grew
 (2026-12-03), so that tokenizers built before and after are the same."""
@@ -197,29 +245,66 @@ def check_train_phrasings(train_phrasings: Any) -> int:
     return train_phrasings
 
 
+def check_hidden_phrasings(hidden_phrasings: Any) -> int:
+    """``hidden_phrasings`` if it is one of :data:`HIDDEN_PHRASINGS_CHOICES`, else ValueError."""
+    if (isinstance(hidden_phrasings, bool) or not isinstance(hidden_phrasings, int)
+            or hidden_phrasings not in HIDDEN_PHRASINGS_CHOICES):
+        raise ValueError(f"tool-lookup: hidden_phrasings must be one of {', '.join(map(str, HIDDEN_PHRASINGS_CHOICES))}"
+                         f" (hidden phrasings per kind; it must divide the 80 hidden instances of a kind), "
+                         f"got {hidden_phrasings!r}")
+    return hidden_phrasings
+
+
+_FIRST_EXTRA_TRAIN = len(PHRASINGS["code"])
+_FIRST_EXTRA_HIDDEN = _FIRST_EXTRA_TRAIN + len(EXTRA_TRAIN_PHRASINGS["code"])
+
+
 def _templates(kind: str) -> tuple[tuple[Split, str], ...]:
-    """Every statement template of ``kind`` by phrasing index: ``PHRASINGS``, then the extra train ones (p12...)."""
-    return PHRASINGS[kind] + tuple((Split.TRAIN, t) for t in EXTRA_TRAIN_PHRASINGS[kind])
+    """Every statement template of ``kind`` by phrasing index: ``PHRASINGS``, then the extra train ones (p12-p31),
+    then the extra hidden ones (p32-p40)."""
+    return (PHRASINGS[kind] + tuple((Split.TRAIN, t) for t in EXTRA_TRAIN_PHRASINGS[kind])
+            + tuple((Split.HIDDEN, t) for t in EXTRA_HIDDEN_PHRASINGS[kind]))
 
 
-def families(train_phrasings: int = STANDARD_TRAIN_PHRASINGS) -> dict[str, tuple[str, int, Split]]:
-    """Every template family with ``train_phrasings`` train phrasings per kind: name -> (kind, phrasing index,
-    split). The standard ten are ``PHRASINGS``'s; more add the extra ones in order (p12, p13, ...)."""
-    last = len(PHRASINGS["code"]) + check_train_phrasings(train_phrasings) - STANDARD_TRAIN_PHRASINGS
-    return {family_name(kind, i): (kind, i, split) for kind in KINDS
-            for i, (split, _) in enumerate(_templates(kind)[:last])}
+def families(train_phrasings: int = STANDARD_TRAIN_PHRASINGS,
+             hidden_phrasings: int = STANDARD_HIDDEN_PHRASINGS) -> dict[str, tuple[str, int, Split]]:
+    """Every template family with ``train_phrasings`` train and ``hidden_phrasings`` hidden phrasings per kind:
+    name -> (kind, phrasing index, split). The standard ones are ``PHRASINGS``'s; more add the extra ones in
+    order (train p12, p13, ...; hidden p32, p33, ...)."""
+    extra_train = check_train_phrasings(train_phrasings) - STANDARD_TRAIN_PHRASINGS
+    extra_hidden = check_hidden_phrasings(hidden_phrasings) - STANDARD_HIDDEN_PHRASINGS
+    picked = (*range(_FIRST_EXTRA_TRAIN), *range(_FIRST_EXTRA_TRAIN, _FIRST_EXTRA_TRAIN + extra_train),
+              *range(_FIRST_EXTRA_HIDDEN, _FIRST_EXTRA_HIDDEN + extra_hidden))
+    return {family_name(kind, i): (kind, i, _templates(kind)[i][0]) for kind in KINDS for i in picked}
 
 
 @cache
 def _every_family() -> dict[str, tuple[str, int, Split]]:
     """:func:`families` with every extra phrasing, made once (shared: do not modify)."""
-    return families(MAX_TRAIN_PHRASINGS)
+    return families(MAX_TRAIN_PHRASINGS, max(HIDDEN_PHRASINGS_CHOICES))
+
+
+def _phrasing(family: str) -> int | None:
+    phrasing = family.rpartition("/p")[2]
+    return int(phrasing) if phrasing.isdigit() else None
 
 
 def is_extra_family(family: str) -> bool:
-    """A family of the extra train phrasings (p12 and above), which only ``train_phrasings`` > 10 lists."""
-    phrasing = family.rpartition("/p")[2]
-    return phrasing.isdigit() and int(phrasing) >= len(PHRASINGS["code"])
+    """A family of the extra train phrasings (p12-p31), which only ``train_phrasings`` > 10 lists."""
+    phrasing = _phrasing(family)
+    return phrasing is not None and _FIRST_EXTRA_TRAIN <= phrasing < _FIRST_EXTRA_HIDDEN
+
+
+def is_extra_hidden_family(family: str) -> bool:
+    """A family of the extra hidden phrasings (p32-p40), which only ``hidden_phrasings`` > 1 lists."""
+    phrasing = _phrasing(family)
+    return phrasing is not None and phrasing >= _FIRST_EXTRA_HIDDEN
+
+
+def instances_per_family(split: str, hidden_phrasings: int = STANDARD_HIDDEN_PHRASINGS) -> int:
+    """Instances of every family of ``split``: the hidden split's 80 per kind are shared by its phrasings."""
+    per_family = INSTANCES_PER_FAMILY[split]
+    return per_family // check_hidden_phrasings(hidden_phrasings) if split == Split.HIDDEN else per_family
 
 
 def _name_pool(n: int = 48) -> tuple[str, ...]:
@@ -292,26 +377,36 @@ def make_task(family: str, seed: int) -> dict[str, Any]:
 
 
 @cache
-def _split_tasks(split: str, train_phrasings: int = STANDARD_TRAIN_PHRASINGS) -> tuple[dict[str, Any], ...]:
-    return tuple(make_task(family, seed) for family, (_, _, s) in families(train_phrasings).items() if s == split
-                 for seed in range(INSTANCES_PER_FAMILY[split]))
+def _split_tasks(split: str, train_phrasings: int = STANDARD_TRAIN_PHRASINGS,
+                 hidden_phrasings: int = STANDARD_HIDDEN_PHRASINGS) -> tuple[dict[str, Any], ...]:
+    return tuple(make_task(family, seed)
+                 for family, (_, _, s) in families(train_phrasings, hidden_phrasings).items() if s == split
+                 for seed in range(instances_per_family(split, hidden_phrasings)))
 
 
-def load_tasks(split: str | None = None, train_phrasings: int = STANDARD_TRAIN_PHRASINGS) -> list[dict[str, Any]]:
-    """The task records of a split (None: every split), in generation order, with ``train_phrasings`` train
-    phrasings per kind; made on first use (a split's tasks are generated only when asked for)."""
+def load_tasks(split: str | None = None, train_phrasings: int = STANDARD_TRAIN_PHRASINGS,
+               hidden_phrasings: int = STANDARD_HIDDEN_PHRASINGS) -> list[dict[str, Any]]:
+    """The task records of a split (None: every split), in generation order, with ``train_phrasings`` train and
+    ``hidden_phrasings`` hidden phrasings per kind; made on first use (a split's tasks are generated only when
+    asked for)."""
     check_train_phrasings(train_phrasings)
+    check_hidden_phrasings(hidden_phrasings)
     splits = list(INSTANCES_PER_FAMILY) if split is None else [split] if split in INSTANCES_PER_FAMILY else []
-    return [dict(t) for s in splits for t in _split_tasks(s, train_phrasings)]
+    return [dict(t) for s in splits for t in _split_tasks(s, train_phrasings, hidden_phrasings)]
 
 
 @cache
 def tasks_by_id() -> dict[str, dict[str, Any]]:
-    """Every task record by id, the extra train phrasings' included (shared: do not modify)."""
-    return {t["task_id"]: t for s in INSTANCES_PER_FAMILY for t in _split_tasks(s, MAX_TRAIN_PHRASINGS)}
+    """Every task record by id, the extra train and hidden phrasings' included (shared: do not modify)."""
+    known = {t["task_id"]: t for s in INSTANCES_PER_FAMILY for t in _split_tasks(s, MAX_TRAIN_PHRASINGS)}
+    for hidden_phrasings in HIDDEN_PHRASINGS_CHOICES[1:]:
+        known.update((t["task_id"], t) for t in _split_tasks(Split.HIDDEN, hidden_phrasings=hidden_phrasings))
+    return known
 
 
-__all__ = ["CODES", "CORPUS_INSTANCES", "CREATED_AT", "ENV_ID", "EXTRA_TRAIN_PHRASINGS", "GENERATOR",
-           "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS", "MAX_TRAIN_PHRASINGS", "NAMES", "PHRASINGS",
-           "STANDARD_TRAIN_PHRASINGS", "check_train_phrasings", "entry_line", "families", "family_name",
-           "is_extra_family", "load_tasks", "make_directory", "make_name", "make_task", "tasks_by_id"]
+__all__ = ["CODES", "CORPUS_INSTANCES", "CREATED_AT", "ENV_ID", "EXTRA_HIDDEN_PHRASINGS", "EXTRA_TRAIN_PHRASINGS",
+           "GENERATOR", "HIDDEN_PHRASINGS_CHOICES", "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS",
+           "MAX_TRAIN_PHRASINGS", "NAMES", "PHRASINGS", "STANDARD_HIDDEN_PHRASINGS", "STANDARD_TRAIN_PHRASINGS",
+           "check_hidden_phrasings", "check_train_phrasings", "entry_line", "families", "family_name",
+           "instances_per_family", "is_extra_family", "is_extra_hidden_family", "load_tasks", "make_directory",
+           "make_name", "make_task", "tasks_by_id"]
