@@ -273,8 +273,7 @@ def families(train_phrasings: int = STANDARD_TRAIN_PHRASINGS,
     order (train p12, p13, ...; hidden p32, p33, ...)."""
     extra_train = check_train_phrasings(train_phrasings) - STANDARD_TRAIN_PHRASINGS
     extra_hidden = check_hidden_phrasings(hidden_phrasings) - STANDARD_HIDDEN_PHRASINGS
-    picked = (*range(_FIRST_EXTRA_TRAIN), *range(_FIRST_EXTRA_TRAIN, _FIRST_EXTRA_TRAIN + extra_train),
-              *range(_FIRST_EXTRA_HIDDEN, _FIRST_EXTRA_HIDDEN + extra_hidden))
+    picked = (*range(_FIRST_EXTRA_TRAIN + extra_train), *range(_FIRST_EXTRA_HIDDEN, _FIRST_EXTRA_HIDDEN + extra_hidden))
     return {family_name(kind, i): (kind, i, _templates(kind)[i][0]) for kind in KINDS for i in picked}
 
 
