@@ -5,9 +5,9 @@
                                 [--steps 10] [--rounds 3] [--no-baseline] [--peak-tflops 989] [--model DIR]
                                 [--threads 0]
 
-Times ``trajlake.train.loop.Learner`` doing what an RL step does (forward with log-probs and entropies, the
-clipped policy loss over masked tokens, backward, all-reduce-free optimizer step with the trainer's gradient
-clipping and finiteness checks) on random token batches with half of the tokens masked as policy tokens, after
+Times ``trajlake.train.loop.Learner`` doing what an RL step does (forward with log-probs and, at the policy tokens,
+entropies; the clipped policy loss over masked tokens, backward, all-reduce-free optimizer step with the
+trainer's gradient clipping and finiteness checks) on random token batches with half of the tokens masked as policy tokens, after
 two warm-up steps. Unless ``--no-baseline``, the same script times a plain transformers loop on the same batches
 and the same weights: ``AutoModelForCausalLM`` (``LlamaForCausalLM`` for the tiny model) forward with
 ``labels`` (Hugging Face's own cross-entropy over the same policy tokens, the others ``-100``), ``backward``,
@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, vocab, (args.batch, args.seq), generator=gen)
         mask = (torch.rand(args.batch, args.seq, generator=gen) < 0.5).float()
-        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        # the loss mask travels with the batch as in training (the trainer computes the logged entropy there only)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask}
         old = torch.full((args.batch, args.seq), -6.0)
         adv = torch.randn(args.batch, generator=gen)
 

@@ -142,6 +142,28 @@ def test_entropy_hand_computed() -> None:
     assert abs(float(M.entropy_from_logits(logits, temperature=1000.0)[0, 1]) - math.log(2.0)) < 1e-6
 
 
+def test_entropy_under_a_mask_is_the_unmasked_value_where_the_mask_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    # hand-computed as in test_entropy_hand_computed; the mask keeps position 2 (the logits at 1 predict it)
+    logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0], [1.0, 2.0]]])
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    close(M.entropy_from_logits(logits, mask=torch.tensor([[0, 1, 0]])), [[0.0, h, 0.0]], 1e-6)
+    close(M.entropy_from_logits(logits, mask=torch.tensor([[1, 0, 1]])), [[0.0, 0.0, math.log(2.0)]], 1e-6)
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 9, 23, generator=gen) * 3
+    mask = (torch.rand(3, 9, generator=gen) < 0.4).long()
+    full = M.entropy_from_logits(logits, 0.7)
+    masked = M.entropy_from_logits(logits, 0.7, mask)
+    keep = mask.bool()
+    keep[:, 0] = False  # nothing predicts position 0
+    assert torch.equal(masked[keep], full[keep]) and not masked[~keep].any()
+    # chunked over positions: the same values, whatever the chunk
+    monkeypatch.setattr(M, "ENTROPY_CHUNK_ROWS", 4)
+    assert torch.equal(M.entropy_from_logits(logits, 0.7), full)
+    assert torch.equal(M.entropy_from_logits(logits, 0.7, mask), masked)
+    with pytest.raises(ValueError, match=r"mask \(3, 8\) must be \[B, T\] = \(3, 9\)"):
+        M.entropy_from_logits(logits, 0.7, mask[:, 1:])
+
+
 def test_temperature_one_is_bit_identical_to_dividing_by_one() -> None:
     # issue 28: at temperature 1.0 the logits are no longer copied by x / 1.0; division by 1 is exact in IEEE
     # arithmetic, so the log-probs, entropies and gradients must be bit for bit those of the explicit division

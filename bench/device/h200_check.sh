@@ -5,7 +5,8 @@
 #   call 1: bash bench/device/h200_check.sh 1   (.gpu/whl: gguf, llguidance, datasketch, zstandard, pytz wheels;
 #           .gpu/shape: SmolLM2-135M's config and tokenizer; .gpu/part.a: the wheel's first half)
 #   call 2: bash bench/device/h200_check.sh 2   (.gpu2/part.b: its second half)
-#   also 3 (the decoding diagnosis) and 4 (decoding under the tool-call grammar), each on its own call with .gpu
+#   also 3 (the decoding diagnosis), 4 (decoding under the tool-call grammar) and 5 (the trainer again), each on
+#   its own call with .gpu
 # The image has torch and transformers but no deltalake, duckdb or polars: bench/device/sitecustomize.py stands
 # in for them at import (these benchmarks never open a lake).
 set -u
@@ -35,6 +36,9 @@ if [ "$phase" = 3 ]; then  # why one row decodes at ~80 ms a token: the plain lo
     timeout 120 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 8 --context 2048 --new-tokens 32 --serial-rows 2 --plain --profile 16
     step "the same with one torch CPU thread"
     timeout 90 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 8 --context 2048 --new-tokens 32 --serial-rows 2 --plain --threads 1
+elif [ "$phase" = 5 ]; then  # the trainer after its entropy went to the policy tokens only, in chunks
+    step "trainer vs plain loop, SmolLM2-135M shape, 8 x 4096, entropy at the policy tokens"
+    timeout 150 $py bench/bench_train.py --model /tmp/smol-random --device cuda --seq 4096 --batch 8 --steps 10 --rounds 3
 elif [ "$phase" = 4 ]; then  # the tool-call grammar's cost on the GPU (SmolLM2's tokenizer, random weights)
     step "batched decoding under Mini SWE's tool-call grammar, SmolLM2-135M shape, random weights"
     timeout 200 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 1,8,32 --context 2048 --new-tokens 64 --serial-rows 4 --grammar tools --plain

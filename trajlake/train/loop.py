@@ -228,9 +228,10 @@ class Learner:
             out = self.model(input_ids=ids, attention_mask=attn, output_hidden_states=self.value_head is not None)
         logits = out.logits.float()
         result = {"logp": self._logprobs(logits, ids, temperature, batch.get("grammar_masks"))}
-        # the entropy is a logged statistic only (read detached): no autograd graph, nothing saved for backward
+        # the entropy is a logged statistic only (read detached, its mean over the policy tokens): no autograd
+        # graph, and no vocabulary-sized work at the positions the loss mask leaves out
         with torch.no_grad():
-            result["entropy"] = tm.entropy_from_logits(logits, temperature)
+            result["entropy"] = tm.entropy_from_logits(logits, temperature, batch.get("loss_mask"))
         if self.value_head is not None:
             result["values"] = self.value_head(out.hidden_states[-1].float()).squeeze(-1)
         return result

@@ -150,19 +150,41 @@ def masked_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float,
     return lp.index_put((rows, cols), masked)
 
 
-def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+ENTROPY_CHUNK_ROWS = 2048
+"""Positions whose entropy is computed at once: bounds the float32 ``[rows, V]`` temporaries (three of them, 400 MB
+each at a 49,152-token vocabulary) whatever the batch's length."""
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0, mask: Tensor | None = None) -> Tensor:
     """``[B, T]`` entropy of the distribution that predicts token t, aligned like ``token_logprobs``.
 
-    H_t = -sum_v p_v log p_v of softmax(logits[:, t-1] / temperature); position 0 gets 0.0.
+    H_t = -sum_v p_v log p_v of softmax(logits[:, t-1] / temperature); position 0 gets 0.0. ``mask`` (``[B, T]``,
+    aligned like the result): compute H only where it is non-zero and give 0.0 elsewhere. The trainer logs the
+    entropy's mean over the policy tokens only, so the vocabulary-sized work at the other positions (observations,
+    prompts: most of an agent's tokens) is skipped; each computed value is the unmasked one. Rows are processed
+    :data:`ENTROPY_CHUNK_ROWS` at a time (the same values: each row is independent).
     """
     if logits.dim() != 3:
         raise ValueError(f"logits must be [B, T, V], got {tuple(logits.shape)}")
-    x = logits[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:  # dividing by 1.0 is exact: skip the [B, T-1, V] copy
-        x = x / temperature
-    logp = torch.log_softmax(x, dim=-1)
-    h = -(logp.exp() * logp).sum(-1)
-    return torch.cat([h.new_zeros(h.shape[0], 1), h], dim=1)
+    x = logits[:, :-1]
+    b, t1, _ = x.shape
+    if mask is None:
+        where = torch.ones(b, t1, dtype=torch.bool, device=logits.device)
+    else:
+        if tuple(mask.shape) != (b, t1 + 1):
+            raise ValueError(f"mask {tuple(mask.shape)} must be [B, T] = {(b, t1 + 1)}")
+        where = mask[:, 1:].to(logits.device).bool()
+    at = where.nonzero()  # [N, 2] (row, position); chunks of it index the logits without copying the rest
+    out = torch.zeros(b, t1, dtype=torch.float32, device=logits.device)
+    with torch.no_grad():
+        for start in range(0, at.shape[0], ENTROPY_CHUNK_ROWS):
+            i, j = at[start:start + ENTROPY_CHUNK_ROWS].unbind(1)
+            chunk = x[i, j].float()
+            if temperature > 0 and temperature != 1.0:  # dividing by 1.0 is exact: skip the copy
+                chunk = chunk / temperature
+            logp = torch.log_softmax(chunk, dim=-1)
+            out[i, j] = -(logp.exp() * logp).sum(-1)
+    return torch.cat([out.new_zeros(b, 1), out], dim=1)
 
 
 # ------------------------------------------------------------------------------------------ policy losses
