@@ -313,6 +313,25 @@ def test_non_finite_numbers_stop_the_stage_and_are_never_saved(tiny_model: Path,
     assert not (tmp_path / "ckpt").exists()
 
 
+def test_non_finite_weights_are_named_and_huge_finite_ones_are_not(tiny_model: Path) -> None:
+    import torch
+
+    from trajlake.train.loop import Dist, Learner
+
+    learner = Learner(tiny_model, "cpu", Dist())
+    assert learner.non_finite() is None
+    names = [n for n, _ in learner.model.named_parameters()]
+    params = dict(learner.model.named_parameters())
+    with torch.no_grad():
+        params[names[3]][0] = 3.0e38  # finite, but a 2-norm of it would overflow
+        params[names[-1]].view(-1)[-1] = -3.0e38
+    assert learner.non_finite() is None
+    with torch.no_grad():
+        params[names[5]].view(-1)[1] = float("nan")
+        params[names[7]].view(-1)[0] = float("-inf")
+    assert learner.non_finite() == f"{names[5]} and 1 other tensor(s)"
+
+
 def test_a_too_small_max_new_tokens_is_one_loud_line_naming_both_numbers(tiny_model: Path) -> None:
     from trajlake.train.config import parse_config
     from trajlake.train.loop import action_budget_warnings
