@@ -3,7 +3,7 @@
 
     python bench/bench_train.py [--device auto] [--hidden-size 64] [--layers 2] [--seq 4096] [--batch 4]
                                 [--steps 10] [--rounds 3] [--no-baseline] [--peak-tflops 989] [--model DIR]
-                                [--threads 0]
+                                [--threads 0] [--profile]
 
 Times ``trajlake.train.loop.Learner`` doing what an RL step does (forward with log-probs and, at the policy tokens,
 entropies; the clipped policy loss over masked tokens, backward, all-reduce-free optimizer step with the
@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the plain transformers loop (default: yes)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--model", help="a Hugging Face model folder to time instead of a tiny random model")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed rounds, print torch.profiler's top operators over 2 steps of each arm")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default; 1 is faster on a "
                     "machine whose cores are busy)")
     args = ap.parse_args(argv)
@@ -144,6 +146,19 @@ def main(argv: list[str] | None = None) -> int:
                 cpu[name].append(time.process_time() - c0)
                 if cuda and name == "trainer":
                     peak_cuda = max(peak_cuda, torch.cuda.max_memory_allocated() / 2**20)
+        if args.profile:  # where each arm's step time goes (the trainer's gap to the plain loop)
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            for name, fn in steps.items():
+                with profile(activities=activities) as prof:
+                    for _ in range(2):
+                        fn()
+                    if cuda:
+                        torch.cuda.synchronize()
+                key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+                print(f"profile of 2 steps, {name} (sorted by {key}):")
+                print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=50))
     tokens = args.batch * args.seq * args.steps
     tps = {k: [tokens / s for s in v] for k, v in seconds.items()}
     best = {k: max(v) for k, v in tps.items()}

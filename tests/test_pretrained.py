@@ -150,8 +150,10 @@ def test_bench_train_times_a_model_folder_on_cpu(tmp_path: Path, capsys: pytest.
     folder = build_tiny_model(tmp_path / "tiny", hidden_size=32, layers=1, max_positions=128)
     bench = _bench_train()
     assert bench.main(["--model", str(folder), "--device", "cpu", "--seq", "64", "--batch", "2", "--steps", "1",
-                       "--threads", "1", "--peak-tflops", "1"]) == 0
+                       "--threads", "1", "--peak-tflops", "1", "--profile"]) == 0
     out = capsys.readouterr().out
+    for arm in ("trainer", "plain"):  # --profile: each arm's top operators
+        assert f"profile of 2 steps, {arm} (sorted by self_cpu_time_total):" in out
     assert f"device cpu; {folder}: " in out and "(1 layers, hidden 32, vocabulary 512); batch 2 x 64 tokens" in out
     tps = float(out.split("training tokens/s: ")[1].split()[0].replace(",", ""))
     mfu = float(out.split("MFU: ")[1].split("%")[0])

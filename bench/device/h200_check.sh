@@ -38,7 +38,7 @@ if [ "$phase" = 3 ]; then  # why one row decodes at ~80 ms a token: the plain lo
     timeout 90 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 8 --context 2048 --new-tokens 32 --serial-rows 2 --plain --threads 1
 elif [ "$phase" = 5 ]; then  # the trainer after its entropy went to the policy tokens only, in chunks
     step "trainer vs plain loop, SmolLM2-135M shape, 8 x 4096, entropy at the policy tokens"
-    timeout 150 $py bench/bench_train.py --model /tmp/smol-random --device cuda --seq 4096 --batch 8 --steps 10 --rounds 3
+    timeout 150 $py bench/bench_train.py --model /tmp/smol-random --device cuda --seq 4096 --batch 8 --steps 10 --rounds 3 --profile
 elif [ "$phase" = 4 ]; then  # the tool-call grammar's cost on the GPU (SmolLM2's tokenizer, random weights)
     step "batched decoding under Mini SWE's tool-call grammar, SmolLM2-135M shape, random weights"
     timeout 200 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 1,8,32 --context 2048 --new-tokens 64 --serial-rows 4 --grammar tools --plain
