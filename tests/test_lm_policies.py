@@ -103,6 +103,28 @@ def test_parser_reads_back_every_call_format_call_writes(tool: str, args: dict[s
         assert p.ok and json.loads(p.action) == {"tool": tool, "args": args}, reply
 
 
+def test_draw_token_is_torchs_multinomial_draw_bit_for_bit() -> None:
+    import torch
+
+    from trajlake.policies.hf import draw_token, process_logits
+
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(200):
+        v = [2, 7, 512, 49152][trial % 4]
+        logits = torch.randn(v, generator=gen) * [0.1, 1.0, 8.0, 30.0][trial % 3]
+        allowed = None
+        if trial % 5 == 0:  # a grammar's mask: most tokens at probability 0 exactly
+            allowed = torch.rand(v, generator=gen) < 0.05
+            allowed[trial % v] = True
+        logp = process_logits(logits, [1.0, 0.7, 1.3][trial % 3], [1.0, 0.9][trial % 2], allowed)
+        ours, theirs = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
+        assert [draw_token(logp, ours) for _ in range(3)] == \
+            [int(torch.multinomial(logp.exp().cpu(), 1, generator=theirs)) for _ in range(3)], trial
+        assert torch.equal(ours.get_state(), theirs.get_state())  # the stream continues identically
+    with pytest.raises(TrajlakeError, match="non-finite probability"):
+        draw_token(torch.tensor([0.0, float("nan"), -1.0]), torch.Generator().manual_seed(0))
+
+
 def test_policy_args_are_checked() -> None:
     s = LMSettings.from_args(parse_policy_args(["temperature=0.5", "max_new_tokens=7", "price_in=2"]))
     assert (s.temperature, s.max_new_tokens, s.price_in) == (0.5, 7, 2.0)

@@ -69,6 +69,24 @@ def process_logits(logits: Any, temperature: float, top_p: float, allowed: Any =
     return logp
 
 
+def draw_token(logp: Any, generator: Any) -> int:
+    """One draw from ``exp(logp)`` (a ``[V]`` distribution on any device) with a CPU ``generator``: the token
+    ``torch.multinomial(logp.exp().cpu(), 1, generator=generator)`` draws, bit for bit, and the generator left in the
+    same state. For one sample torch's multinomial takes ``argmax(p / q)`` with ``q ~ Exp(1)`` drawn on the
+    generator (the exponential form of the Gumbel-max trick); here ``q`` is drawn the same way on the CPU and the
+    division and argmax run where the logits are, so no ``[V]`` probability vector crosses to the host each token
+    (on a GPU that copy, and multinomial's CPU-side checks, cost milliseconds a token). Division and argmax are
+    exact IEEE operations on both devices, and argmax takes the first of equal maxima on both. A distribution with
+    a NaN (which multinomial refuses) raises here too."""
+    torch = _torch()
+    p = logp.exp()
+    q = torch.empty(p.shape, dtype=p.dtype).exponential_(1, generator=generator)
+    tok = int(torch.argmax(p / q.to(p.device)))
+    if not bool(torch.isfinite(p[tok])):
+        raise TrajlakeError(f"cannot sample: the distribution holds a non-finite probability ({float(p[tok])})")
+    return tok
+
+
 def forward_step(model: Any, input_ids: Any, cache: Any = None) -> tuple[Any, Any]:
     """One forward pass with the KV cache; returns (logits of the last position, cache)."""
     logits, cache = forward_rows(model, input_ids, cache)
@@ -210,10 +228,7 @@ class TurnDecoder:
     def take(self, logp: Any, allowed: Any) -> int:
         """Draw the next token from ``logp`` (``process_logits`` of one row, under ``allowed``) and record it."""
         torch = _torch()
-        if self.settings.temperature == 0:
-            tok = int(torch.argmax(logp))
-        else:
-            tok = int(torch.multinomial(logp.exp().cpu(), 1, generator=self.generator))
+        tok = int(torch.argmax(logp)) if self.settings.temperature == 0 else draw_token(logp, self.generator)
         forced = allowed is not None and int(allowed.sum()) == 1
         self.ids.append(tok)
         self.logprobs.append(0.0 if forced else float(logp[tok]))
@@ -230,4 +245,4 @@ class TurnDecoder:
                           ended_with_eos=eos, loss_mask=self.loss_mask if self.masker is not None else None)
 
 
-__all__ = ["HFPolicy", "TurnDecoder", "forward_rows", "forward_step", "load_model", "process_logits", "score_tokens"]
+__all__ = ["HFPolicy", "TurnDecoder", "draw_token", "forward_rows", "forward_step", "load_model", "process_logits", "score_tokens"]
