@@ -36,9 +36,21 @@ if [ "$phase" = 3 ]; then  # why one row decodes at ~80 ms a token: the plain lo
     timeout 120 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 8 --context 2048 --new-tokens 32 --serial-rows 2 --plain --profile 16
     step "the same with one torch CPU thread"
     timeout 90 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 8 --context 2048 --new-tokens 32 --serial-rows 2 --plain --threads 1
-elif [ "$phase" = 5 ]; then  # the trainer after its entropy went to the policy tokens only, in chunks
+elif [ "$phase" = 5 ]; then  # the trainer (entropy at the policy tokens, fused finiteness check) and the sampler
     step "trainer vs plain loop, SmolLM2-135M shape, 8 x 4096, entropy at the policy tokens"
     timeout 150 $py bench/bench_train.py --model /tmp/smol-random --device cuda --seq 4096 --batch 8 --steps 10 --rounds 3 --profile
+    step "draw_token on the GPU against torch.multinomial on the CPU (the same token, bit for bit)"
+    timeout 60 $py -c "
+import torch
+from trajlake.policies.hf import draw_token, process_logits
+g = torch.Generator().manual_seed(1); bad = 0
+for t in range(300):
+    logp = process_logits(torch.randn(49152, generator=g).cuda() * (1 + t % 20), 1.0, 1.0)
+    a, b = torch.Generator().manual_seed(t), torch.Generator().manual_seed(t)
+    bad += draw_token(logp, a) != int(torch.multinomial(logp.exp().cpu(), 1, generator=b))
+print('draw_token on cuda vs multinomial on cpu: %d of 300 draws differ' % bad)"
+    step "batched decoding after the device-side draw, SmolLM2-135M shape, random weights"
+    timeout 150 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 1,8,64 --context 2048 --new-tokens 64 --serial-rows 4 --plain
 elif [ "$phase" = 4 ]; then  # the tool-call grammar's cost on the GPU (SmolLM2's tokenizer, random weights)
     step "batched decoding under Mini SWE's tool-call grammar, SmolLM2-135M shape, random weights"
     timeout 200 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 1,8,32 --context 2048 --new-tokens 64 --serial-rows 4 --grammar tools --plain
