@@ -51,10 +51,11 @@ def contexts(policy: Any, rows: int, length: int) -> tuple[list[Any], list[list[
 
 
 def decode_rows(policies: list[Any], views: list[Any], ids: list[list[int]], new_tokens: int,
-                sync: Any) -> tuple[float, list[Any]]:
-    """Wall seconds for ``len(policies)`` rows decoded on as many threads (one row each), and their generations."""
-    for i, (p, v) in enumerate(zip(policies, views, strict=True)):
-        p.reset(v, i)
+                sync: Any, first_row: int = 0) -> tuple[float, list[Any]]:
+    """Wall seconds for ``len(policies)`` rows decoded on as many threads (one row each), and their generations.
+    Row ``first_row + k`` samples with seed ``first_row + k`` in either arm."""
+    for k, (p, v) in enumerate(zip(policies, views, strict=True)):
+        p.reset(v, first_row + k)
     out: list[Any] = [None] * len(policies)
     errors: list[BaseException] = []
 
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.reset_peak_memory_stats()
         serial_s, serial_tokens = 0.0, 0
         for i in range(args.serial_rows):
-            s, gens = decode_rows([parent], views[i:i + 1], ids[i:i + 1], args.new_tokens, sync)
+            s, gens = decode_rows([parent], views[i:i + 1], ids[i:i + 1], args.new_tokens, sync, first_row=i)
             serial_s += s
             serial_tokens += sum(len(g.token_ids) for g in gens)
         base = serial_tokens / serial_s
