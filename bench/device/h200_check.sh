@@ -9,8 +9,14 @@
 #   its own call with .gpu
 # The image has torch and transformers but no deltalake, duckdb or polars: bench/device/sitecustomize.py stands
 # in for them at import (these benchmarks never open a lake).
+# Preparing .gpu here (ignored: `echo /.gpu/ >> .git/info/exclude`, likewise /.gpu2/): .gpu/whl from `pip download
+# --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64
+# --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 -d .gpu/whl gguf==0.19.0 llguidance==1.9.1
+# datasketch zstandard pytz`; .gpu/shape: config.json, generation_config.json, tokenizer.json,
+# tokenizer_config.json and chat_template.jinja of a folder built by `python -m trajlake.policies.pretrained`;
+# the wheel's halves: `head -c 40000000 WHEEL > .gpu/part.a; tail -c +40000001 WHEEL > .gpu2/part.b`.
 set -u
-phase=${1:?phase 1 or 2}
+phase=${1:?phase: 1, 2, 3, 4 or 5}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/bench/device:/tmp/site:/tmp/tl TOKENIZERS_PARALLELISM=false
 py=python3
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
@@ -40,7 +46,7 @@ elif [ "$phase" = 5 ]; then  # the trainer (entropy at the policy tokens, fused 
     step "trainer vs plain loop, SmolLM2-135M shape, 8 x 4096, entropy at the policy tokens"
     timeout 150 $py bench/bench_train.py --model /tmp/smol-random --device cuda --seq 4096 --batch 8 --steps 10 --rounds 3 --profile
     step "draw_token on the GPU against torch.multinomial on the CPU (the same token, bit for bit)"
-    timeout 60 $py -c "
+    (cd /tmp && timeout 60 $py -c "
 import torch
 from trajlake.policies.hf import draw_token, process_logits
 g = torch.Generator().manual_seed(1); bad = 0
@@ -48,7 +54,7 @@ for t in range(300):
     logp = process_logits(torch.randn(49152, generator=g).cuda() * (1 + t % 20), 1.0, 1.0)
     a, b = torch.Generator().manual_seed(t), torch.Generator().manual_seed(t)
     bad += draw_token(logp, a) != int(torch.multinomial(logp.exp().cpu(), 1, generator=b))
-print('draw_token on cuda vs multinomial on cpu: %d of 300 draws differ' % bad)"
+print('draw_token on cuda vs multinomial on cpu: %d of 300 draws differ' % bad)")
     step "batched decoding after the device-side draw, SmolLM2-135M shape, random weights"
     timeout 150 $py bench/bench_decode.py --model /tmp/smol-random --device cuda --rows 1,8,64 --context 2048 --new-tokens 64 --serial-rows 4 --plain
 elif [ "$phase" = 4 ]; then  # the tool-call grammar's cost on the GPU (SmolLM2's tokenizer, random weights)
