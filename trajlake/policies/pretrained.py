@@ -119,6 +119,10 @@ def _gguf_strings(field: Any) -> list[str]:
     return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
 
 
+def _gguf_ints(field: Any) -> list[int]:
+    return [int(field.parts[i][0]) for i in field.data]
+
+
 def _gguf_scalar(field: Any) -> Any:
     value = field.parts[field.data[0]]
     return bytes(value).decode("utf-8") if str(field.types[0].name) == "STRING" else value.tolist()[0]
@@ -162,7 +166,7 @@ def gguf_tokenizer(gguf: Path) -> dict[str, Any]:
     for m in _gguf_strings(field("tokenizer.ggml.merges")):
         left, _, right = m.partition(" ")
         merges.append((left, right))
-    types = [int(field("tokenizer.ggml.token_type").parts[i][0]) for i in field("tokenizer.ggml.token_type").data]
+    types = _gguf_ints(field("tokenizer.ggml.token_type"))
     to_byte = {c: b for b, c in _byte_level_chars().items()}
     texts = [bytes(to_byte[c] for c in t).decode("utf-8", errors="replace") if types[i] != _CONTROL else ""
              for i, t in enumerate(tokens)]

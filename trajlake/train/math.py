@@ -87,8 +87,12 @@ def _shifted_logits(logits: Tensor, input_ids: Tensor, temperature: float) -> Te
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
         raise ValueError(f"logits must be [B, T, V] and input_ids [B, T]; got {tuple(logits.shape)} and "
                          f"{tuple(input_ids.shape)}")
-    x = logits[:, :-1].float()
-    # x / 1.0 == x exactly: skipping it saves a [B, T-1, V] copy (and its backward) at the usual temperature
+    return _at_temperature(logits[:, :-1].float(), temperature)
+
+
+def _at_temperature(x: Tensor, temperature: float) -> Tensor:
+    """``x / temperature`` when the temperature is > 0 (the sampler's convention), else ``x``."""
+    # x / 1.0 == x exactly: skipping it saves a copy of the logits (and its backward) at the usual temperature
     return x / temperature if temperature > 0 and temperature != 1.0 else x
 
 
@@ -179,10 +183,7 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, mask: Tensor |
     with torch.no_grad():
         for start in range(0, at.shape[0], ENTROPY_CHUNK_ROWS):
             i, j = at[start:start + ENTROPY_CHUNK_ROWS].unbind(1)
-            chunk = x[i, j].float()
-            if temperature > 0 and temperature != 1.0:  # dividing by 1.0 is exact: skip the copy
-                chunk = chunk / temperature
-            logp = torch.log_softmax(chunk, dim=-1)
+            logp = torch.log_softmax(_at_temperature(x[i, j].float(), temperature), dim=-1)
             out[i, j] = -(logp.exp() * logp).sum(-1)
     return torch.cat([out.new_zeros(b, 1), out], dim=1)
 
