@@ -24,10 +24,14 @@ from trajlake.envs.tool_lookup.tasks import (
     EXTRA_TRAIN_PHRASINGS,
     INSTANCES_PER_FAMILY,
     KINDS,
+    LATE_TRAIN_PHRASINGS,
     MAX_STEPS,
     NAMES,
     PHRASINGS,
     families,
+    is_extra_family,
+    is_extra_hidden_family,
+    is_late_family,
 )
 from trajlake.evaluators.process_rewards import lookup_progress, lookup_progress_per_turn
 from trajlake.evaluators.reward_check import check_reward
@@ -191,11 +195,60 @@ def test_the_extra_phrasings_keep_their_kinds_cues_and_are_no_dev_or_hidden_phra
                                                {text for kind in KINDS for _, text in PHRASINGS[kind]}, 60)
 
 
-@pytest.mark.parametrize("bad", [9, 31, True, "30", 12.0, None])
+def test_the_late_train_phrasings_append_families_p41_to_p46_after_the_thirty() -> None:
+    """``train_phrasings`` 31-36 adds the late phrasings p41... (after the hidden p32-p40) as train families of 680
+    instances each, listed after the thirty-phrasing split, which keeps its order; dev and hidden do not change."""
+    from trajlake.envs import list_tasks
+
+    thirty = list_tasks("tool-lookup", Split.TRAIN, train_phrasings=30)
+    late = list_tasks("tool-lookup", Split.TRAIN, train_phrasings=32)
+    assert late[:len(thirty)] == thirty
+    added = late[len(thirty):]
+    assert Counter(t["family"] for t in added) == {f"{k}/p{i}": 680 for k in KINDS for i in (41, 42)}
+    assert {t["split"] for t in added} == {Split.TRAIN}
+    for t in added[::97]:
+        assert t == make_task(t["family"], t["seed"])
+        kind, phrasing = t["kind"], int(t["family"].rsplit("/p", 1)[1])
+        assert t["statement"] == LATE_TRAIN_PHRASINGS[kind][phrasing - 41].format(
+            a=t["plan"][0]["args"]["name"], b=t["plan"][1]["args"]["name"] if kind != "code" else None)
+    assert len(list_tasks("tool-lookup", Split.TRAIN, train_phrasings=36)) == 36 * 3 * 680
+    for split in (Split.DEV, Split.HIDDEN):
+        assert list_tasks("tool-lookup", split, train_phrasings=36) == list_tasks("tool-lookup", split)
+    assert [(is_extra_family(f), is_late_family(f), is_extra_hidden_family(f))
+            for f in ("code/p31", "code/p32", "code/p40", "code/p41", "pair/p46")] == [
+        (True, False, False), (False, False, True), (False, False, True), (True, True, False), (True, True, False)]
+    env = make("tool-lookup", split=Split.TRAIN, train_phrasings=32)
+    assert env.reset(0, task_id=added[0]["task_id"]).observation == added[0]["statement"]
+    assert env.tokenizer_corpus_tasks() == make("tool-lookup", split=Split.TRAIN).tokenizer_corpus_tasks()
+
+
+def test_the_late_phrasings_keep_their_kinds_cues_and_are_none_of_the_others() -> None:
+    others = {text for kind in KINDS for _, text in PHRASINGS[kind]} | {
+        text for extra in (EXTRA_TRAIN_PHRASINGS, EXTRA_HIDDEN_PHRASINGS) for kind in KINDS for text in extra[kind]}
+    assert_new_phrasings_keep_their_kinds_cues(LATE_TRAIN_PHRASINGS, others, 18)
+
+
+def test_ten_phrasings_held_out_of_36_leave_b1_the_thirteenth_designs_26_and_its_12000_tasks() -> None:
+    """The fifteenth positive-control design (36 train phrasings, 10 held out for RL) gives B1 exactly the
+    thirteenth's families and data tasks (30 phrasings, 4 held out), and RL p28-p31 with the late p41-p46."""
+    from trajlake.experiment.config import load_experiment
+    from trajlake.experiment.run import phrasing_families, task_pools
+
+    configs = Path(__file__).resolve().parent.parent / "configs"
+    thirteenth = load_experiment(configs / "experiment-positive-control-phrasings.toml")
+    fifteenth = load_experiment(configs / "experiment-positive-control-late-phrasings.toml")
+    assert fifteenth.env_args["train_phrasings"] == 36 and fifteenth.rl.holdout_phrasings == 10
+    b1, rl = phrasing_families("tool-lookup", 10, fifteenth.env_args)
+    assert b1 == phrasing_families("tool-lookup", 4, thirteenth.env_args)[0] and len(b1) == 78
+    assert rl == {f"tool-lookup/{k}/p{i}" for k in KINDS for i in (28, 29, 30, 31, 41, 42, 43, 44, 45, 46)}
+    assert task_pools(fifteenth)[0] == task_pools(thirteenth)[0]
+
+
+@pytest.mark.parametrize("bad", [9, 37, True, "30", 12.0, None])
 def test_a_bad_train_phrasings_is_refused_in_one_line(bad: Any) -> None:
     from trajlake.errors import TrajlakeError
 
-    with pytest.raises(TrajlakeError, match=r"^tool-lookup: train_phrasings must be a whole number from 10 to 30"):
+    with pytest.raises(TrajlakeError, match=r"^tool-lookup: train_phrasings must be a whole number from 10 to 36"):
         make("tool-lookup", split=Split.TRAIN, train_phrasings=bad)
 
 

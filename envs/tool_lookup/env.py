@@ -55,6 +55,7 @@ from .tasks import (
     check_train_phrasings,
     entry_line,
     is_extra_family,
+    is_late_family,
     load_tasks,
     tasks_by_id,
 )
@@ -90,18 +91,21 @@ def _added_when_train_grew(task: Mapping[str, Any]) -> bool:
 
 def _list_order(task: Mapping[str, Any]) -> tuple[int, str]:
     """Where a task comes in the split's list: the 2,040 train tasks of before the split grew, in their order,
-    then the ones it grew by, then the extra phrasings' families (``train_phrasings`` > 10), each by task id."""
-    extra = task["split"] == "train" and is_extra_family(str(task.get("family", "")))
-    return (2 if extra else 1 if _added_when_train_grew(task) else 0), task["task_id"]
+    then the ones it grew by, then the extra phrasings' families (``train_phrasings`` > 10), then the late ones
+    (``train_phrasings`` > 30), each by task id: more phrasings only append to the list."""
+    family = str(task.get("family", ""))
+    if task["split"] == "train" and is_extra_family(family):
+        return (3 if is_late_family(family) else 2), task["task_id"]
+    return (1 if _added_when_train_grew(task) else 0), task["task_id"]
 
 
 class ToolLookupEnv(ToolEnv):
     """tool-lookup over the generated tasks of one split (or all). One episode at a time. ``memory``: episodic
     memory tools (``True`` or a mapping of limits; :mod:`trajlake.envs.memory`). ``train_phrasings``: train
-    phrasings per kind, 10 (the standard set) to 30 (adds the extra families p12-p31 to the train split; dev and
-    hidden are the same whatever it is). ``hidden_phrasings``: hidden phrasings per kind, 1 (the standard set), 2,
-    4, 5, 8 or 10 (the kind's 80 hidden instances spread over the standard phrasing and the extra families p32...;
-    train and dev are the same whatever it is)."""
+    phrasings per kind, 10 (the standard set) to 36 (adds the extra families p12-p31, then p41-p46, to the train
+    split; dev and hidden are the same whatever it is). ``hidden_phrasings``: hidden phrasings per kind, 1 (the
+    standard set), 2, 4, 5, 8 or 10 (the kind's 80 hidden instances spread over the standard phrasing and the extra
+    families p32...; train and dev are the same whatever it is)."""
 
     env_id = ENV_ID
     env_version = ENV_VERSION

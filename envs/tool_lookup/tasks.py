@@ -18,9 +18,10 @@ A template family is a task kind with one phrasing of its statement:
 Splits are assigned by family, explicitly: per kind ten phrasings are train, one is dev and one is hidden
 (:data:`PHRASINGS`; phrasings 6-11 were added after the first four when four train phrasings per kind proved too
 few for a tiny model to carry over to the hidden one, so the families' names stayed), so every kind is in every
-split and no phrasing crosses splits. With ``train_phrasings`` (an environment argument, 10-30) the train split
-also has families of twenty extra phrasings per kind (:data:`EXTRA_TRAIN_PHRASINGS`, p12-p31), listed after the
-standard ones; dev and hidden are the same whatever it is. With ``hidden_phrasings`` (1, 2, 4, 5, 8 or 10) the
+split and no phrasing crosses splits. With ``train_phrasings`` (an environment argument, 10-36) the train split
+also has families of up to twenty extra phrasings per kind (:data:`EXTRA_TRAIN_PHRASINGS`, p12-p31) and then of
+up to six late ones (:data:`LATE_TRAIN_PHRASINGS`, p41-p46), listed after the standard ones; dev and hidden are
+the same whatever it is. With ``hidden_phrasings`` (1, 2, 4, 5, 8 or 10) the
 hidden split's 80 instances per kind are spread over that many phrasings (the standard one and the first of
 :data:`EXTRA_HIDDEN_PHRASINGS`, p32-p40), 80/K each; train and dev are the same whatever it is. Sizes are fixed up
 front (:data:`INSTANCES_PER_FAMILY`): hidden 240, dev 60, train 20,400. The train split had 68 instances per family (2,040)
@@ -102,7 +103,8 @@ PHRASINGS: dict[str, tuple[tuple[Split, str], ...]] = {
 }
 STANDARD_TRAIN_PHRASINGS = 10
 """Train phrasings per kind of the standard task set (the split's families: ``PHRASINGS``)."""
-# Twenty more train phrasings per kind (families p12-p31), opt-in with ``train_phrasings`` (up to 30 per kind):
+# Twenty more train phrasings per kind (families p12-p31), opt-in with ``train_phrasings`` (up to 30 per kind;
+# the late phrasings below go on to 36):
 # written on 2026-12-03 for a probe of whether more phrasings make a tiny model's copying carry over to an unseen
 # one. Each keeps the cue every phrasing of its kind has (two_hop: "partner"; pair: two quoted names and "dash";
 # code: one quoted name); none is a dev or hidden phrasing.
@@ -174,8 +176,6 @@ EXTRA_TRAIN_PHRASINGS: dict[str, tuple[str, ...]] = {
         'Join the code of "{a}" and the code of "{b}" with a dash and submit it.',
     ),
 }
-MAX_TRAIN_PHRASINGS = STANDARD_TRAIN_PHRASINGS + len(EXTRA_TRAIN_PHRASINGS["code"])
-"""The most train phrasings per kind ``train_phrasings`` can ask for (30)."""
 # Nine more hidden phrasings per kind (families p32-p40), opt-in with ``hidden_phrasings`` (up to 10 per kind):
 # written on 2026-12-04, after the twelfth positive-control design, because with one hidden phrasing per kind a
 # change in how a model reads that one phrasing moves all 80 of its instances together, which the task-clustered
@@ -216,8 +216,41 @@ EXTRA_HIDDEN_PHRASINGS: dict[str, tuple[str, ...]] = {
         'The code of "{a}", a dash and the code of "{b}" is the answer. Submit it.',
     ),
 }
+# Six more train phrasings per kind (families p41-p46, after the extra hidden ones), opt-in with ``train_phrasings``
+# 31-36: written on 2026-12-04 for the fifteenth positive-control design, so that with ten phrasings per kind held
+# out for RL, B1 still clones twenty-six (the thirteenth design's families exactly: p0-p3, p6-p27), while RL plays
+# p28-p31 and these. Each keeps the cue of its kind and is none of the phrasings above.
+LATE_TRAIN_PHRASINGS: dict[str, tuple[str, ...]] = {
+    "code": (
+        'Fetch the code of "{a}" and submit it.',
+        'Submit the code that belongs to "{a}".',
+        'Consult the directory about "{a}" and submit its code.',
+        'The directory knows the code of "{a}". Submit that code.',
+        'Lookup "{a}" first; the code it shows is the answer to submit.',
+        'Submit, as the answer, the code of the name "{a}".',
+    ),
+    "two_hop": (
+        'Fetch the code of the partner of "{a}" and submit it.',
+        'Submit the code that belongs to the partner of "{a}".',
+        'Consult the directory about "{a}" and its partner, and submit the partner\'s code.',
+        'The directory knows the partner of "{a}". Submit the code of that partner.',
+        'Lookup "{a}" first; the code of its partner is the answer to submit.',
+        'Submit, as the answer, the code of the partner of the name "{a}".',
+    ),
+    "pair": (
+        'Fetch the codes of "{a}" and "{b}" and submit them joined by a dash, "{a}" first.',
+        'Submit the code that belongs to "{a}", a dash, then the code that belongs to "{b}".',
+        'Consult the directory about "{a}" and "{b}" and submit their codes with a dash between, in that order.',
+        'The directory knows the codes of "{a}" and "{b}". Submit them joined by a dash, "{a}" first.',
+        'Lookup "{a}" and "{b}" first; their codes joined by a dash, in that order, are the answer to submit.',
+        'Submit, as the answer, the code of "{a}", a dash, and the code of "{b}".',
+    ),
+}
 STANDARD_HIDDEN_PHRASINGS = 1
 """Hidden phrasings per kind of the standard task set."""
+MAX_TRAIN_PHRASINGS = (STANDARD_TRAIN_PHRASINGS + len(EXTRA_TRAIN_PHRASINGS["code"])
+                       + len(LATE_TRAIN_PHRASINGS["code"]))
+"""The most train phrasings per kind ``train_phrasings`` can ask for (36)."""
 HIDDEN_PHRASINGS_CHOICES = (1, 2, 4, 5, 8, 10)
 """What ``hidden_phrasings`` may be: the hidden split keeps its 240 instances (80 per kind), so the phrasings per
 kind must divide 80, and there are ten of them."""
@@ -257,23 +290,27 @@ def check_hidden_phrasings(hidden_phrasings: Any) -> int:
 
 _FIRST_EXTRA_TRAIN = len(PHRASINGS["code"])
 _FIRST_EXTRA_HIDDEN = _FIRST_EXTRA_TRAIN + len(EXTRA_TRAIN_PHRASINGS["code"])
+_FIRST_LATE_TRAIN = _FIRST_EXTRA_HIDDEN + len(EXTRA_HIDDEN_PHRASINGS["code"])
 
 
 def _templates(kind: str) -> tuple[tuple[Split, str], ...]:
     """Every statement template of ``kind`` by phrasing index: ``PHRASINGS``, then the extra train ones (p12-p31),
-    then the extra hidden ones (p32-p40)."""
+    the extra hidden ones (p32-p40) and the late train ones (p41-p46)."""
     return (PHRASINGS[kind] + tuple((Split.TRAIN, t) for t in EXTRA_TRAIN_PHRASINGS[kind])
-            + tuple((Split.HIDDEN, t) for t in EXTRA_HIDDEN_PHRASINGS[kind]))
+            + tuple((Split.HIDDEN, t) for t in EXTRA_HIDDEN_PHRASINGS[kind])
+            + tuple((Split.TRAIN, t) for t in LATE_TRAIN_PHRASINGS[kind]))
 
 
 def families(train_phrasings: int = STANDARD_TRAIN_PHRASINGS,
              hidden_phrasings: int = STANDARD_HIDDEN_PHRASINGS) -> dict[str, tuple[str, int, Split]]:
     """Every template family with ``train_phrasings`` train and ``hidden_phrasings`` hidden phrasings per kind:
     name -> (kind, phrasing index, split). The standard ones are ``PHRASINGS``'s; more add the extra ones in
-    order (train p12, p13, ...; hidden p32, p33, ...)."""
+    order (train p12, p13, ... p31, then p41, ... p46; hidden p32, p33, ...)."""
     extra_train = check_train_phrasings(train_phrasings) - STANDARD_TRAIN_PHRASINGS
     extra_hidden = check_hidden_phrasings(hidden_phrasings) - STANDARD_HIDDEN_PHRASINGS
-    picked = (*range(_FIRST_EXTRA_TRAIN + extra_train), *range(_FIRST_EXTRA_HIDDEN, _FIRST_EXTRA_HIDDEN + extra_hidden))
+    early = min(extra_train, _FIRST_EXTRA_HIDDEN - _FIRST_EXTRA_TRAIN)
+    picked = (*range(_FIRST_EXTRA_TRAIN + early), *range(_FIRST_EXTRA_HIDDEN, _FIRST_EXTRA_HIDDEN + extra_hidden),
+              *range(_FIRST_LATE_TRAIN, _FIRST_LATE_TRAIN + extra_train - early))
     return {family_name(kind, i): (kind, i, _templates(kind)[i][0]) for kind in KINDS for i in picked}
 
 
@@ -289,15 +326,23 @@ def _phrasing(family: str) -> int | None:
 
 
 def is_extra_family(family: str) -> bool:
-    """A family of the extra train phrasings (p12-p31), which only ``train_phrasings`` > 10 lists."""
+    """A family of the extra train phrasings (p12-p31, and the late ones p41-p46), which only ``train_phrasings``
+    > 10 lists."""
     phrasing = _phrasing(family)
-    return phrasing is not None and _FIRST_EXTRA_TRAIN <= phrasing < _FIRST_EXTRA_HIDDEN
+    return phrasing is not None and (_FIRST_EXTRA_TRAIN <= phrasing < _FIRST_EXTRA_HIDDEN
+                                     or phrasing >= _FIRST_LATE_TRAIN)
+
+
+def is_late_family(family: str) -> bool:
+    """A family of the late train phrasings (p41-p46), which only ``train_phrasings`` > 30 lists."""
+    phrasing = _phrasing(family)
+    return phrasing is not None and phrasing >= _FIRST_LATE_TRAIN
 
 
 def is_extra_hidden_family(family: str) -> bool:
     """A family of the extra hidden phrasings (p32-p40), which only ``hidden_phrasings`` > 1 lists."""
     phrasing = _phrasing(family)
-    return phrasing is not None and phrasing >= _FIRST_EXTRA_HIDDEN
+    return phrasing is not None and _FIRST_EXTRA_HIDDEN <= phrasing < _FIRST_LATE_TRAIN
 
 
 def instances_per_family(split: str, hidden_phrasings: int = STANDARD_HIDDEN_PHRASINGS) -> int:
@@ -404,8 +449,8 @@ def tasks_by_id() -> dict[str, dict[str, Any]]:
 
 
 __all__ = ["CODES", "CORPUS_INSTANCES", "CREATED_AT", "ENV_ID", "EXTRA_HIDDEN_PHRASINGS", "EXTRA_TRAIN_PHRASINGS",
-           "GENERATOR", "HIDDEN_PHRASINGS_CHOICES", "INSTANCES_PER_FAMILY", "KINDS", "MAX_STEPS",
+           "GENERATOR", "HIDDEN_PHRASINGS_CHOICES", "INSTANCES_PER_FAMILY", "KINDS", "LATE_TRAIN_PHRASINGS", "MAX_STEPS",
            "MAX_TRAIN_PHRASINGS", "NAMES", "PHRASINGS", "STANDARD_HIDDEN_PHRASINGS", "STANDARD_TRAIN_PHRASINGS",
            "check_hidden_phrasings", "check_train_phrasings", "entry_line", "families", "family_name",
-           "instances_per_family", "is_extra_family", "is_extra_hidden_family", "load_tasks", "make_directory",
+           "instances_per_family", "is_extra_family", "is_extra_hidden_family", "is_late_family", "load_tasks", "make_directory",
            "make_name", "make_task", "tasks_by_id"]
