@@ -243,6 +243,46 @@ def family_clustered(lake: Path, baseline: str, candidate: str) -> dict[str, Any
             "n_tasks": e.n, "n_families": e.n_clusters}
 
 
+_FIRST_ACTIONS = """
+with first as (select episode_id, arg_min(raw_content, turn_idx) as action from turns
+               where run_id = ? and actor = 'policy' group by episode_id),
+     family as (select distinct task_id, family from tasks)
+select e.episode_id, family.family, e.success, first.action
+from episodes e left join first using (episode_id) left join family using (task_id)
+where e.run_id = ? order by e.episode_id"""
+
+
+def behaviour(lake: Path, run: str) -> dict[str, dict[str, Any]] | None:
+    """What a run did, per task kind (the part of its template family before ``/``: tool-lookup's ``code``,
+    ``two_hop``, ``pair``; the family itself when it has no ``/``): ``episodes``; ``success``; ``phrasings_read``
+    (families with at least one success) of ``phrasings`` (families played), since a tiny model reads some
+    phrasings of a kind and not others; ``first_action_submit``, the share of episodes whose first action calls
+    ``submit`` (an answer given before any lookup: unread). None when a task has no row in the lake's ``tasks``."""
+    from trajlake.query import connect
+    from trajlake.render.toolcall import parse_tool_call
+
+    con = connect(lake)
+    if "tasks" not in {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}:
+        return None
+    rows = con.execute(_FIRST_ACTIONS, [run, run]).fetchall()
+    if not rows or any(family is None for _, family, _, _ in rows):
+        return None
+    kinds: dict[str, dict[str, Any]] = {}
+    for _, family, success, action in rows:
+        k = kinds.setdefault(family.split("/", 1)[0], {"episodes": 0, "successes": 0, "submits": 0, "read": set(),
+                                                       "played": set()})
+        k["episodes"] += 1
+        k["successes"] += bool(success)
+        k["submits"] += action is not None and parse_tool_call(action).tool == "submit"
+        k["played"].add(family)
+        if success:
+            k["read"].add(family)
+    return {kind: {"episodes": k["episodes"], "success": k["successes"] / k["episodes"],
+                   "phrasings_read": len(k["read"]), "phrasings": len(k["played"]),
+                   "first_action_submit": k["submits"] / k["episodes"]}
+            for kind, k in sorted(kinds.items())}
+
+
 def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> dict[str, Any]:
     """One training seed's figures from the experiment folder: the hidden success of every arm, each paired
     comparison of COMPARISONS, the RL arms' learning curves and the seconds each arm's stages took."""
@@ -268,6 +308,9 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
             out[key] = compare_success(lake, eval_run(base), eval_run(cand))
             if (by_family := family_clustered(lake, eval_run(base), eval_run(cand))) is not None:
                 out[key]["by_family"] = by_family
+    by_kind = {ARM_LABELS[a]: got for a in arms if (got := behaviour(lake, eval_run(a))) is not None}
+    if by_kind:
+        out["behaviour"] = by_kind
     rl_arms = [a for a in arms if a in ("r1", "placebo", "mask")]
     trained = {(seed, ARM_RUNS[a]): entry for a in rl_arms
                if (entry := state.done(f"s{seed}/{ARM_RUNS[a]}/train")) is not None}
@@ -375,6 +418,18 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
                 f = s[key]["by_family"]
                 interval = ("n/a" if f["ci_low"] is None else f"[{f['ci_low']:+.3f}, {f['ci_high']:+.3f}]")
                 md.append(f"| {s['seed']} | {key} | {f['estimate']:+.3f} | {interval} | {f['n_families']} |")
+    if any("behaviour" in s for s in seeds):
+        md += ["", "Behaviour on the evaluation split, per task kind (not the criterion; added after the fourteenth "
+               "design's run): success, the phrasings (template families) with at least one success of those "
+               "played, and the share of episodes whose first action is `submit` (an answer given before any "
+               "lookup).", "",
+               "| seed | arm | kind | episodes | success | phrasings read | first action submit |",
+               "|---|---|---|---|---|---|---|"]
+        for s in seeds:
+            for label, kinds in s.get("behaviour", {}).items():
+                for kind, k in kinds.items():
+                    md.append(f"| {s['seed']} | {label} | {kind} | {k['episodes']} | {k['success']:.3f} | "
+                              f"{k['phrasings_read']} / {k['phrasings']} | {k['first_action_submit']:.3f} |")
     for s in seeds:
         if s.get("curves"):
             name = f"curves-seed{s['seed']}.svg"

@@ -187,6 +187,39 @@ def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_pat
     assert by_family["ci_high"] == pytest.approx(0.25 + 3.182446 * 0.25, abs=1e-6)
 
 
+def test_behaviour_counts_success_phrasings_read_and_unread_submits_per_kind(experiment: ModuleType,
+                                                                            tmp_path: Path) -> None:
+    """Per task kind, against a hand-made run: code (families code/p1, code/p2: t0-t3) and pair (pair/p1: t4, t5);
+    t0, t1 and t4 solved; the first action of t1 and t3 is a submit call, of t5 unparsable, else a lookup."""
+    from tests.conftest import make_episode
+    from trajlake import LakeWriter, open_lake
+    from trajlake.render.toolcall import format_call
+
+    families = ["code/p1", "code/p1", "code/p2", "code/p2", "pair/p1", "pair/p1"]
+    first = {1: format_call("submit", {"answer": "12"}), 3: format_call("submit", {"answer": "40"}),
+             5: "I think the answer is 12"}
+    lake = open_lake(tmp_path / "lake", create=True)
+    with LakeWriter(lake, handle_signals=False) as w:
+        w.write_tasks([{"task_id": f"t{i}", "task_version": "v1", "env_id": "test-env", "split": "hidden",
+                        "family": fam, "difficulty": "easy", "created_at": dt.datetime(2026, 12, 1, tzinfo=dt.UTC),
+                        "statement": "s", "provenance": {"generator": "test", "source": None, "commit": None,
+                                                         "mutator": "m", "seed": i, "diff_hash": None},
+                        "has_oracle": True, "budget": {"max_steps": 6, "max_tokens": None, "max_cost": None}}
+                       for i, fam in enumerate(families)])
+        for i in range(6):
+            ep, turns = make_episode(f"e{i}", "s0-B1-hidden", split="hidden", task_id=f"t{i}",
+                                     group_id=f"t{i}:v1:0:1", success=i in (0, 1, 4))
+            turns[1]["raw_content"] = first.get(i, format_call("lookup", {"name": "Bofa"}))
+            turns[3]["raw_content"] = format_call("submit", {"answer": "99"})  # a later submit does not count
+            w.write_batch([ep], turns).raise_if_rejected()
+    got = experiment.behaviour(tmp_path / "lake", "s0-B1-hidden")
+    assert got == {"code": {"episodes": 4, "success": 0.5, "phrasings_read": 1, "phrasings": 2,
+                            "first_action_submit": 0.5},
+                   "pair": {"episodes": 2, "success": 0.5, "phrasings_read": 1, "phrasings": 1,
+                            "first_action_submit": 0.0}}
+    assert experiment.behaviour(tmp_path / "lake", "no-such-run") is None
+
+
 def test_a_config_gives_back_the_setup_that_wrote_it(experiment: ModuleType) -> None:
     """--judge reports a folder with the settings its config ran: setup_from_config inverts experiment_config."""
     from trajlake.experiment.config import parse_experiment
