@@ -283,6 +283,22 @@ def behaviour(lake: Path, run: str) -> dict[str, dict[str, Any]] | None:
             for kind, k in sorted(kinds.items())}
 
 
+def mixed_groups(lake: Path, runs: Sequence[str]) -> list[tuple[int, float]]:
+    """Per iteration of an RL arm (its training runs ``...-itN``): the share of its tasks whose attempts had mixed
+    outcomes, some solved and some not. RLOO's advantage is zero on a task whose attempts all succeed or all fail,
+    so this is the share of the iteration's tasks that carry any reward signal."""
+    from trajlake.query import connect
+
+    its = [r for r in runs if "-it" in r]
+    if not its:
+        return []
+    rows = connect(lake).execute(
+        "with g as (select run_id, task_id, avg(coalesce(success, false)::double) as s from episodes "
+        "where run_id in (select unnest(?::varchar[])) group by 1, 2) "
+        "select run_id, avg(case when s > 0 and s < 1 then 1.0 else 0.0 end) from g group by 1", [its]).fetchall()
+    return sorted((int(r.rsplit("-it", 1)[1]), float(v)) for r, v in rows)
+
+
 def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> dict[str, Any]:
     """One training seed's figures from the experiment folder: the hidden success of every arm, each paired
     comparison of COMPARISONS, the RL arms' learning curves and the seconds each arm's stages took."""
@@ -316,6 +332,8 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
                if (entry := state.done(f"s{seed}/{ARM_RUNS[a]}/train")) is not None}
     learning = curves(connect(lake), Runs(eval={}, fault={}, train=trained, unfinished=[]))
     out["curves"] = {ARM_LABELS[a]: learning.get(f"{ARM_RUNS[a]} s{seed}", []) for a in rl_arms}
+    out["mixed_groups"] = {ARM_LABELS[a]: mixed_groups(lake, entry.get("runs", [])) for a in rl_arms
+                           if (entry := trained.get((seed, ARM_RUNS[a]))) is not None}
     seconds: dict[str, float] = {}
     for key, entry in state.stages.items():
         s, arm, _ = key.split("/", 2)
@@ -438,6 +456,11 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
                                           title=f"seed {s['seed']}: success of the RL arms' rollouts",
                                           y_range=(0.0, 1.0)), encoding="utf-8")
             md += ["", f"![learning curves, seed {s['seed']}]({name})"]
+        for label, pts in s.get("mixed_groups", {}).items():
+            if pts:
+                md += ["", f"Seed {s['seed']}: {label}'s tasks with mixed outcomes over its attempts (the only ones "
+                           "with a nonzero RLOO advantage), per iteration: "
+                           + ", ".join(f"{share:.2f}" for _, share in pts)]
         md += ["", f"Seed {s['seed']}: wall seconds per arm {json.dumps(s.get('seconds', {}))}"]
         if "b1_restarts" in s:
             stopped = s["b1_restarts"]["stopped"]

@@ -179,6 +179,7 @@ def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_pat
     assert got["r1_minus_b1"]["baseline"] == "s0-B1-hidden" and got["r1_minus_b1"]["candidate"] == "s0-R1-hidden"
     assert "matched_minus_b1" not in got and got["curves"] == {"R1": [(1, 0.25), (2, 0.75)], "placebo": []}
     assert got["seconds"] == {"b1": 65.0, "r1": 100.0}
+    assert got["mixed_groups"] == {"R1": [(1, 0.0), (2, 0.0)]}  # one attempt per task: no group is mixed
     # families as clusters, by hand: differences 1 on t5-t9 (family f1), else 0; mean 0.25; residual sums per
     # family -1.25, +3.75, -1.25, -1.25; SE = sqrt(4/3 * 18.75) / 20 = 0.25; t(3, 0.975) = 3.182446
     by_family = got["r1_minus_b1"]["by_family"]
@@ -218,6 +219,27 @@ def test_behaviour_counts_success_phrasings_read_and_unread_submits_per_kind(exp
                    "pair": {"episodes": 2, "success": 0.5, "phrasings_read": 1, "phrasings": 1,
                             "first_action_submit": 0.0}}
     assert experiment.behaviour(tmp_path / "lake", "no-such-run") is None
+
+
+def test_mixed_groups_count_the_tasks_whose_attempts_disagree_per_iteration(experiment: ModuleType,
+                                                                            tmp_path: Path) -> None:
+    """Iteration 1: t0 (solved, failed), t1 (solved twice), t2 (failed twice), t3 (failed, solved): 2 of 4 mixed;
+    iteration 2: every attempt solved: none mixed; runs without ``-it`` (B1's data) are not iterations."""
+    from tests.conftest import make_episode
+    from trajlake import LakeWriter, open_lake
+
+    outcomes = {1: [(True, False), (True, True), (False, False), (False, True)], 2: [(True, True)] * 4}
+    lake = open_lake(tmp_path / "lake", create=True)
+    with LakeWriter(lake, handle_signals=False) as w:
+        for it, tasks in outcomes.items():
+            for i, attempts in enumerate(tasks):
+                for a, won in enumerate(attempts):
+                    ep, turns = make_episode(f"it{it}-t{i}-a{a}", f"s0-R1-it{it}", split="train", task_id=f"t{i}",
+                                             group_id=f"t{i}:v1:0:{it}", attempt=a, success=won)
+                    w.write_batch([ep], turns).raise_if_rejected()
+    assert experiment.mixed_groups(tmp_path / "lake", ["s0-B1-data", "s0-R1-it2", "s0-R1-it1"]) == [(1, 0.5),
+                                                                                                  (2, 0.0)]
+    assert experiment.mixed_groups(tmp_path / "lake", ["s0-B1-data"]) == []
 
 
 def test_a_config_gives_back_the_setup_that_wrote_it(experiment: ModuleType) -> None:
