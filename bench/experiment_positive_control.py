@@ -221,7 +221,12 @@ from per_task b join per_task c on c.task_id = b.task_id and c.run_id = ?
 where b.run_id = ? order by b.task_id"""
 
 
-def family_clustered(lake: Path, baseline: str, candidate: str) -> dict[str, Any] | None:
+def _has_tasks(con: Any) -> bool:
+    """Whether the lake read by ``con`` has a ``tasks`` table (the template families live there)."""
+    return "tasks" in {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}
+
+
+def family_clustered(con: Any, baseline: str, candidate: str) -> dict[str, Any] | None:
     """Sensitivity, not the criterion: the paired success difference of two runs with the tasks' template
     families (phrasings) as clusters instead of the tasks (CR1 standard error, t with families - 1 degrees of
     freedom). A change in how a model reads one phrasing moves all of that phrasing's tasks together, which the
@@ -229,10 +234,7 @@ def family_clustered(lake: Path, baseline: str, candidate: str) -> dict[str, Any
     a task has no row (no family) in the lake's ``tasks`` table."""
     from trajlake.evaluators.stats import clustered_mean
 
-    from trajlake.query import connect
-
-    con = connect(lake)
-    if "tasks" not in {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}:
+    if not _has_tasks(con):
         return None
     rows = con.execute(_PER_TASK_DIFFERENCES, [baseline, candidate, candidate, baseline]).fetchall()
     if not rows or any(r[1] is None for r in rows):
@@ -252,17 +254,15 @@ from episodes e left join first using (episode_id) left join family using (task_
 where e.run_id = ? order by e.episode_id"""
 
 
-def behaviour(lake: Path, run: str) -> dict[str, dict[str, Any]] | None:
+def behaviour(con: Any, run: str) -> dict[str, dict[str, Any]] | None:
     """What a run did, per task kind (the part of its template family before ``/``: tool-lookup's ``code``,
     ``two_hop``, ``pair``; the family itself when it has no ``/``): ``episodes``; ``success``; ``phrasings_read``
     (families with at least one success) of ``phrasings`` (families played), since a tiny model reads some
     phrasings of a kind and not others; ``first_action_submit``, the share of episodes whose first action calls
     ``submit`` (an answer given before any lookup: unread). None when a task has no row in the lake's ``tasks``."""
-    from trajlake.query import connect
     from trajlake.render.toolcall import parse_tool_call
 
-    con = connect(lake)
-    if "tasks" not in {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}:
+    if not _has_tasks(con):
         return None
     rows = con.execute(_FIRST_ACTIONS, [run, run]).fetchall()
     if not rows or any(family is None for _, family, _, _ in rows):
@@ -283,16 +283,14 @@ def behaviour(lake: Path, run: str) -> dict[str, dict[str, Any]] | None:
             for kind, k in sorted(kinds.items())}
 
 
-def mixed_groups(lake: Path, runs: Sequence[str]) -> list[tuple[int, float]]:
+def mixed_groups(con: Any, runs: Sequence[str]) -> list[tuple[int, float]]:
     """Per iteration of an RL arm (its training runs ``...-itN``): the share of its tasks whose attempts had mixed
     outcomes, some solved and some not. RLOO's advantage is zero on a task whose attempts all succeed or all fail,
     so this is the share of the iteration's tasks that carry any reward signal."""
-    from trajlake.query import connect
-
     its = [r for r in runs if "-it" in r]
     if not its:
         return []
-    rows = connect(lake).execute(
+    rows = con.execute(
         "with g as (select run_id, task_id, avg(coalesce(success, false)::double) as s from episodes "
         "where run_id in (select unnest(?::varchar[])) group by 1, 2) "
         "select run_id, avg(case when s > 0 and s < 1 then 1.0 else 0.0 end) from g group by 1", [its]).fetchall()
@@ -317,22 +315,23 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
     runs = [eval_run(a) for a in arms]
     report = build_report(lake, runs=runs)
     out: dict[str, Any] = {"seed": seed, "success": {}, "lake_versions": report.get("lake_versions")}
+    con = connect(lake)  # one connection for every query below (each connect reads the lake's logs again)
     for arm in arms:
         out["success"][ARM_LABELS[arm]] = report["runs"][eval_run(arm)]["metrics"]["success"]["estimate"]
     for key, (base, cand) in COMPARISONS.items():
         if base in arms and cand in arms:
             out[key] = compare_success(lake, eval_run(base), eval_run(cand))
-            if (by_family := family_clustered(lake, eval_run(base), eval_run(cand))) is not None:
+            if (by_family := family_clustered(con, eval_run(base), eval_run(cand))) is not None:
                 out[key]["by_family"] = by_family
-    by_kind = {ARM_LABELS[a]: got for a in arms if (got := behaviour(lake, eval_run(a))) is not None}
+    by_kind = {ARM_LABELS[a]: got for a in arms if (got := behaviour(con, eval_run(a))) is not None}
     if by_kind:
         out["behaviour"] = by_kind
     rl_arms = [a for a in arms if a in ("r1", "placebo", "mask")]
     trained = {(seed, ARM_RUNS[a]): entry for a in rl_arms
                if (entry := state.done(f"s{seed}/{ARM_RUNS[a]}/train")) is not None}
-    learning = curves(connect(lake), Runs(eval={}, fault={}, train=trained, unfinished=[]))
+    learning = curves(con, Runs(eval={}, fault={}, train=trained, unfinished=[]))
     out["curves"] = {ARM_LABELS[a]: learning.get(f"{ARM_RUNS[a]} s{seed}", []) for a in rl_arms}
-    out["mixed_groups"] = {ARM_LABELS[a]: mixed_groups(lake, entry.get("runs", [])) for a in rl_arms
+    out["mixed_groups"] = {ARM_LABELS[a]: mixed_groups(con, entry.get("runs", [])) for a in rl_arms
                            if (entry := trained.get((seed, ARM_RUNS[a]))) is not None}
     seconds: dict[str, float] = {}
     for key, entry in state.stages.items():

@@ -194,6 +194,7 @@ def test_behaviour_counts_success_phrasings_read_and_unread_submits_per_kind(exp
     t0, t1 and t4 solved; the first action of t1 and t3 is a submit call, of t5 unparsable, else a lookup."""
     from tests.conftest import make_episode
     from trajlake import LakeWriter, open_lake
+    from trajlake.query import connect
     from trajlake.render.toolcall import format_call
 
     families = ["code/p1", "code/p1", "code/p2", "code/p2", "pair/p1", "pair/p1"]
@@ -213,12 +214,13 @@ def test_behaviour_counts_success_phrasings_read_and_unread_submits_per_kind(exp
             turns[1]["raw_content"] = first.get(i, format_call("lookup", {"name": "Bofa"}))
             turns[3]["raw_content"] = format_call("submit", {"answer": "99"})  # a later submit does not count
             w.write_batch([ep], turns).raise_if_rejected()
-    got = experiment.behaviour(tmp_path / "lake", "s0-B1-hidden")
+    con = connect(tmp_path / "lake")
+    got = experiment.behaviour(con, "s0-B1-hidden")
     assert got == {"code": {"episodes": 4, "success": 0.5, "phrasings_read": 1, "phrasings": 2,
                             "first_action_submit": 0.5},
                    "pair": {"episodes": 2, "success": 0.5, "phrasings_read": 1, "phrasings": 1,
                             "first_action_submit": 0.0}}
-    assert experiment.behaviour(tmp_path / "lake", "no-such-run") is None
+    assert experiment.behaviour(con, "no-such-run") is None
 
 
 def test_mixed_groups_count_the_tasks_whose_attempts_disagree_per_iteration(experiment: ModuleType,
@@ -227,6 +229,7 @@ def test_mixed_groups_count_the_tasks_whose_attempts_disagree_per_iteration(expe
     iteration 2: every attempt solved: none mixed; runs without ``-it`` (B1's data) are not iterations."""
     from tests.conftest import make_episode
     from trajlake import LakeWriter, open_lake
+    from trajlake.query import connect
 
     outcomes = {1: [(True, False), (True, True), (False, False), (False, True)], 2: [(True, True)] * 4}
     lake = open_lake(tmp_path / "lake", create=True)
@@ -237,9 +240,9 @@ def test_mixed_groups_count_the_tasks_whose_attempts_disagree_per_iteration(expe
                     ep, turns = make_episode(f"it{it}-t{i}-a{a}", f"s0-R1-it{it}", split="train", task_id=f"t{i}",
                                              group_id=f"t{i}:v1:0:{it}", attempt=a, success=won)
                     w.write_batch([ep], turns).raise_if_rejected()
-    assert experiment.mixed_groups(tmp_path / "lake", ["s0-B1-data", "s0-R1-it2", "s0-R1-it1"]) == [(1, 0.5),
-                                                                                                  (2, 0.0)]
-    assert experiment.mixed_groups(tmp_path / "lake", ["s0-B1-data"]) == []
+    con = connect(tmp_path / "lake")
+    assert experiment.mixed_groups(con, ["s0-B1-data", "s0-R1-it2", "s0-R1-it1"]) == [(1, 0.5), (2, 0.0)]
+    assert experiment.mixed_groups(con, ["s0-B1-data"]) == []
 
 
 def test_a_config_gives_back_the_setup_that_wrote_it(experiment: ModuleType) -> None:
