@@ -221,6 +221,23 @@ from per_task b join per_task c on c.task_id = b.task_id and c.run_id = ?
 where b.run_id = ? order by b.task_id"""
 
 
+_DISCORDANT = """
+with b as (select task_id, coalesce(env_seed, -1) as env_seed, attempt, coalesce(success, false) as won
+           from episodes where run_id = ?),
+     c as (select task_id, coalesce(env_seed, -1) as env_seed, attempt, coalesce(success, false) as won
+           from episodes where run_id = ?)
+select count(*) filter (where c.won and not b.won), count(*) filter (where b.won and not c.won)
+from b join c using (task_id, env_seed, attempt)"""
+
+
+def discordant(con: Any, baseline: str, candidate: str) -> tuple[int, int]:
+    """The matched episodes (same task, environment seed and attempt) on which two runs disagree: ``(gained,
+    lost)``, those the candidate solves and the baseline does not, and the reverse. With common evaluation seeds
+    an unchanged policy gains and loses nothing, so these say how much of a difference is movement either way."""
+    gained, lost = con.execute(_DISCORDANT, [baseline, candidate]).fetchone()
+    return int(gained), int(lost)
+
+
 def _has_tasks(con: Any) -> bool:
     """Whether the lake read by ``con`` has a ``tasks`` table (the template families live there)."""
     return "tasks" in {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}
@@ -321,6 +338,7 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
     for key, (base, cand) in COMPARISONS.items():
         if base in arms and cand in arms:
             out[key] = compare_success(lake, eval_run(base), eval_run(cand))
+            out[key]["gained"], out[key]["lost"] = discordant(con, eval_run(base), eval_run(cand))
             if (by_family := family_clustered(con, eval_run(base), eval_run(cand))) is not None:
                 out[key]["by_family"] = by_family
     by_kind = {ARM_LABELS[a]: got for a in arms if (got := behaviour(con, eval_run(a))) is not None}
@@ -390,6 +408,27 @@ def b1_in_band(setup: Setup, seed: dict[str, Any]) -> bool | None:
     return None if b1 is None else setup.b1_band[0] <= b1 <= setup.b1_band[1]
 
 
+def pooled_moves(seeds: Sequence[dict[str, Any]]) -> list[str]:
+    """Report lines: per comparison, the matched episodes gained and lost summed over the seeds, with an exact
+    two-sided sign test on them. Descriptive (episodes of one phrasing move together, which the test ignores): a
+    control whose gains outnumber its losses seed after seed is not a null, whatever each seed's interval says."""
+    from trajlake.evaluators.stats import sign_test
+
+    lines = []
+    for key in COMPARISONS:
+        moves = [(s[key]["gained"], s[key]["lost"]) for s in seeds if key in s and "gained" in s[key]]
+        if len(moves) < 2:
+            continue
+        gained, lost = sum(g for g, _ in moves), sum(x for _, x in moves)
+        p = sign_test([0.0] * (gained + lost), [1.0] * gained + [-1.0] * lost)
+        lines.append(f"- {key}: {gained} gained, {lost} lost over {len(moves)} seeds (sign test p {p:.3g})")
+    if not lines:
+        return []
+    return ["", "Matched episodes gained and lost, summed over seeds (not the criterion; added after the fifteenth "
+            "design's run, whose placebo lost no hidden task on any seed): a control should lose about as many as "
+            "it gains.", "", *lines]
+
+
 def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[dict[str, Any]], command: str,
                  seeds_planned: int | None = None) -> None:
     from trajlake.evaluators.svg import PALETTE, lines
@@ -416,14 +455,17 @@ def write_report(out: Path, setup: Setup, arms: Sequence[str], seeds: Sequence[d
     for s in seeds:
         md.append(f"| {s['seed']} | " + " | ".join(f"{s['success'].get(lab, float('nan')):.3f}" for lab in labels)
                   + " |")
-    md += ["", "| seed | comparison | difference | 95% interval | p | pairs (tasks) |", "|---|---|---|---|---|---|"]
+    md += ["", "| seed | comparison | difference | 95% interval | p | pairs (tasks) | gained / lost |",
+           "|---|---|---|---|---|---|---|"]
     for s in seeds:
         for key in COMPARISONS:
             if key in s:
                 d = s[key]
+                moved = f"{d['gained']} / {d['lost']}" if "gained" in d else "-"
                 md.append(f"| {s['seed']} | {key} ({d['candidate']} - {d['baseline']}) | {d['estimate']:+.3f} | "
                           f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['p_value']:.3g} | {d['n_pairs']} "
-                          f"({d['n_tasks']}) |")
+                          f"({d['n_tasks']}) | {moved} |")
+    md += pooled_moves(seeds)
     md += ["", "Sensitivity, not the criterion (added after the twelfth design's run): the same differences with "
            "the hidden tasks' template families (phrasings) as clusters, CR1 with t on families - 1 degrees of "
            "freedom. A change in how a model reads one phrasing moves all of its tasks together; the task-clustered "

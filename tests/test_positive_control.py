@@ -73,6 +73,20 @@ def test_the_report_states_the_verdict_the_table_and_the_curves(experiment: Modu
     assert json.loads(md.split("```json")[1].split("```")[0])["env"] == "tool-lookup"
 
 
+def test_pooled_moves_sum_gained_and_lost_over_seeds_with_a_sign_test(experiment: ModuleType) -> None:
+    """The fifteenth design's placebo: 3, 2 and 5 hidden episodes gained, none lost: p = 2 * 0.5**10; R1's 14, 1,
+    14 gained and 0 lost; a comparison on one seed only, or without counts (an old summary), gives no line."""
+    def seed(s: int, placebo: tuple[int, int], r1: tuple[int, int]) -> dict[str, Any]:
+        return {"seed": s, "placebo_minus_b1": {**diff(0.0, -0.1, 0.1), "gained": placebo[0], "lost": placebo[1]},
+                "r1_minus_b1": {**diff(0.0, -0.1, 0.1), "gained": r1[0], "lost": r1[1]}, "aa": diff(0.0, -0.1, 0.1)}
+
+    lines = experiment.pooled_moves([seed(0, (3, 0), (14, 0)), seed(1, (2, 0), (1, 0)), seed(2, (5, 0), (14, 0))])
+    assert "- placebo_minus_b1: 10 gained, 0 lost over 3 seeds (sign test p 0.00195)" in lines
+    assert "- r1_minus_b1: 29 gained, 0 lost over 3 seeds (sign test p 3.73e-09)" in lines
+    assert not any(line.startswith("- aa") for line in lines)
+    assert experiment.pooled_moves([seed(0, (3, 0), (14, 0))]) == []
+
+
 def test_the_design_runs_as_an_experiment_config(experiment: ModuleType) -> None:
     """The wrapper's config is the Setup's design in the experiment's terms, and the experiment parses it."""
     from trajlake.experiment.config import parse_experiment
@@ -177,6 +191,9 @@ def test_seed_results_read_the_experiment_folder(experiment: ModuleType, tmp_pat
     assert got["r1_minus_b1"]["estimate"] == pytest.approx(0.25) and got["r1_minus_b1"]["n_pairs"] == 20
     assert got["aa"]["estimate"] == pytest.approx(0.05) and got["placebo_minus_b1"]["estimate"] == pytest.approx(-0.05)
     assert got["r1_minus_b1"]["baseline"] == "s0-B1-hidden" and got["r1_minus_b1"]["candidate"] == "s0-R1-hidden"
+    # matched episodes gained / lost: R1 solves t5-t9 beyond B1's t0-t4, A/A adds t19, the placebo drops t4
+    assert [(got[k]["gained"], got[k]["lost"]) for k in ("r1_minus_b1", "aa", "placebo_minus_b1")] == [
+        (5, 0), (1, 0), (0, 1)]
     assert "matched_minus_b1" not in got and got["curves"] == {"R1": [(1, 0.25), (2, 0.75)], "placebo": []}
     assert got["seconds"] == {"b1": 65.0, "r1": 100.0}
     assert got["mixed_groups"] == {"R1": [(1, 0.0), (2, 0.0)]}  # one attempt per task: no group is mixed
