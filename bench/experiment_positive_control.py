@@ -208,7 +208,8 @@ def compare_success(lake: Path, baseline: str, candidate: str) -> dict[str, Any]
     cmp = build_report(lake, baseline=baseline, candidate=candidate)["comparison"]
     m = cmp["metrics"]["success"]
     return {"estimate": m["diff"], "ci_low": m["ci_low"], "ci_high": m["ci_high"], "p_value": m["p_value"],
-            "n_pairs": cmp["n_pairs"], "n_tasks": cmp["n_tasks"], "baseline": baseline, "candidate": candidate}
+            "n_pairs": cmp["n_pairs"], "n_tasks": cmp["n_tasks"], "baseline": baseline, "candidate": candidate,
+            "gained": m["gained"], "lost": m["lost"]}
 
 
 _PER_TASK_DIFFERENCES = """
@@ -219,23 +220,6 @@ select b.task_id, family.family, c.s - b.s
 from per_task b join per_task c on c.task_id = b.task_id and c.run_id = ?
      left join family on family.task_id = b.task_id
 where b.run_id = ? order by b.task_id"""
-
-
-_DISCORDANT = """
-with b as (select task_id, coalesce(env_seed, -1) as env_seed, attempt, coalesce(success, false) as won
-           from episodes where run_id = ?),
-     c as (select task_id, coalesce(env_seed, -1) as env_seed, attempt, coalesce(success, false) as won
-           from episodes where run_id = ?)
-select count(*) filter (where c.won and not b.won), count(*) filter (where b.won and not c.won)
-from b join c using (task_id, env_seed, attempt)"""
-
-
-def discordant(con: Any, baseline: str, candidate: str) -> tuple[int, int]:
-    """The matched episodes (same task, environment seed and attempt) on which two runs disagree: ``(gained,
-    lost)``, those the candidate solves and the baseline does not, and the reverse. With common evaluation seeds
-    an unchanged policy gains and loses nothing, so these say how much of a difference is movement either way."""
-    gained, lost = con.execute(_DISCORDANT, [baseline, candidate]).fetchone()
-    return int(gained), int(lost)
 
 
 def _has_tasks(con: Any) -> bool:
@@ -338,7 +322,6 @@ def seed_results(folder: Path, setup: Setup, arms: Sequence[str], seed: int) -> 
     for key, (base, cand) in COMPARISONS.items():
         if base in arms and cand in arms:
             out[key] = compare_success(lake, eval_run(base), eval_run(cand))
-            out[key]["gained"], out[key]["lost"] = discordant(con, eval_run(base), eval_run(cand))
             if (by_family := family_clustered(con, eval_run(base), eval_run(cand))) is not None:
                 out[key]["by_family"] = by_family
     by_kind = {ARM_LABELS[a]: got for a in arms if (got := behaviour(con, eval_run(a))) is not None}

@@ -442,7 +442,8 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
     A pair whose value is unknown on either side (an ungraded episode's success, a missing cost) is left out of
     that metric (``n_unknown`` counts such pairs). Returns ``{"n_pairs", "n_tasks", "metrics": {name: {diff,
     se, ci_low, ci_high, p_value, p_holm, baseline, candidate, n, n_clusters, test, n_unknown, min_clusters,
-    few_clusters}}, "power"}``; p_holm is Holm-Bonferroni over every metric with a p-value.
+    few_clusters}}, "power"}``; p_holm is Holm-Bonferroni over every metric with a p-value. Binary metrics
+    (success) also count their discordant pairs: ``gained`` (candidate 1, baseline 0) and ``lost`` (the reverse).
     """
     conf = settings.confidence
     codes = ep["task_code"][b_idx]
@@ -464,6 +465,8 @@ def compare(ep: dict[str, FloatArray], b_idx: IntArray, c_idx: IntArray, tool_ep
                                "p_value": p, "baseline": float(bv.mean()) if bv.shape[0] else math.nan,
                                "candidate": float(cv.mean()) if cv.shape[0] else math.nan, "n": pc.n,
                                "n_clusters": pc.n_clusters, "test": test, "n_unknown": n_unknown}
+            if s.binary:  # the discordant pairs: candidate 1 and baseline 0 (gained), and the reverse (lost)
+                metrics[s.name].update(gained=int(np.count_nonzero(cv > bv)), lost=int(np.count_nonzero(bv > cv)))
         elif s.kind == "ratio":
             cols = (ep[s.column][b_idx], ep[s.denominator][b_idx], ep[s.column][c_idx], ep[s.denominator][c_idx])
             known = np.logical_and.reduce([_known(x) for x in cols])
