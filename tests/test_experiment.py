@@ -40,6 +40,10 @@ def test_shipped_configs_parse() -> None:
     assert quick.all_arms() == ["B1", "R1", "AA", "PLACEBO"] and {h.hypothesis for h in quick.hypotheses} == {"H4"}
     assert (quick.model, quick.b1, quick.rl) == (full.model, full.b1, full.rl)  # the same design, fewer arms
     assert full.b1.data_policy == "oracle-shortcut"
+    smoke = load_experiment(ROOT / "configs" / "experiment-mini-swe-cpu-smoke.toml")  # the GPU config, cut down
+    gpu = load_experiment(ROOT / "configs" / "experiment-mini-swe.toml")
+    assert (smoke.model, smoke.policy_args, smoke.max_length) == (gpu.model, gpu.policy_args, gpu.max_length)
+    assert smoke.micro_batch_size == 1 and gpu.micro_batch_size == 4
 
 
 def test_smoke_config_names_all_six_arms_and_derives_b1m() -> None:
@@ -69,6 +73,7 @@ def test_control_arms_are_planned_after_what_they_need() -> None:
     ({"arms": ["B1", "R9"]}, "unknown arm(s) R9"),
     ({"colour": "red"}, "unknown key(s) colour"),
     ({"seeds": "two"}, "seeds: expected int"),
+    ({"micro_batch_size": -1}, "arm B1 (from [b1]): micro_batch_size = -1: must be >= 0"),
     ({"policy_args": {"grammar": "none"}}, "policy_args: --policy-arg grammar must be one of"),
     ({"b1": {"data_policy": "teacher"}}, "b1.data_policy = 'teacher': not a scripted policy of tool-lookup"),
     ({"hypotheses": [{"id": "H1a", "hypothesis": "H1", "claim": "x", "metric": "success", "baseline": "B7",
@@ -82,6 +87,16 @@ def test_bad_config_is_one_clear_error(change: dict[str, object], message: str) 
     with pytest.raises(ConfigError, match=r"experiment-smoke\.toml") as e:
         parse_experiment(data, str(SMOKE))
     assert message in str(e.value)
+
+
+def test_micro_batch_size_reaches_every_arms_trainer() -> None:
+    from trajlake.experiment.config import train_table
+
+    data = tomllib.loads(SMOKE.read_text(encoding="utf-8"))
+    data["micro_batch_size"] = 2
+    cfg = parse_experiment(data, str(SMOKE))
+    table = train_table(cfg, name="x", seed=0, out_dir="o", run_prefix="p-", tags={}, model={}, stage={})
+    assert cfg.micro_batch_size == 2 and table["micro_batch_size"] == 2
 
 
 @pytest.mark.parametrize(("table", "key", "value", "message"), [

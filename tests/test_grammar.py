@@ -340,7 +340,7 @@ def test_constrained_sampling_records_honest_logprobs_and_the_learner_rebuilds_t
     from trajlake.train.loop import Dist, Learner, _batches
 
     trainer = Learner(tiny, "cpu", Dist())
-    loop_batch = next(_batches(ds, 1, trainer))
+    (loop_batch,) = next(_batches(ds, 1, trainer))  # one micro-batch: the whole batch
     assert loop_batch["grammar_masks"] is not None
     with torch.no_grad():
         assert float((trainer.forward(loop_batch, 1.0)["logp"][loss] - behaviour).abs().max()) < 1e-5

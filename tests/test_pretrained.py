@@ -327,3 +327,31 @@ def test_b0_single_turn_records_the_model_turn(smollm2: Path, tmp_path: Path,
     assert all(math.isfinite(lp) and lp <= 0.0 for lp in t["behavior_logprobs"])
     assert t["context_strategy"] == "single_turn"
 
+
+
+@pytest.mark.slow
+@needs_wheel
+@pytest.mark.skipif(os.environ.get("TRAJLAKE_PRETRAINED_EXPERIMENT") != "1",
+                    reason="opt-in (~5 minutes, 14 GB of memory): TRAJLAKE_PRETRAINED_EXPERIMENT=1")
+def test_the_experiment_trains_b1_and_r1_on_the_pretrained_model(smollm2: Path, tmp_path: Path) -> None:
+    """configs/experiment-mini-swe-cpu-smoke.toml (the GPU config's B1 -> R1, every count cut to its minimum, one
+    ~5,000-token episode per forward pass) runs end to end on the real model: B1 from the oracle's episodes, R1's
+    grammar-constrained rollouts and update, both evaluated, the bundle written and its episodes replayed."""
+    from trajlake.experiment.run import run_experiment
+
+    text = (ROOT / "configs" / "experiment-mini-swe-cpu-smoke.toml").read_text(encoding="utf-8")
+    config = tmp_path / "smoke.toml"
+    config.write_text(text.replace('path = "../models/smollm2"', f'path = "{smollm2}"'), encoding="utf-8")
+    lines: list[str] = []
+    run_experiment(config, tmp_path / "out", log=lines.append)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary, lines
+    log = scan(tmp_path / "out" / "lake", "runs").collect()
+    runs = set(log["run_id"].to_list())
+    assert {"s0-B1-hidden", "s0-R1-hidden", "s0-R1-it1"} <= runs, runs
+    assert any("replayed: " in line and " 0 drifted" in line for line in lines), lines
+    import pyarrow.parquet as pq
+
+    for arm in ("B1", "R1"):
+        (row,) = pq.read_table(tmp_path / "out" / "seed0" / arm / "train_log.parquet").to_pylist()
+        assert row["stage"] == arm and row["policy_tokens"] > 0 and math.isfinite(row["loss"]), row

@@ -454,7 +454,10 @@ class _FakeLearner:
 
         return {"logp": batch["behavior_logprobs"] + self.w, "entropy": torch.zeros(batch["token_turn"].shape)}
 
-    def step(self, loss: Any, grad_clip: float) -> float:
+    def backward(self, loss: Any) -> None:
+        pass
+
+    def apply(self, grad_clip: float) -> float:
         return 0.0
 
 
@@ -473,7 +476,7 @@ def _objective_advantages(monkeypatch: pytest.MonkeyPatch, stage: Any, batch: di
 
     monkeypatch.setattr(loop, "policy_objective", capture)
     staleness = dict.fromkeys(batch["episode_id"], 0)
-    loop._rl_step(TrainConfig(name="x"), stage, _FakeLearner(), loop.Dist(), batch, staleness, credit,  # type: ignore[arg-type]
+    loop._rl_step(TrainConfig(name="x"), stage, _FakeLearner(), loop.Dist(), [batch], staleness, credit,  # type: ignore[arg-type]
                   turn_advantages)
     return seen[0]
 
@@ -651,15 +654,14 @@ def test_ref_kl_adds_beta_times_k2_to_the_loss_of_a_step(monkeypatch: pytest.Mon
         def reference_logprobs(self, batch: dict[str, Any], temperature: float) -> Any:
             return batch["behavior_logprobs"] - 0.3
 
-        def step(self, loss: Any, grad_clip: float) -> float:
+        def backward(self, loss: Any) -> None:
             losses.append(float(loss.detach()))
-            return 0.0
 
     monkeypatch.setattr(loop, "policy_objective", lambda *a: (torch.zeros(()), {}))
     batch = _r2_batch(["a", "b"], 2)
     batch["advantage"] = torch.zeros(2)
     stats = loop._rl_step(TrainConfig(name="x"), _r2_stage(algo="rloo", ref_kl_coef=0.4), Learner(), loop.Dist(),
-                          batch, dict.fromkeys(batch["episode_id"], 0), None)  # type: ignore[arg-type]
+                          [batch], dict.fromkeys(batch["episode_id"], 0), None)  # type: ignore[arg-type]
     assert stats["kl_ref"] == pytest.approx(0.5 * 0.3 ** 2)
     assert losses == [pytest.approx(0.4 * 0.5 * 0.3 ** 2)]
 
@@ -758,3 +760,128 @@ def test_the_environments_arguments_decide_which_task_ids_a_stage_may_name(tmp_p
     with pytest.raises(ConfigError, match=f"tasks: {extra} not in tool-lookup's 'train' split"):
         check_environment(parse_config(tiny_config("bad", [stage], out=tmp_path / "b", env="tool-lookup")))
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def _rl_samples(n: int, seed: int) -> list[dict[str, Any]]:
+    """Reader-shaped samples of different lengths for the tiny model: a prompt, then policy turns of 3-6 tokens
+    with observations of 2-4 tokens between them; behaviour log-probs near the model's, one episode in three stale."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        turns = int(rng.integers(1, 4))
+        ids, mask, turn_of = list(rng.integers(5, 500, 4)), [0.0] * 4, [-1] * 4
+        for k in range(turns):
+            m = int(rng.integers(3, 7))
+            ids += list(rng.integers(5, 500, m))
+            mask += [1.0] * m
+            turn_of += [k] * m
+            if k < turns - 1:
+                o = int(rng.integers(2, 5))
+                ids += list(rng.integers(5, 500, o))
+                mask += [0.0] * o
+                turn_of += [-1] * o
+        lp = np.where(np.asarray(mask) == 1, -6.2 + rng.normal(0, 0.3, len(ids)), np.nan)
+        out.append({"input_ids": np.asarray(ids, np.int64), "loss_mask": np.asarray(mask, np.float32),
+                    "behavior_logprobs": lp.astype(np.float32), "token_turn": np.asarray(turn_of, np.int64),
+                    "advantage": float(rng.normal()), "reward": float(rng.integers(0, 2)), "terminated": i % 4 != 3,
+                    "n_policy_turns": turns, "episode_id": f"e{i}", "group_id": f"g{i // 2}",
+                    "policy_version": "v0", "policy_lag": i % 3})
+    return out
+
+
+@pytest.mark.parametrize("setting", ["clip-kl-ref", "ppo", "mask-ablation-seq-mean", "reinforce-r2"])
+def test_micro_batches_give_the_gradient_of_the_whole_batch(tiny_model: Path, setting: str) -> None:
+    """One RL step on six episodes of different lengths, as one padded batch and as micro-batches of 1 and of 4
+    (each padded to its own longest episode): the accumulated gradients equal the whole batch's (to float
+    rounding) for every loss term (the clipped objective with stale episodes re-scored by pi_prox, the KL to the
+    behaviour policy and to the reference, PPO's value loss, the mask ablation's denominator, per-turn R2
+    advantages), and so do the logged loss and statistics."""
+    import torch
+
+    from trajlake.train import loop
+    from trajlake.train.config import TrainConfig
+    from trajlake.train.data.collate import pad_collate
+
+    samples = _rl_samples(6, seed=3)
+    keys: dict[str, Any] = {"kl_coef": 0.3}
+    stage_keys: dict[str, Any] = {}
+    algo = "rloo"
+    turn_advantages = None
+    if setting == "clip-kl-ref":
+        stage_keys = {"ref_kl_coef": 0.2}
+    elif setting == "ppo":
+        algo = "ppo"
+    elif setting == "mask-ablation-seq-mean":
+        keys["loss_aggregation"] = "seq-mean-token-mean"
+        stage_keys = {"loss_on_observations": True}
+    else:
+        keys["policy_loss"] = "reinforce"
+        turn_advantages = {s["episode_id"]: [0.5 - 0.25 * k for k in range(s["n_policy_turns"])] for s in samples}
+    cfg = TrainConfig(name="x", grad_clip=0.0, **keys)
+    stage = _r2_stage(algo=algo, **stage_keys)
+    staleness = {s["episode_id"]: int(s["policy_lag"] > 0) for s in samples}
+    credit = loop.Credit(terminal={s["episode_id"]: s["reward"] for s in samples})
+
+    def one_step(size: int) -> tuple[list[Any], dict[str, Any]]:
+        torch.manual_seed(0)
+        learner = loop.Learner(tiny_model, "cpu", loop.Dist(), value_head=algo == "ppo")
+        learner.new_optimizer(1e-3)
+        learner.freeze_proximal()
+        learner.freeze_reference()
+        with torch.no_grad():  # pi_prox and pi_ref differ from the learner, so their terms are not zero
+            for p in learner.model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        micro = [pad_collate(samples[lo:lo + size]) for lo in range(0, len(samples), size)]
+        for b in micro:
+            b["grammar_masks"] = None
+        row = loop._rl_step(cfg, stage, learner, loop.Dist(), micro, staleness, credit, turn_advantages)
+        return [p.grad.detach().clone() for p in learner.parameters()], row
+
+    whole_grads, whole = one_step(6)
+    for size in (1, 4):
+        grads, row = one_step(size)
+        for g, w in zip(grads, whole_grads, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
+        for key in ("loss", "kl", "kl_ref", "entropy", "ratio_mean", "log_ratio_var", "staleness_mean", "clip_frac",
+                    "is_weight_mean", "value_loss", "policy_tokens"):
+            assert (row[key] is None) == (whole[key] is None), key
+            if whole[key] is not None:
+                assert row[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    assert any(float(g.abs().sum()) > 0 for g in whole_grads)
+
+
+def test_a_stage_trained_in_micro_batches_makes_the_same_steps(tmp_path: Path) -> None:
+    """``micro_batch_size = 1``: B1 (4 episodes a step) trains to the same losses and weights as in one pass (to
+    float rounding), and an RL stage trains in micro-batches through the loop (prefix masks, lag and age columns)."""
+    import torch
+
+    from trajlake.policies.tiny import build_tiny_model
+    from trajlake.train.config import parse_config
+    from trajlake.train.loop import train
+
+    model = build_tiny_model(tmp_path / "model", max_positions=1024, env="tool-lookup", corpus_tasks=8)
+
+    def run(name: str, micro: int) -> tuple[list[float], dict[str, Any]]:
+        stages = [{"name": "B1", "kind": "sft", "steps": 3, "batch_size": 4, "lr": 1e-3,
+                   "data": rollout(DP_TASKS, max_steps=4)},
+                  {"name": "R1", "kind": "rl", "steps": 1, "batch_size": 4, "lr": 1e-4,
+                   "rollout": rollout(DP_TASKS[:2], attempts=2, max_new_tokens=16, max_steps=2)}]
+        cfg = parse_config(tiny_config(name, stages, model=model, out=tmp_path / name, env="tool-lookup",
+                                       max_length=1024, run_prefix=f"{name}-", micro_batch_size=micro,
+                                       shuffle=False))
+        train(cfg, str(tmp_path / "lake"))
+        log = pq.read_table(tmp_path / name / "train_log.parquet").to_pylist()
+        from safetensors.torch import load_file
+
+        weights = load_file(str(tmp_path / name / "B1" / "model.safetensors"))
+        assert [r["stage"] for r in log] == ["B1", "B1", "B1", "R1"]
+        assert log[-1]["policy_tokens"] > 0 and math.isfinite(log[-1]["loss"])
+        return [r["loss"] for r in log if r["stage"] == "B1"], weights
+
+    whole_losses, whole = run("whole", 0)
+    micro_losses, micro = run("micro", 1)
+    assert micro_losses == pytest.approx(whole_losses, rel=1e-5)
+    for key, w in whole.items():
+        torch.testing.assert_close(micro[key], w, rtol=1e-4, atol=1e-6)

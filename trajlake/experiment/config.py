@@ -210,6 +210,8 @@ class ExperimentConfig:
     device: str = "cpu"
     temperature: float = 1.0
     max_length: int = 1024
+    micro_batch_size: int = 0
+    """The trainer's ``micro_batch_size`` in every arm's stage (0: each batch in one forward pass)."""
     policy_args: dict[str, str] = field(default_factory=dict)
     """Settings of the ``hf:`` policy in every rollout (``max_new_tokens``, ...)."""
     env_args: dict[str, Any] = field(default_factory=dict)
@@ -387,7 +389,8 @@ def train_table(cfg: ExperimentConfig, *, name: str, seed: int, out_dir: str, ru
                 tags: dict[str, str], model: dict[str, Any], stage: dict[str, Any]) -> dict[str, Any]:
     """The trainer's config (``trajlake train``'s TOML, as data) of one arm's stage."""
     return {"name": name, "env": cfg.env, "seed": seed, "device": cfg.device, "temperature": cfg.temperature,
-            "lambda_cost": cfg.lambda_cost, "max_length": cfg.max_length, "out_dir": out_dir,
+            "lambda_cost": cfg.lambda_cost, "max_length": cfg.max_length,
+            "micro_batch_size": cfg.micro_batch_size, "out_dir": out_dir,
             "run_prefix": run_prefix, "tags": tags, "model": model, "stages": [stage]}
 
 

@@ -244,6 +244,12 @@ class TrainConfig:
     """``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``. CUDA trains under bf16 autocast."""
     max_length: int = 16384
     """Samples longer than this are skipped (and counted in the log), never cut."""
+    micro_batch_size: int = 0
+    """Samples per forward and backward pass (each rank's share of a stage's ``batch_size``). 0: the whole
+    batch in one pass. N: the batch is padded and run N samples at a time, the gradients accumulate, and one
+    optimizer step follows: the same update as one pass up to float rounding (every loss term is normalised by
+    the whole batch's count), with the memory of N samples. A model with a large vocabulary on long episodes
+    needs it: the float32 logits alone of 32 episodes of 5,000 tokens under a 49,152-token vocabulary are 31 GB."""
     shuffle: bool = True
     """Shuffle the samples of each stage (and RL iteration) every epoch, seeded by ``seed``: episodes come out of a
     lake in its order (one run, one task family after another). Each data-parallel rank shuffles its own shard,
@@ -454,6 +460,8 @@ def config_problems(cfg: TrainConfig) -> list[str]:
             out.append(f"{key} = {v}: must be a finite number >= 0")
     if cfg.max_length <= 0:
         out.append(f"max_length = {cfg.max_length}: must be > 0")
+    if cfg.micro_batch_size < 0:
+        out.append(f"micro_batch_size = {cfg.micro_batch_size}: must be >= 0 (0: the whole batch in one pass)")
     if not cfg.stages:
         out.append("no [[stages]]")
     names = [s.name for s in cfg.stages]

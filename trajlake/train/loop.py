@@ -149,6 +149,8 @@ class Learner:
         if self.value_head is not None and (model_path / "value_head.pt").is_file():
             self.value_head.load_state_dict(torch.load(model_path / "value_head.pt", map_location=device))
         self.optimizer: Any = None
+        self._accumulating = False
+        """Gradients have been added since the last optimizer step (micro-batches of one step)."""
         self.lr = 0.0
         self.where = ""
         """Stage, iteration and step being trained, for the errors."""
@@ -240,14 +242,21 @@ class Learner:
         """A loss of 0 connected to every parameter: a rank with an empty shard still joins the gradient sum."""
         return sum(p.sum() * 0.0 for p in self.parameters())
 
-    def step(self, loss: Any, grad_clip: float) -> float:
-        """Backward, sum gradients across ranks, clip, step. Returns the gradient norm. A non-finite loss or
-        gradient norm raises before the weights change; non-finite weights after the step raise too."""
+    def backward(self, loss: Any) -> None:
+        """Add a (micro-)batch's loss to the gradients of the next :meth:`apply`; the first call after a step
+        starts from zero gradients. A non-finite loss raises before it is added."""
         if not bool(torch.isfinite(loss.detach()).all()):
             raise TrainError(f"{self.where}: the loss is not finite ({float(loss.detach())}); lower lr or check "
                              f"the rewards (nothing of this step was applied)")
-        self.optimizer.zero_grad(set_to_none=False)
+        if not self._accumulating:
+            self.optimizer.zero_grad(set_to_none=False)
+            self._accumulating = True
         loss.backward()
+
+    def apply(self, grad_clip: float) -> float:
+        """Sum the accumulated gradients across ranks, clip, step. Returns the gradient norm. A non-finite
+        gradient norm raises before the weights change; non-finite weights after the step raise too."""
+        self._accumulating = False
         params = [p for p in self.parameters() if p.requires_grad]
         if self.dist.world > 1:
             for p in params:
@@ -264,6 +273,11 @@ class Learner:
         if bad:
             raise TrainError(f"{self.where}: the weights are not finite after the step ({bad}); lower lr")
         return float(norm)
+
+    def step(self, loss: Any, grad_clip: float) -> float:
+        """:meth:`backward` then :meth:`apply`: one optimizer step on one batch's loss."""
+        self.backward(loss)
+        return self.apply(grad_clip)
 
     def non_finite(self) -> str | None:
         """Names the first parameter tensor holding a NaN or an infinity, with how many do (None: all finite)."""
@@ -651,27 +665,32 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
     selection = Selection(runs=runs, success=True if stage.success_only else None, as_of=_pin(dist, lake))
     dataset = LakeTrajectories(lake, selection, tokenizer=learner.model_path, max_length=cfg.max_length,
                                rank=dist.rank, world_size=dist.world)
-    batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner, _shuffle_seed(cfg, dist, stage.name))
+    batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner, _shuffle_seed(cfg, dist, stage.name),
+                       cfg.micro_batch_size)
     losses: list[float] = []
     tokens = 0
     for step in range(stage.steps):
         _schedule(learner, stage, step, f"stage {stage.name} step {step}")
-        batch = next(batches)
-        n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
-        denominator = _denominator(cfg, dist, batch, n_tokens)  # a collective: every rank, every step
+        micro = next(batches)
+        local_tokens = sum(float(b["loss_mask"].sum()) for b in micro)
+        n_tokens = _all_sum(dist, local_tokens)
+        denominator = _denominator(cfg, dist, micro, n_tokens)  # a collective: every rank, every step
         if n_tokens == 0:
             raise TrainError(f"stage {stage.name}: no policy tokens to learn from in runs {', '.join(runs)} "
                              f"(success_only={stage.success_only}; {dataset.stats})")
-        if batch:
+        local_loss, entropy_sum = 0.0, 0.0
+        for batch in micro:  # every loss is normalised by the whole batch's count: the gradients add up to its
             out = learner.forward(batch, cfg.temperature)
             mask = batch["loss_mask"].to(learner.device)
             loss = tm.sft_loss(out["logp"], mask, cfg.loss_aggregation, denominator=denominator)
-            entropy = float(tm.masked_mean(out["entropy"].detach(), mask))
-        else:  # this rank's shard is empty: it still takes part in the gradient sum
-            loss = learner.zero_loss()
-            entropy = float("nan")
-        grad_norm = learner.step(loss, cfg.grad_clip)
-        value = _all_sum(dist, float(loss.detach()))  # each rank's share of the global normaliser
+            entropy_sum += _masked_sum(out["entropy"].detach(), mask)
+            learner.backward(loss)
+            local_loss += float(loss.detach())
+        if not micro:  # this rank's shard is empty: it still takes part in the gradient sum
+            learner.backward(learner.zero_loss())
+        entropy = entropy_sum / local_tokens if local_tokens > 0 else float("nan")
+        grad_norm = learner.apply(cfg.grad_clip)
+        value = _all_sum(dist, local_loss)  # each rank's share of the global normaliser
         losses.append(value)
         tokens += int(n_tokens)
         train_log.add({"stage": stage.name, "iteration": 0, "step": step, "loss": value, "kl": None,
@@ -720,16 +739,22 @@ def _shuffle_seed(cfg: TrainConfig, dist: Dist, what: str) -> int | None:
     return int.from_bytes(hashlib.sha256(f"shuffle:{cfg.seed}:{what}:{dist.rank}".encode()).digest()[:4], "little")
 
 
+def _masked_sum(values: Any, mask: Any) -> float:
+    """The sum of ``values`` over the tokens of ``mask`` (values elsewhere, NaN included, left out)."""
+    return float(torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device)).sum())
+
+
 def _per_rank(batch_size: int, dist: Dist) -> int:
     return max(1, math.ceil(batch_size / dist.world))
 
 
-def _denominator(cfg: TrainConfig, dist: Dist, batch: dict[str, Any], global_tokens: float) -> float:
-    """The loss's global normaliser, so that the ranks' summed gradients equal one batch's: the policy-token
-    count for ``token-mean``, else the number of sequences with at least one policy token (all-reduced)."""
+def _denominator(cfg: TrainConfig, dist: Dist, micro: list[dict[str, Any]], global_tokens: float) -> float:
+    """The loss's global normaliser, so that the ranks' and micro-batches' summed gradients equal one batch's:
+    the policy-token count for ``token-mean``, else the number of sequences with at least one policy token
+    (all-reduced)."""
     if cfg.loss_aggregation == "token-mean":
         return global_tokens
-    local = float((batch["loss_mask"].sum(-1) > 0).sum()) if batch else 0.0
+    local = sum(float((b["loss_mask"].sum(-1) > 0).sum()) for b in micro)
     return _all_sum(dist, local)
 
 
@@ -771,20 +796,26 @@ def _shuffle_buffer(stream: Iterator[dict[str, Any]], rng: random.Random, size: 
     yield from buf
 
 
-def _batches(dataset: Any, size: int, learner: Learner, shuffle_seed: int | None = None
-             ) -> Iterator[dict[str, Any]]:
-    """Padded batches of ``size`` samples, cycling over the dataset (epochs), shuffled when ``shuffle_seed`` is
-    given (``_epoch_samples``); an empty dict when this rank's shard is empty. A batch holding turns sampled under
-    a grammar carries their replayed masks (``grammar_masks``), which the learner's log-probs apply."""
+def _batches(dataset: Any, size: int, learner: Learner, shuffle_seed: int | None = None, micro_batch_size: int = 0
+             ) -> Iterator[list[dict[str, Any]]]:
+    """Batches of ``size`` samples, cycling over the dataset (epochs), shuffled when ``shuffle_seed`` is given
+    (``_epoch_samples``); each batch as its padded micro-batches of ``micro_batch_size`` samples (0: one, the
+    whole batch), each padded to its own longest sample; an empty list when this rank's shard is empty. A
+    micro-batch holding turns sampled under a grammar carries their replayed masks (``grammar_masks``), which the
+    learner's log-probs apply."""
     pad_id = int(getattr(learner.model.config, "pad_token_id", None) or 0)
     grammars = getattr(dataset, "grammars", None)
     vocab = int(learner.model.get_output_embeddings().weight.shape[0])
     masks = BatchGrammarMasks(dataset.tokenizer, grammars, vocab) if grammars else None
+    per_pass = micro_batch_size if micro_batch_size > 0 else size
 
-    def collated(buf: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = pad_collate(buf, pad_id)
-        batch["grammar_masks"] = masks(batch) if masks is not None else None
-        return batch
+    def collated(buf: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for lo in range(0, len(buf), per_pass):
+            batch = pad_collate(buf[lo:lo + per_pass], pad_id)
+            batch["grammar_masks"] = masks(batch) if masks is not None else None
+            out.append(batch)
+        return out
 
     rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
     for epoch in _epoch_samples(dataset, rng):
@@ -799,7 +830,7 @@ def _batches(dataset: Any, size: int, learner: Learner, shuffle_seed: int | None
         if buf:
             yield collated(buf)
         if not seen:
-            yield {}
+            yield []
 
 
 # -- R1/R2/R3: policy gradient -------------------------------------------------------------------------------
@@ -941,16 +972,17 @@ def _run_rl(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, d
                                        max_length=cfg.max_length, rank=dist.rank, world_size=dist.world,
                                        episodes=episodes)
             batches = _batches(dataset, _per_rank(stage.batch_size, dist), learner,
-                               _shuffle_seed(cfg, dist, f"{stage.name}.{it}"))
+                               _shuffle_seed(cfg, dist, f"{stage.name}.{it}"), cfg.micro_batch_size)
             reward_mean = sum(returns.values()) / max(1, len(returns))
             if cfg.policy_loss == "clip" and any(v > 0 for v in staleness.values()):
                 learner.freeze_proximal()  # decoupled PPO's pi_prox: the learner as this iteration starts
             for step in range(stage.steps):
                 _schedule(learner, stage, (it - 1) * stage.steps + step,
                           f"stage {stage.name} iteration {it} step {step}")
-                batch, masked = mask_prefixes(next(batches), prefixes)
-                row = _rl_step(cfg, stage, learner, dist, batch, staleness, credit, turn_advantages)
-                row.update(_lag_and_age(batch, ages))
+                cleared = [mask_prefixes(b, prefixes) for b in next(batches)]
+                micro, masked = [b for b, _ in cleared], sum(n for _, n in cleared)
+                row = _rl_step(cfg, stage, learner, dist, micro, staleness, credit, turn_advantages)
+                row.update(_lag_and_age(micro, ages))
                 row.update(stage=stage.name, iteration=it, step=step, reward_mean=reward_mean, time=time.time(),
                            excluded_env_errors=excluded, played_version=played,
                            prefix_tokens_masked=masked if stage.partial_rollouts else None)
@@ -1037,12 +1069,12 @@ def _episode_ages(lake: str, stage: StageConfig, episodes: pa.Table, selection: 
     return EpisodeAges(ended, dict(zip(ids, ages, strict=True)))
 
 
-def _lag_and_age(batch: dict[str, Any], ages: EpisodeAges) -> dict[str, Any]:
-    """The step's log columns on its batch: ``policy_lag_mean``/``_max`` (the lag the runner recorded when each
-    episode started; unknown lags left out), ``age_seconds_mean``/``_max`` (now - the episode's end) and, with a
-    TTL by environment version, ``env_version_age_max``."""
-    ids = batch.get("episode_id", []) if batch else []
-    lags = [int(x) for x in (batch.get("policy_lag", []) if batch else []) if x is not None]
+def _lag_and_age(micro: list[dict[str, Any]], ages: EpisodeAges) -> dict[str, Any]:
+    """The step's log columns on its batch (its micro-batches): ``policy_lag_mean``/``_max`` (the lag the runner
+    recorded when each episode started; unknown lags left out), ``age_seconds_mean``/``_max`` (now - the
+    episode's end) and, with a TTL by environment version, ``env_version_age_max``."""
+    ids = [e for b in micro for e in b["episode_id"]]
+    lags = [int(x) for b in micro for x in b.get("policy_lag", []) if x is not None]
     now = time.time()
     secs = [now - ages.ended[e] for e in ids if e in ages.ended]
     env = [a for e in ids if ages.env_versions is not None and (a := ages.env_versions.get(e)) is not None]
@@ -1216,9 +1248,7 @@ def _turn_advantage_tokens(batch: dict[str, Any], turn_advantages: dict[str, lis
 def _with_observations(batch: dict[str, Any], logp: Any, mask: Any, old: Any, prox: Any) -> tuple[Any, Any, Any]:
     """The mask ablation's loss mask: the policy's tokens plus every later token it did not produce (observations
     and template glue), whose behaviour and proximal log-probs are taken as the learner's own (ratio 1)."""
-    attn = batch["attention_mask"].to(mask.device).to(mask.dtype)
-    after_first_action = torch.cumsum(mask, dim=-1) > 0
-    observations = attn * (1 - mask) * after_first_action.to(mask.dtype)
+    observations = _observation_tokens(batch["attention_mask"], mask)
     own = logp.detach()
     on_obs = observations.bool()
     return mask + observations, torch.where(on_obs, own, old), torch.where(on_obs, own, prox)
@@ -1241,19 +1271,70 @@ def policy_objective(cfg: TrainConfig, logp: Any, logp_prox: Any, logp_behavior:
                                   mode=cfg.loss_aggregation, denominator=denominator)
 
 
-def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist, batch: dict[str, Any],
+def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist, micro: list[dict[str, Any]],
              staleness: dict[str, int], credit: Credit, turn_advantages: dict[str, list[float]] | None = None
              ) -> dict[str, Any]:
-    n_tokens = _all_sum(dist, float(batch["loss_mask"].sum()) if batch else 0.0)
-    denominator = _denominator(cfg, dist, batch, n_tokens)  # a collective: every rank, every step
+    """One optimizer step on a batch, given as its micro-batches (``micro_batch_size``): each is forwarded and
+    backpropagated in turn with every loss term normalised by the whole batch's count (policy tokens or sequences,
+    summed across ranks), so the accumulated gradient is the batch's. Returns the step's log row."""
+    local_tokens = sum(float(b["loss_mask"].sum()) for b in micro)
+    n_tokens = _all_sum(dist, local_tokens)
+    denominator = _denominator(cfg, dist, micro, n_tokens)  # a collective: every rank, every step
     if n_tokens == 0:
         raise TrainError(f"stage {stage.name}: no policy tokens with behaviour log-probs to learn from")
-    if not batch:
-        loss = learner.zero_loss()
-        grad_norm = learner.step(loss, cfg.grad_clip)
+    # the other normalisers are collectives too: every rank computes them, whatever its shard holds
+    obs_denominator = _all_sum(dist, sum(float((b["loss_mask"] + _observation_tokens(b["attention_mask"],
+                                                                                    b["loss_mask"])).sum())
+                                         for b in micro)) if stage.loss_on_observations else 0.0
+    n_sequences = _all_sum(dist, float(sum(len(b["episode_id"]) for b in micro))) if stage.algo == "ppo" else 0.0
+    if not micro:
+        grad_norm = learner.step(learner.zero_loss(), cfg.grad_clip)
         return {"loss": _all_sum(dist, 0.0), "kl": None, "kl_ref": None, "entropy": None, "lr": learner.lr, "grad_norm": grad_norm,
                 "policy_tokens": int(n_tokens), "ratio_mean": None, "ratio_max": None, "log_ratio_var": None,
                 "staleness_mean": None, "staleness_max": None}
+    parts = [_rl_micro_step(cfg, stage, learner, b, staleness, credit, turn_advantages, n_tokens,
+                            obs_denominator or denominator, n_sequences) for b in micro]
+    grad_norm = learner.apply(cfg.grad_clip)
+    stale = torch.cat([p["stale"] for p in parts])
+    diag = tm.ratio_diagnostics(torch.cat([p["seq_log_ratio"] for p in parts]),
+                                torch.cat([p["lengths"] for p in parts]), max_weight=cfg.is_max_weight)
+    def token_mean(key: str, tokens: str = "tokens") -> float | None:
+        """Per-micro-batch token means (over ``tokens``: policy or loss tokens), as one mean over the batch."""
+        values = [(p[key], p[tokens]) for p in parts if p[key] is not None]
+        if not values:
+            return None
+        total = sum(w for _, w in values)
+        return sum(v * w for v, w in values) / total if total > 0 else sum(v for v, _ in values) / len(values)
+
+    rows = [float(p["stale"].shape[0]) for p in parts]
+    is_weights = [(p["is_weight_mean"], r) for p, r in zip(parts, rows, strict=True) if p["is_weight_mean"] is not None]
+    value_losses = [p["value_loss"] for p in parts if p["value_loss"] is not None]
+    return {"loss": _all_sum(dist, sum(p["loss"] for p in parts)),
+            "kl": token_mean("kl"), "kl_ref": token_mean("kl_ref"),
+            "entropy": sum(p["entropy_sum"] for p in parts) / local_tokens if local_tokens > 0 else float("nan"),
+            "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
+            "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
+            "log_ratio_var": diag.get("log_ratio_var"), "log_ratio_var_slope": diag.get("log_ratio_var_slope"),
+            "ess_frac": diag.get("ess_frac"), "frac_truncated": diag.get("frac_truncated"),
+            "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
+            "clip_frac": token_mean("clip_frac", "loss_tokens"),
+            "is_weight_mean": sum(v * r for v, r in is_weights) / sum(r for _, r in is_weights) if is_weights else None,
+            "value_loss": sum(value_losses) if value_losses else None}
+
+
+def _observation_tokens(attention_mask: Any, mask: Any) -> Any:
+    """The tokens the mask ablation adds to the loss: every token after the policy's first one that it did not
+    produce (observations and template glue), padding left out."""
+    after_first_action = torch.cumsum(mask, dim=-1) > 0
+    return attention_mask.to(mask.device).to(mask.dtype) * (1 - mask) * after_first_action.to(mask.dtype)
+
+
+def _rl_micro_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, batch: dict[str, Any],
+                   staleness: dict[str, int], credit: Credit, turn_advantages: dict[str, list[float]] | None,
+                   n_tokens: float, denominator: float, n_sequences: float) -> dict[str, Any]:
+    """Forward and backward of one micro-batch of an RL step; every loss term is divided by the whole batch's
+    count (``denominator`` for the policy loss, ``n_tokens`` policy tokens for the KL terms, ``n_sequences``
+    for PPO's value loss), so the micro-batches' gradients add up to the batch's. Returns what the step logs."""
     dev = learner.device
     out = learner.forward(batch, cfg.temperature)
     mask = batch["loss_mask"].to(dev)
@@ -1264,9 +1345,11 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     stale = torch.tensor([staleness[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
     seq_log_ratio = tm.sequence_log_ratio(out["logp"].detach(), old, mask)
     lengths = mask.sum(-1)
+    tokens = float(lengths.sum())
     value_loss = None
     if stage.algo == "ppo":
         advantages, value_loss = _gae_advantages(cfg, out, batch, credit, mask)
+        value_loss = value_loss * (len(batch["episode_id"]) / n_sequences)
     elif turn_advantages is None:
         advantages = batch["advantage"].to(dev).float()
     # pi_prox: for an episode the learner sampled at this iteration's start (staleness 0) it is the behaviour
@@ -1277,30 +1360,27 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     loss_mask, behaviour = mask, old
     if stage.loss_on_observations:  # the mask ablation: a wrong loss mask, on purpose
         loss_mask, behaviour, prox = _with_observations(batch, out["logp"], mask, old, prox)
-        denominator = _all_sum(dist, float(loss_mask.sum()))
     if stage.algo != "ppo" and turn_advantages is not None:  # R2: per-turn advantages on each turn's tokens
         advantages = _turn_advantage_tokens(batch, turn_advantages, loss_mask, stage.loss_on_observations)
     loss, stats = policy_objective(cfg, out["logp"], prox, behaviour, advantages, loss_mask, denominator)
+    # the KL terms are token means over the whole batch: this micro-batch's mean times its share of its tokens
+    share = tokens / n_tokens
     kl = tm.kl_to_behavior(out["logp"], old, mask)
     if cfg.kl_coef:
-        loss = loss + cfg.kl_coef * kl
+        loss = loss + cfg.kl_coef * (kl * share)
     kl_ref = None
     if stage.ref_kl_coef:  # the KL penalty to the stage's start (docs/training.md, "The loss")
         kl_ref = tm.kl_to_reference(out["logp"], learner.reference_logprobs(batch, cfg.temperature), mask)
-        loss = loss + stage.ref_kl_coef * kl_ref
+        loss = loss + stage.ref_kl_coef * (kl_ref * share)
     if value_loss is not None:
         loss = loss + cfg.value_coef * value_loss
-    grad_norm = learner.step(loss, cfg.grad_clip)
-    diag = tm.ratio_diagnostics(seq_log_ratio, lengths, max_weight=cfg.is_max_weight)
-    return {"loss": _all_sum(dist, float(loss.detach())),
-            "kl": float(kl.detach()), "kl_ref": None if kl_ref is None else float(kl_ref.detach()),
-            "entropy": float(tm.masked_mean(out["entropy"].detach(), mask)),
-            "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
-            "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
-            "log_ratio_var": diag.get("log_ratio_var"), "log_ratio_var_slope": diag.get("log_ratio_var_slope"),
-            "ess_frac": diag.get("ess_frac"), "frac_truncated": diag.get("frac_truncated"),
-            "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
-            "clip_frac": stats.get("clip_frac"), "is_weight_mean": stats.get("is_weight_mean"),
+    learner.backward(loss)
+    return {"loss": float(loss.detach()), "kl": float(kl.detach()),
+            "kl_ref": None if kl_ref is None else float(kl_ref.detach()), "tokens": tokens,
+            "loss_tokens": float(loss_mask.sum()),
+            "entropy_sum": _masked_sum(out["entropy"].detach(), mask), "stale": stale,
+            "seq_log_ratio": seq_log_ratio, "lengths": lengths, "clip_frac": stats.get("clip_frac"),
+            "is_weight_mean": stats.get("is_weight_mean"),
             "value_loss": None if value_loss is None else float(value_loss.detach())}
 
 
