@@ -11,6 +11,10 @@
 -- Output columns
 --   ep_idx       row index of the call's episode in eval_episode_metrics (run, task, pair membership)
 --   latency_ms   latency of the tool turn in milliseconds
+--
+-- Ordered by latency (unknown latencies last), then ep_idx: every subset the statistics take (a run, a slice, a
+-- comparison arm) is then sorted too, so their quantile bootstraps' own sorts are nearly free. DuckDB's parallel
+-- sort costs less than fetching unordered and sorting in numpy (0.37 s against 0.29 + 0.25 s at 1.8M calls).
 SELECT
     m.ep_idx,
     t.latency_ms
@@ -18,3 +22,4 @@ FROM turns t
 JOIN eval_episode_metrics m ON m.episode_id = t.episode_id
 WHERE t.run_id IN {{runs}}
   AND (t.role = 'tool' OR (t.tool_call_id IS NOT NULL AND t.actor <> 'policy'))
+ORDER BY t.latency_ms NULLS LAST, m.ep_idx

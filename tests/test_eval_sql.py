@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from trajlake.evaluators.data import EvalData, load
 from trajlake.evaluators.report import evaluate
@@ -273,6 +274,10 @@ def test_tool_latency_rows(sem: tuple[EvalData, dict[str, dict[str, Any]]]) -> N
     assert got == [300.0, 700.0]  # the policy turn without a call has no observation
     n_obs = sum(v["n_turns"] - 2 - v["steps"] for v in r.values())
     assert data.tool_latency_ms.shape[0] == n_obs
+    # ordered by latency, ties by episode (the quantile bootstraps rely on every subset being sorted)
+    lat, ep_idx = data.tool_latency_ms, data.tool_ep_idx
+    assert (np.diff(lat) >= 0).all() and int(np.count_nonzero(np.diff(lat) == 0)) > 0
+    assert all(ep_idx[i] <= ep_idx[i + 1] for i in range(lat.shape[0] - 1) if lat[i] == lat[i + 1])
 
 
 # ------------------------------------------------------------------------------------------------ taxonomy
