@@ -89,6 +89,8 @@ class Dist:
 
     rank: int = 0
     world: int = 1
+    owns_group: bool = False
+    """This process joined the process group in :func:`init_distributed` (and leaves it in :func:`leave_distributed`)."""
 
     @property
     def main(self) -> bool:
@@ -100,9 +102,19 @@ def init_distributed(device: str) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
-    if not tdist.is_initialized():
+    owns = not tdist.is_initialized()
+    if owns:
         tdist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    return Dist(tdist.get_rank(), tdist.get_world_size())
+    return Dist(tdist.get_rank(), tdist.get_world_size(), owns)
+
+
+def leave_distributed(dist: Dist) -> None:
+    """After a last barrier, leave the process group this process joined. Left to interpreter exit, its threads
+    may be torn down while another rank is still closing its connections ("terminate called without an active
+    exception", SIGABRT of one rank after a successful run: seen once under load in the two-process test)."""
+    if dist.owns_group and tdist.is_initialized():
+        tdist.barrier()
+        tdist.destroy_process_group()
 
 
 def _barrier(dist: Dist) -> None:
@@ -434,6 +446,7 @@ def train(cfg: TrainConfig, lake: str | Path, *, log: Log = print) -> TrainResul
             f"{_fmt(result['first_loss'])} -> {_fmt(result['last_loss'])})")
     if train_log.tensorboard is not None:
         train_log.tensorboard.close()
+    leave_distributed(dist)
     return TrainResult(results, str(train_log.path))
 
 
