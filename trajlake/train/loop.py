@@ -692,7 +692,7 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
             raise TrainError(f"stage {stage.name}: no policy tokens to learn from in runs {', '.join(runs)} "
                              f"(success_only={stage.success_only}; {dataset.stats})")
         local_loss, entropy_sum = 0.0, 0.0
-        for batch in micro:  # every loss is normalised by the whole batch's count: the gradients add up to its
+        for batch in micro:  # each loss over the whole batch's count: the gradients add up to the batch's
             out = learner.forward(batch, cfg.temperature)
             mask = batch["loss_mask"].to(learner.device)
             loss = tm.sft_loss(out["logp"], mask, cfg.loss_aggregation, denominator=denominator)
