@@ -696,7 +696,7 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
             out = learner.forward(batch, cfg.temperature)
             mask = batch["loss_mask"].to(learner.device)
             loss = tm.sft_loss(out["logp"], mask, cfg.loss_aggregation, denominator=denominator)
-            entropy_sum += _masked_sum(out["entropy"].detach(), mask)
+            entropy_sum += float(tm.masked_sum(out["entropy"].detach(), mask))
             learner.backward(loss)
             local_loss += float(loss.detach())
         if not micro:  # this rank's shard is empty: it still takes part in the gradient sum
@@ -750,11 +750,6 @@ def _shuffle_seed(cfg: TrainConfig, dist: Dist, what: str) -> int | None:
     if not cfg.shuffle:
         return None
     return int.from_bytes(hashlib.sha256(f"shuffle:{cfg.seed}:{what}:{dist.rank}".encode()).digest()[:4], "little")
-
-
-def _masked_sum(values: Any, mask: Any) -> float:
-    """The sum of ``values`` over the tokens of ``mask`` (values elsewhere, NaN included, left out)."""
-    return float(torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device)).sum())
 
 
 def _per_rank(batch_size: int, dist: Dist) -> int:
@@ -1296,9 +1291,8 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     if n_tokens == 0:
         raise TrainError(f"stage {stage.name}: no policy tokens with behaviour log-probs to learn from")
     # the other normalisers are collectives too: every rank computes them, whatever its shard holds
-    obs_denominator = _all_sum(dist, sum(float((b["loss_mask"] + _observation_tokens(b["attention_mask"],
-                                                                                    b["loss_mask"])).sum())
-                                         for b in micro)) if stage.loss_on_observations else 0.0
+    obs_denominator = n_tokens + _all_sum(dist, sum(float(_observation_tokens(b["attention_mask"], b["loss_mask"]).sum())
+                                                    for b in micro)) if stage.loss_on_observations else 0.0
     n_sequences = _all_sum(dist, float(sum(len(b["episode_id"]) for b in micro))) if stage.algo == "ppo" else 0.0
     if not micro:
         grad_norm = learner.step(learner.zero_loss(), cfg.grad_clip)
@@ -1311,27 +1305,27 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     stale = torch.cat([p["stale"] for p in parts])
     diag = tm.ratio_diagnostics(torch.cat([p["seq_log_ratio"] for p in parts]),
                                 torch.cat([p["lengths"] for p in parts]), max_weight=cfg.is_max_weight)
-    def token_mean(key: str, tokens: str = "tokens") -> float | None:
-        """Per-micro-batch token means (over ``tokens``: policy or loss tokens), as one mean over the batch."""
-        values = [(p[key], p[tokens]) for p in parts if p[key] is not None]
+
+    def batch_mean(key: str, weight: str) -> float | None:
+        """Per-micro-batch means, each over its ``weight`` (policy tokens, loss tokens or rows), as one mean over
+        the batch."""
+        values = [(p[key], p[weight]) for p in parts if p[key] is not None]
         if not values:
             return None
         total = sum(w for _, w in values)
         return sum(v * w for v, w in values) / total if total > 0 else sum(v for v, _ in values) / len(values)
 
-    rows = [float(p["stale"].shape[0]) for p in parts]
-    is_weights = [(p["is_weight_mean"], r) for p, r in zip(parts, rows, strict=True) if p["is_weight_mean"] is not None]
     value_losses = [p["value_loss"] for p in parts if p["value_loss"] is not None]
     return {"loss": _all_sum(dist, sum(p["loss"] for p in parts)),
-            "kl": token_mean("kl"), "kl_ref": token_mean("kl_ref"),
+            "kl": batch_mean("kl", "tokens"), "kl_ref": batch_mean("kl_ref", "tokens"),
             "entropy": sum(p["entropy_sum"] for p in parts) / local_tokens if local_tokens > 0 else float("nan"),
             "lr": learner.lr, "grad_norm": grad_norm, "policy_tokens": int(n_tokens),
             "ratio_mean": diag.get("ratio_mean"), "ratio_max": diag.get("ratio_max"),
             "log_ratio_var": diag.get("log_ratio_var"), "log_ratio_var_slope": diag.get("log_ratio_var_slope"),
             "ess_frac": diag.get("ess_frac"), "frac_truncated": diag.get("frac_truncated"),
             "staleness_mean": float(stale.mean()), "staleness_max": int(stale.max()),
-            "clip_frac": token_mean("clip_frac", "loss_tokens"),
-            "is_weight_mean": sum(v * r for v, r in is_weights) / sum(r for _, r in is_weights) if is_weights else None,
+            "clip_frac": batch_mean("clip_frac", "loss_tokens"),
+            "is_weight_mean": batch_mean("is_weight_mean", "rows"),
             "value_loss": sum(value_losses) if value_losses else None}
 
 
@@ -1390,8 +1384,8 @@ def _rl_micro_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, batch
     learner.backward(loss)
     return {"loss": float(loss.detach()), "kl": float(kl.detach()),
             "kl_ref": None if kl_ref is None else float(kl_ref.detach()), "tokens": tokens,
-            "loss_tokens": float(loss_mask.sum()),
-            "entropy_sum": _masked_sum(out["entropy"].detach(), mask), "stale": stale,
+            "loss_tokens": float(loss_mask.sum()), "rows": float(stale.shape[0]),
+            "entropy_sum": float(tm.masked_sum(out["entropy"].detach(), mask)), "stale": stale,
             "seq_log_ratio": seq_log_ratio, "lengths": lengths, "clip_frac": stats.get("clip_frac"),
             "is_weight_mean": stats.get("is_weight_mean"),
             "value_loss": None if value_loss is None else float(value_loss.detach())}

@@ -42,6 +42,11 @@ def _masked(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
+def masked_sum(values: Tensor, mask: Tensor) -> Tensor:
+    """The sum of ``values`` over the positions of ``mask`` (values elsewhere, NaN and inf included, left out)."""
+    return _masked(values, mask).sum()
+
+
 def masked_mean(values: Tensor, mask: Tensor, mode: LossAggregation = "token-mean",
                 denominator: float | None = None) -> Tensor:
     """Aggregate per-token ``values`` over the policy tokens of ``mask`` (19.6).
