@@ -337,6 +337,8 @@ def test_the_experiment_trains_b1_and_r1_on_the_pretrained_model(smollm2: Path, 
     """configs/experiment-mini-swe-cpu-smoke.toml (the GPU config's B1 -> R1, every count cut to its minimum, one
     ~5,000-token episode per forward pass) runs end to end on the real model: B1 from the oracle's episodes, R1's
     grammar-constrained rollouts and update, both evaluated, the bundle written and its episodes replayed."""
+    import pyarrow.parquet as pq
+
     from trajlake.experiment.run import run_experiment
 
     text = (ROOT / "configs" / "experiment-mini-swe-cpu-smoke.toml").read_text(encoding="utf-8")
@@ -346,12 +348,9 @@ def test_the_experiment_trains_b1_and_r1_on_the_pretrained_model(smollm2: Path, 
     run_experiment(config, tmp_path / "out", log=lines.append)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary, lines
-    log = scan(tmp_path / "out" / "lake", "runs").collect()
-    runs = set(log["run_id"].to_list())
+    runs = set(scan(tmp_path / "out" / "lake", "runs").collect()["run_id"].to_list())
     assert {"s0-B1-hidden", "s0-R1-hidden", "s0-R1-it1"} <= runs, runs
     assert any("replayed: " in line and " 0 drifted" in line for line in lines), lines
-    import pyarrow.parquet as pq
-
     for arm in ("B1", "R1"):
         (row,) = pq.read_table(tmp_path / "out" / "seed0" / arm / "train_log.parquet").to_pylist()
         assert row["stage"] == arm and row["policy_tokens"] > 0 and math.isfinite(row["loss"]), row
