@@ -685,9 +685,8 @@ def _run_sft(cfg: TrainConfig, stage: StageConfig, lake: str, learner: Learner, 
     for step in range(stage.steps):
         _schedule(learner, stage, step, f"stage {stage.name} step {step}")
         micro = next(batches)
-        local_tokens = sum(float(b["loss_mask"].sum()) for b in micro)
-        n_tokens = _all_sum(dist, local_tokens)
-        denominator = _denominator(cfg, dist, micro, n_tokens)  # a collective: every rank, every step
+        counts, n_tokens, denominator = _token_counts(cfg, dist, micro)
+        local_tokens = sum(counts)
         if n_tokens == 0:
             raise TrainError(f"stage {stage.name}: no policy tokens to learn from in runs {', '.join(runs)} "
                              f"(success_only={stage.success_only}; {dataset.stats})")
@@ -754,6 +753,14 @@ def _shuffle_seed(cfg: TrainConfig, dist: Dist, what: str) -> int | None:
 
 def _per_rank(batch_size: int, dist: Dist) -> int:
     return max(1, math.ceil(batch_size / dist.world))
+
+
+def _token_counts(cfg: TrainConfig, dist: Dist, micro: list[dict[str, Any]]) -> tuple[list[float], float, float]:
+    """A step's policy tokens: per micro-batch of this rank (counted on the host, where the batches are built),
+    their sum over the ranks, and the loss's normaliser. Both sums are collectives: every rank, every step."""
+    counts = [float(b["loss_mask"].sum()) for b in micro]
+    n_tokens = _all_sum(dist, sum(counts))
+    return counts, n_tokens, _denominator(cfg, dist, micro, n_tokens)
 
 
 def _denominator(cfg: TrainConfig, dist: Dist, micro: list[dict[str, Any]], global_tokens: float) -> float:
@@ -1285,9 +1292,8 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
     """One optimizer step on a batch, given as its micro-batches (``micro_batch_size``): each is forwarded and
     backpropagated in turn with every loss term normalised by the whole batch's count (policy tokens or sequences,
     summed across ranks), so the accumulated gradient is the batch's. Returns the step's log row."""
-    local_tokens = sum(float(b["loss_mask"].sum()) for b in micro)
-    n_tokens = _all_sum(dist, local_tokens)
-    denominator = _denominator(cfg, dist, micro, n_tokens)  # a collective: every rank, every step
+    counts, n_tokens, denominator = _token_counts(cfg, dist, micro)
+    local_tokens = sum(counts)
     if n_tokens == 0:
         raise TrainError(f"stage {stage.name}: no policy tokens with behaviour log-probs to learn from")
     # the other normalisers are collectives too: every rank computes them, whatever its shard holds
@@ -1299,8 +1305,8 @@ def _rl_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, dist: Dist,
         return {"loss": _all_sum(dist, 0.0), "kl": None, "kl_ref": None, "entropy": None, "lr": learner.lr, "grad_norm": grad_norm,
                 "policy_tokens": int(n_tokens), "ratio_mean": None, "ratio_max": None, "log_ratio_var": None,
                 "staleness_mean": None, "staleness_max": None}
-    parts = [_rl_micro_step(cfg, stage, learner, b, staleness, credit, turn_advantages, n_tokens,
-                            obs_denominator or denominator, n_sequences) for b in micro]
+    parts = [_rl_micro_step(cfg, stage, learner, b, staleness, credit, turn_advantages, tokens, n_tokens,
+                            obs_denominator or denominator, n_sequences) for b, tokens in zip(micro, counts, strict=True)]
     grad_norm = learner.apply(cfg.grad_clip)
     stale = torch.cat([p["stale"] for p in parts])
     diag = tm.ratio_diagnostics(torch.cat([p["seq_log_ratio"] for p in parts]),
@@ -1338,10 +1344,11 @@ def _observation_tokens(attention_mask: Any, mask: Any) -> Any:
 
 def _rl_micro_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, batch: dict[str, Any],
                    staleness: dict[str, int], credit: Credit, turn_advantages: dict[str, list[float]] | None,
-                   n_tokens: float, denominator: float, n_sequences: float) -> dict[str, Any]:
-    """Forward and backward of one micro-batch of an RL step; every loss term is divided by the whole batch's
-    count (``denominator`` for the policy loss, ``n_tokens`` policy tokens for the KL terms, ``n_sequences``
-    for PPO's value loss), so the micro-batches' gradients add up to the batch's. Returns what the step logs."""
+                   tokens: float, n_tokens: float, denominator: float, n_sequences: float) -> dict[str, Any]:
+    """Forward and backward of one micro-batch (``tokens`` policy tokens) of an RL step; every loss term is divided
+    by the whole batch's count (``denominator`` for the policy loss, ``n_tokens`` policy tokens for the KL terms,
+    ``n_sequences`` for PPO's value loss), so the micro-batches' gradients add up to the batch's. Returns what the
+    step logs."""
     dev = learner.device
     out = learner.forward(batch, cfg.temperature)
     mask = batch["loss_mask"].to(dev)
@@ -1352,7 +1359,6 @@ def _rl_micro_step(cfg: TrainConfig, stage: StageConfig, learner: Learner, batch
     stale = torch.tensor([staleness[e] for e in batch["episode_id"]], dtype=torch.float32, device=dev)
     seq_log_ratio = tm.sequence_log_ratio(out["logp"].detach(), old, mask)
     lengths = mask.sum(-1)
-    tokens = float(lengths.sum())
     value_loss = None
     if stage.algo == "ppo":
         advantages, value_loss = _gae_advantages(cfg, out, batch, credit, mask)
